@@ -1,0 +1,42 @@
+// Multi-head latent attention (NoPE) over a latent cache (MODELS.md "MLA"). The cache of one layer
+// holds, per token, the normalised latent c[R] (R = kv_lora_rank) followed by k_pe[P]
+// (P = qk_rope_head_dim): row width R + P. kv_b_proj [H*(N+V), R] holds per head N "nope" key rows
+// then V value rows. Scores use scale 1/sqrt(N + P).
+#pragma once
+#include <cstdint>
+
+#include "megadecode/base/bf16.h"
+
+namespace md::cpu {
+
+struct MlaDims {
+  int H;  // heads
+  int N;  // qk_nope_head_dim
+  int P;  // qk_rope_head_dim
+  int V;  // v_head_dim
+  int R;  // kv_lora_rank
+};
+
+// Weight-absorbed decode for heads [h0, h1) of one query token attending to cache rows [0, T):
+//   ql = W_UK_h^T q_nope_h          (R values; W_UK_h = rows h*(N+V) .. +N of kv_b)
+//   s_t = (ql . c_t + q_pe_h . kpe_t) * scale,   p = softmax(s) (fp32)
+//   ol = sum_t p_t c_t              (R values)
+//   out_h = W_UV_h ol               (V values; W_UV_h = rows h*(N+V)+N .. +V)
+// q: [H][N+P] for this token; cache: rows of width R+P (row stride ldc) of type float;
+// out: [H][V]. scratch: at least T + 2*R floats.
+void mla_decode_absorbed(const float* q, const float* cache, int64_t ldc, int T,
+                         const bf16* kv_b, const MlaDims& d, int h0, int h1, float* out,
+                         float* scratch);
+
+// Prefill with explicit keys and values (the reference's formulation): for heads [h0, h1) and the
+// new tokens i in [0, Tq) at absolute positions T0 + i, attending causally to cache rows
+// [0, T0 + i] (the cache already holds the new tokens' rows):
+//   k_t = [W_UK_h c_t ; kpe_t], v_t = W_UV_h c_t.
+// q: [Tq][H*(N+P)] row stride ldq; out: [Tq][H*V] row stride ldo.
+// round_bf16: round k_nope, v (outputs of kv_b_proj) and the softmax probabilities to bf16 as the
+// bf16 reference does (its eager attention casts probabilities back to the activation dtype).
+void mla_prefill(const float* q, int64_t ldq, int Tq, int T0, const float* cache, int64_t ldc,
+                 const bf16* kv_b, const MlaDims& d, int h0, int h1, float* out, int64_t ldo,
+                 bool round_bf16);
+
+}  // namespace md::cpu

@@ -1,0 +1,94 @@
+// Reading and writing safetensors checkpoints. Files are memory-mapped read-only and tensors are
+// used in place; every header field and offset is validated against the file before use.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megadecode/base/dtype.h"
+
+namespace md {
+
+struct TensorInfo {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // points into the mapping
+  size_t nbytes = 0;
+  std::string file;  // the file it came from, for messages
+
+  int64_t numel() const;
+  std::string shape_str() const;  // e.g. "[32, 2304]"
+};
+
+// A read-only memory mapping of a whole file.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);  // throws md::Error
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// One .safetensors file. The constructor validates: 8-byte header length within the file, the
+// header is a JSON object of tensors (plus optional "__metadata__" of string values), each with a
+// known dtype, a non-negative shape, data_offsets [begin, end] with begin <= end inside the data
+// section, end - begin == numel * dtype size, and no two tensors overlapping.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  std::unique_ptr<MappedFile> file_;
+  std::map<std::string, TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// All tensors of a checkpoint directory: model.safetensors, or the shards listed by
+// model.safetensors.index.json ("weight_map": name -> file). A tensor listed in the index but
+// absent from its shard, or present in two shards, is an error.
+class Checkpoint {
+ public:
+  explicit Checkpoint(const std::string& dir);
+  const TensorInfo* find(const std::string& name) const;  // nullptr if absent
+  const TensorInfo& get(const std::string& name) const;   // throws md::Error naming it
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  const std::string& dir() const { return dir_; }
+  size_t total_bytes() const;
+
+ private:
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, TensorInfo> tensors_;
+};
+
+// Writes a checkpoint without holding it in memory: tensors are produced one at a time by `fill`
+// (which writes exactly nbytes into out) and streamed to disk. With shards > 1 the tensors are
+// split in order into files model-0000i-of-0000K.safetensors of roughly equal size, plus
+// model.safetensors.index.json; with shards == 1 a single model.safetensors is written.
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  size_t nbytes() const;
+};
+using TensorFiller = std::function<void(const TensorSpec& spec, uint8_t* out)>;
+void write_checkpoint(const std::string& dir, const std::vector<TensorSpec>& specs,
+                      const TensorFiller& fill, int shards = 1,
+                      const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
+}  // namespace md

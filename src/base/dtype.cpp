@@ -1,0 +1,36 @@
+#include "megadecode/base/dtype.h"
+
+namespace md {
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::BF16: return "BF16";
+    case DType::F16: return "F16";
+    case DType::F32: return "F32";
+    case DType::U8: return "U8";
+    case DType::I64: return "I64";
+  }
+  return "?";
+}
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::BF16:
+    case DType::F16: return 2;
+    case DType::F32: return 4;
+    case DType::U8: return 1;
+    case DType::I64: return 8;
+  }
+  return 0;
+}
+
+std::optional<DType> dtype_from_name(std::string_view n) {
+  if (n == "BF16") return DType::BF16;
+  if (n == "F16") return DType::F16;
+  if (n == "F32") return DType::F32;
+  if (n == "U8") return DType::U8;
+  if (n == "I64") return DType::I64;
+  return std::nullopt;
+}
+
+}  // namespace md
