@@ -42,6 +42,18 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// The tensors and metadata of one safetensors file.
+struct SafetensorsContents {
+  std::map<std::string, TensorInfo> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// Parses and validates a whole safetensors file held in memory (the checks SafetensorsFile lists
+// below); `name` is used in messages and as TensorInfo::file. Data pointers point into `data`.
+// Exposed so that tests and the fuzz harness can exercise the parser without files.
+SafetensorsContents parse_safetensors_buffer(const uint8_t* data, size_t size,
+                                             const std::string& name);
+
 // One .safetensors file. The constructor validates: 8-byte header length within the file, the
 // header is a JSON object of tensors (plus optional "__metadata__" of string values), each with a
 // known dtype, a non-negative shape, data_offsets [begin, end] with begin <= end inside the data

@@ -1,0 +1,58 @@
+# megadecode: quick start is `make demo` and `make test` (each installs what it needs).
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc)
+CMAKE_FLAGS ?=
+MODELS     ?= models
+BIN        := $(BUILD)/megadecode
+
+.PHONY: all deps build test test-asan test-release demo bench-small bench-kl48 format clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) > /dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+# Release tests, then the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+test: test-release test-asan
+
+test-release: build
+	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-asan: deps
+	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DMEGADECODE_SANITIZE=address,undefined -DMEGADECODE_BENCH=OFF > /dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
+
+$(MODELS)/small/config.json: | build
+	@$(BIN) make-model --preset small --seed 1 --out $(MODELS)/small --force
+
+$(MODELS)/kl48-e32/config.json: | build
+	@$(BIN) make-model --preset kl48-e32 --seed 1 --out $(MODELS)/kl48-e32 --shards 8 --force
+
+demo: build $(MODELS)/small/config.json
+	@echo "== inspect =="
+	@$(BIN) inspect --model $(MODELS)/small
+	@echo "== greedy generation (ids) =="
+	@$(BIN) generate --model $(MODELS)/small --ids 1,2,3,4,5 --max-tokens 24 --ignore-eos
+	@echo "== decode benchmark, batch 1 =="
+	@$(BIN) bench --model $(MODELS)/small --steps 64 --reps 5
+
+bench-small: build $(MODELS)/small/config.json
+	@$(BIN) bench --model $(MODELS)/small --steps 64 --reps 7 --json bench/small.json
+
+# ~16 GB of files; needs the disk and ~17 GB of memory for the page cache.
+bench-kl48: build $(MODELS)/kl48-e32/config.json
+	@$(BIN) bench --model $(MODELS)/kl48-e32 --steps 8 --reps 5 --json bench/kl48-e32.json
+
+format:
+	@clang-format -i $$(git ls-files '*.cpp' '*.h')
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

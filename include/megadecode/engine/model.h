@@ -1,0 +1,68 @@
+// A loaded model and the per-sequence state it runs on: the reference forward path (prefill of a
+// prompt in one call, then decode token by token), on CPU worker threads.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "megadecode/base/threads.h"
+#include "megadecode/model/config.h"
+#include "megadecode/model/safetensors.h"
+#include "megadecode/model/weights.h"
+
+namespace md {
+
+// Where activations are rounded. BF16 rounds to bf16 at every point the official implementation
+// does for a bf16 model (the default: what the checkpoints are); FP32 keeps fp32 activations
+// throughout, matching the official implementation run in float32 (used by the golden tests to
+// check the math tightly).
+enum class Precision { BF16, FP32 };
+
+struct ModelOptions {
+  Precision precision = Precision::BF16;
+  int threads = 0;  // 0: one per CPU
+  bool pin_threads = true;
+  bool router_biased_weights = false;  // the original remote code's expert-weight variant
+};
+
+// Everything one sequence carries between steps.
+struct SequenceState {
+  int64_t pos = 0;                             // tokens consumed so far
+  std::vector<std::vector<float>> kda_state;   // per layer (KDA layers): [H][K][V] fp32
+  std::vector<std::vector<float>> conv_cache;  // per layer (KDA): [3 (q,k,v)][W-1][C]
+  std::vector<std::vector<float>> mla_cache;   // per layer (MLA): [pos][R+P] (c then k_pe)
+  size_t bytes() const;
+};
+
+class Model {
+ public:
+  Model(const std::string& dir, const ModelOptions& opt = {});
+  ~Model();
+
+  const ModelConfig& config() const { return cfg_; }
+  const ModelWeights& weights() const { return w_; }
+  const ModelOptions& options() const { return opt_; }
+  const Checkpoint& checkpoint() const { return *ckpt_; }
+  ThreadPool& pool() { return *pool_; }
+
+  SequenceState new_sequence() const;
+
+  // Feeds ids to the sequence (T = ids.size() >= 1 tokens: T > 1 is a prefill, T == 1 a decode
+  // step) and advances it. logits, when not null, receives [T][vocab] (all_positions) or the last
+  // position's [vocab]. Ids outside the vocabulary are an md::Error (the state is unchanged).
+  void forward(SequenceState& seq, std::span<const int32_t> ids, float* logits,
+               bool all_positions);
+
+ private:
+  struct Impl;
+  ModelConfig cfg_;
+  ModelOptions opt_;
+  std::unique_ptr<Checkpoint> ckpt_;
+  ModelWeights w_;
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace md

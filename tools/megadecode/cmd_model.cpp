@@ -1,0 +1,179 @@
+// make-model, logits, generate, inspect.
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "common.h"
+#include "megadecode/base/error.h"
+#include "megadecode/base/util.h"
+#include "megadecode/model/presets.h"
+
+namespace md::cli {
+
+namespace {
+
+void print_logits_line(int64_t pos, const float* v, int64_t n) {
+  std::string s = fmt::format("{{\"pos\": {}, \"logits\": [", pos);
+  s.reserve(size_t(n) * 12);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i) s += ", ";
+    // Shortest representation that reads back to the same float32.
+    s += fmt::format("{}", v[i]);
+  }
+  s += "]}\n";
+  std::fwrite(s.data(), 1, s.size(), stdout);
+}
+
+int64_t argmax(const float* v, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (v[i] > v[best]) best = i;
+  return best;
+}
+
+}  // namespace
+
+void register_make_model(CLI::App& app) {
+  struct Opts {
+    std::string preset, out;
+    uint64_t seed = 1;
+    int shards = 1;
+    bool force = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* c = app.add_subcommand("make-model", "write a random-weight checkpoint of a preset");
+  c->add_option("--preset", o->preset, "tiny | small | kl48-e32 | kl48")->required();
+  c->add_option("--seed", o->seed, "random seed (same seed, same bytes)");
+  c->add_option("--out", o->out, "output directory")->required();
+  c->add_option("--shards", o->shards, "number of safetensors shards")->check(CLI::Range(1, 999));
+  c->add_flag("--force", o->force, "overwrite an existing checkpoint in --out");
+  c->callback([o] {
+    namespace fs = std::filesystem;
+    ModelConfig cfg = preset_config(o->preset);
+    MD_CHECK(o->force || !fs::exists(fs::path(o->out) / "config.json"),
+             "{} already holds a checkpoint (use --force to overwrite)", o->out);
+    ThreadPool pool(0, false);
+    make_random_checkpoint(cfg, o->out, o->seed, o->shards, pool, isatty(2));
+    ModelSizes s = model_sizes(cfg);
+    std::printf("wrote %s: preset %s, seed %llu, %.3f B parameters, %s\n", o->out.c_str(),
+                o->preset.c_str(), (unsigned long long)o->seed, double(s.total_params) / 1e9,
+                human_bytes(s.total_bytes).c_str());
+  });
+}
+
+void register_run_commands(CLI::App& app) {
+  {
+    struct Opts {
+      RunFlags f;
+      std::string ids;
+      int prefill = -1;
+    };
+    auto o = std::make_shared<Opts>();
+    auto* c = app.add_subcommand("logits", "print the logits at every position as JSON lines");
+    o->f.add(c);
+    c->add_option("--ids", o->ids, "comma-separated token ids")->required();
+    c->add_option("--prefill", o->prefill,
+                  "how many leading ids go through one prefill call (default: all); the rest "
+                  "are decoded one at a time");
+    c->callback([o] {
+      std::vector<int32_t> ids = parse_ids(o->ids);
+      const int n = int(ids.size());
+      const int p = o->prefill < 0 ? n : o->prefill;
+      MD_CHECK(p >= 0 && p <= n, "--prefill {} must be in 0..{} (the number of ids)", p, n);
+      Model m(o->f.model, o->f.options());
+      const int64_t V = m.config().vocab_size;
+      SequenceState s = m.new_sequence();
+      std::vector<float> logits(size_t(std::max(p, 1)) * size_t(V));
+      if (p > 0) {
+        m.forward(s, std::span(ids.data(), size_t(p)), logits.data(), true);
+        for (int i = 0; i < p; ++i) print_logits_line(i, logits.data() + int64_t(i) * V, V);
+      }
+      for (int i = p; i < n; ++i) {
+        m.forward(s, std::span(ids.data() + i, 1), logits.data(), false);
+        print_logits_line(i, logits.data(), V);
+      }
+    });
+  }
+  {
+    struct Opts {
+      RunFlags f;
+      std::string ids;
+      int max_tokens = 16;
+      bool ignore_eos = false;
+    };
+    auto o = std::make_shared<Opts>();
+    auto* c = app.add_subcommand("generate", "greedy generation from token ids; prints ids");
+    o->f.add(c);
+    c->add_option("--ids", o->ids, "comma-separated prompt token ids")->required();
+    c->add_option("--max-tokens", o->max_tokens, "tokens to generate")
+        ->check(CLI::Range(0, 1 << 24));
+    c->add_flag("--ignore-eos", o->ignore_eos, "keep generating after an end-of-sequence id");
+    c->callback([o] {
+      std::vector<int32_t> ids = parse_ids(o->ids);
+      Model m(o->f.model, o->f.options());
+      const ModelConfig& cfg = m.config();
+      SequenceState s = m.new_sequence();
+      std::vector<float> logits(size_t(cfg.vocab_size));
+      double t0 = now_seconds();
+      m.forward(s, ids, logits.data(), false);
+      double t1 = now_seconds();
+      std::vector<int32_t> out;
+      for (int i = 0; i < o->max_tokens; ++i) {
+        int32_t next = int32_t(argmax(logits.data(), cfg.vocab_size));
+        out.push_back(next);
+        std::printf("%s%d", i ? " " : "", next);
+        std::fflush(stdout);
+        bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) !=
+                   cfg.eos_token_ids.end();
+        if ((eos && !o->ignore_eos) || i + 1 == o->max_tokens) break;
+        m.forward(s, std::span(&next, 1), logits.data(), false);
+      }
+      double t2 = now_seconds();
+      std::printf("\n");
+      std::fprintf(stderr, "prefill %zu tokens: %.1f ms; decode %zu tokens: %.2f tok/s\n",
+                   ids.size(), (t1 - t0) * 1e3, out.size(),
+                   out.size() > 1 ? double(out.size() - 1) / (t2 - t1) : 0.0);
+    });
+  }
+  {
+    auto o = std::make_shared<std::string>();
+    auto* c = app.add_subcommand("inspect", "architecture summary, parameters, bytes per token");
+    c->add_option("--model", *o, "checkpoint directory")->required();
+    c->callback([o] {
+      namespace fs = std::filesystem;
+      ModelConfig cfg = load_config_file((fs::path(*o) / "config.json").string());
+      Checkpoint ck(*o);
+      bind_weights(cfg, ck);  // validates every tensor
+      ModelSizes s = model_sizes(cfg);
+      std::string pattern;
+      for (int l = 0; l < cfg.num_layers; ++l)
+        pattern += cfg.attn_kind[l] == AttnKind::MLA ? 'M' : 'K';
+      std::printf("model          %s (%s)\n", o->c_str(), cfg.model_type.c_str());
+      std::printf("layers         %d: %d KDA + %d MLA  [%s]  (K = KDA, M = MLA)\n",
+                  cfg.num_layers, cfg.num_kda_layers(), cfg.num_mla_layers(), pattern.c_str());
+      std::printf("hidden         %lld, vocab %lld, eps %g\n", (long long)cfg.hidden_size,
+                  (long long)cfg.vocab_size, cfg.rms_norm_eps);
+      std::printf("KDA            %d heads x %d, conv %d\n", cfg.kda_num_heads, cfg.kda_head_dim,
+                  cfg.kda_conv_size);
+      std::printf("MLA            %d heads, kv_lora %d, nope %d, rope %d (NoPE), v %d\n",
+                  cfg.mla_num_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim,
+                  cfg.qk_rope_head_dim, cfg.v_head_dim);
+      std::printf("MoE            %d experts, top-%d, %d shared, intermediate %lld, scale %g\n",
+                  cfg.num_experts, cfg.num_experts_per_token, cfg.num_shared_experts,
+                  (long long)cfg.moe_intermediate_size, cfg.routed_scaling_factor);
+      std::printf("parameters     %.3f B total, %.3f B active per token\n",
+                  double(s.total_params) / 1e9, double(s.active_params) / 1e9);
+      std::printf("weights        %s on disk (%s in checkpoint files)\n",
+                  human_bytes(s.total_bytes).c_str(), human_bytes(double(ck.total_bytes())).c_str());
+      std::printf("decode bytes   %s of weights per token at batch 1\n",
+                  human_bytes(s.active_bytes).c_str());
+      std::printf("state          KDA %s per sequence; MLA cache %s per token\n",
+                  human_bytes(s.kda_state_bytes).c_str(),
+                  human_bytes(s.mla_cache_bytes_per_token).c_str());
+    });
+  }
+}
+
+}  // namespace md::cli

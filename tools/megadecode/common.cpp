@@ -1,0 +1,49 @@
+#include "common.h"
+
+#include <charconv>
+
+#include "megadecode/base/error.h"
+
+namespace md::cli {
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string tok = s.substr(i, j - i);
+    while (!tok.empty() && tok.front() == ' ') tok.erase(tok.begin());
+    while (!tok.empty() && tok.back() == ' ') tok.pop_back();
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), v);
+    MD_CHECK(!tok.empty() && ec == std::errc() && p == tok.data() + tok.size() && v >= 0 &&
+                 v <= INT32_MAX,
+             "--ids: '{}' is not a non-negative integer token id", tok);
+    ids.push_back(int32_t(v));
+    i = j + 1;
+  }
+  return ids;
+}
+
+void RunFlags::add(CLI::App* app, bool model_required) {
+  auto* o = app->add_option("--model", model, "checkpoint directory (config.json + safetensors)");
+  if (model_required) o->required();
+  app->add_option("--precision", precision,
+                  "activation rounding: bf16 (as the official bf16 model) or fp32")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  app->add_option("--threads", threads, "worker threads (0: one per CPU)")
+      ->check(CLI::Range(0, 1024));
+  app->add_flag("--router-biased-weights", biased_router,
+                "take expert weights from the bias-corrected scores (original remote code)");
+}
+
+ModelOptions RunFlags::options() const {
+  ModelOptions o;
+  o.precision = precision == "fp32" ? Precision::FP32 : Precision::BF16;
+  o.threads = threads;
+  o.router_biased_weights = biased_router;
+  return o;
+}
+
+}  // namespace md::cli
