@@ -195,7 +195,7 @@ ModelSizes model_sizes(const ModelConfig& c) {
     bool routed = t.name.find(".experts.") != std::string::npos;
     bool embed = t.name == "model.embed_tokens.weight";
     if (!routed) {
-      s.active_params += n;
+      s.active_params += embed ? c.hidden_size : n;
       // An embedding lookup reads one row, not the table.
       s.active_bytes += embed ? double(c.hidden_size) * 2 : double(t.nbytes());
     }

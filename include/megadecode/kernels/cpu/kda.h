@@ -45,4 +45,9 @@ void kda_prefill_head(float* S, const float* q, const float* k, const float* v, 
 void kda_gated_norm(float* o, const float* gate, const float* w, int K, int h0, int h1,
                     float eps);
 
+// Which implementation the KDA kernels use: "avx512" or "portable" (MEGADECODE_ISA=portable
+// forces the portable one; tests run both).
+const char* kda_isa();
+void set_kda_isa_portable(bool portable);
+
 }  // namespace md::cpu

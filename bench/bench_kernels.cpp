@@ -1,0 +1,191 @@
+// Kernel micro-benchmarks at Kimi Linear's shapes. Decode streams each weight once per token, so
+// the figure of merit is weight bytes per second against the machine's read bandwidth. The
+// weights come from a pool larger than the last-level cache (300 MB on the target), cycled so
+// that every timed call reads from DRAM, as decode does. Because this host's bandwidth drifts
+// over minutes, every kernel benchmark re-measures it just before and after its timing loop and
+// reports the ratio (counter of_bw) next to both numbers.
+#include <benchmark/benchmark.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "megadecode/base/bf16.h"
+#include "megadecode/base/threads.h"
+#include "megadecode/base/util.h"
+#include "megadecode/kernels/cpu/bandwidth.h"
+#include "megadecode/kernels/cpu/matmul.h"
+
+namespace md::cpu {
+namespace {
+
+constexpr size_t kPoolBytes = size_t{1} << 30;
+constexpr size_t kBandwidthBytes = size_t{512} << 20;
+
+ThreadPool& pool(int threads) {
+  static ThreadPool one(1), two(2);
+  return threads == 1 ? one : two;
+}
+
+// The weight pool: kPoolBytes of small bf16 values (also readable as finite fp32), filled by the
+// pool's threads so pages are placed where they are read.
+bf16* weight_pool() {
+  static bf16* p = [] {
+    void* m = std::aligned_alloc(size_t{2} << 20, kPoolBytes);
+    if (!m) std::abort();
+    madvise(m, kPoolBytes, MADV_HUGEPAGE);
+    bf16* w = static_cast<bf16*>(m);
+    const size_t n = kPoolBytes / sizeof(bf16);
+    pool(2).parallel_for(n, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) {
+        w[i] = f32_to_bf16(static_cast<float>(static_cast<int>((i * 2654435761u) % 2001) - 1000) *
+                           1e-5f);
+      }
+    });
+    return w;
+  }();
+  return p;
+}
+
+std::vector<float> make_x(int B, int64_t K) {
+  std::vector<float> x(static_cast<size_t>(B * K));
+  Rng rng(7);
+  for (auto& v : x) v = round_bf16(static_cast<float>(rng.normal()));
+  return x;
+}
+
+double bandwidth(int threads) {
+  return measure_read_bandwidth_gbps(pool(threads), kBandwidthBytes, 3);
+}
+
+// Runs `call(slot)` in the timing loop with slot cycling through the weight pool, and sets the
+// byte and bandwidth counters. bytes_per_call is the weight bytes one call streams.
+template <class Call>
+void run_timed(benchmark::State& state, int threads, size_t bytes_per_call, Call call) {
+  const size_t slots = std::max<size_t>(1, kPoolBytes / bytes_per_call);
+  const double bw_before = bandwidth(threads);
+  size_t slot = 0;
+  double t0 = now_seconds();
+  for (auto _ : state) {
+    call(slot);
+    if (++slot == slots) slot = 0;
+  }
+  const double secs = now_seconds() - t0;
+  const double bw_after = bandwidth(threads);
+  const double bytes =
+      static_cast<double>(bytes_per_call) * static_cast<double>(state.iterations());
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  const double bw = 0.5 * (bw_before + bw_after);
+  state.counters["read_bw_GBps"] = bw;
+  state.counters["of_bw"] = bytes / secs * 1e-9 / bw;
+}
+
+// Splits rows across the pool's threads in multiples of 16 (the GEMV row tile) as the engine
+// does.
+void split_rows(ThreadPool& tp, int64_t rows, const std::function<void(int64_t, int64_t)>& f) {
+  if (tp.size() == 1) {
+    f(0, rows);
+    return;
+  }
+  tp.parallel_for(
+      static_cast<size_t>(rows),
+      [&](size_t b, size_t e) { f(static_cast<int64_t>(b), static_cast<int64_t>(e)); }, 16);
+}
+
+// Args: rows, K, threads, B, x_is_bf16, portable.
+void BM_MatmulBf16(benchmark::State& state) {
+  const int64_t rows = state.range(0), K = state.range(1);
+  const int threads = static_cast<int>(state.range(2)), B = static_cast<int>(state.range(3));
+  const bool x_bf16 = state.range(4) != 0;
+  set_matmul_isa_portable(state.range(5) != 0);
+  const size_t bytes = static_cast<size_t>(rows * K) * sizeof(bf16);
+  const auto x = make_x(B, K);
+  std::vector<float> y(static_cast<size_t>(B * rows));
+  bf16* wp = weight_pool();
+  ThreadPool& tp = pool(threads);
+  run_timed(state, threads, bytes, [&](size_t slot) {
+    const bf16* W = wp + slot * static_cast<size_t>(rows * K);
+    split_rows(tp, rows, [&](int64_t r0, int64_t r1) {
+      matmul_bf16(W, K, r0, r1, x.data(), B, K, y.data(), rows, x_bf16);
+    });
+    benchmark::DoNotOptimize(y.data());
+  });
+  state.counters["FLOPS"] = benchmark::Counter(
+      2.0 * static_cast<double>(rows * K) * B * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
+  state.SetLabel(matmul_isa());
+  set_matmul_isa_portable(false);
+}
+
+// The fp32 router gate: [experts x hidden] fp32.
+void BM_MatmulF32(benchmark::State& state) {
+  const int64_t rows = state.range(0), K = state.range(1);
+  const int threads = static_cast<int>(state.range(2)), B = static_cast<int>(state.range(3));
+  const size_t bytes = static_cast<size_t>(rows * K) * sizeof(float);
+  const auto x = make_x(B, K);
+  std::vector<float> y(static_cast<size_t>(B * rows));
+  const float* wp = reinterpret_cast<const float*>(weight_pool());
+  ThreadPool& tp = pool(threads);
+  run_timed(state, threads, bytes, [&](size_t slot) {
+    const float* W = wp + slot * static_cast<size_t>(rows * K);
+    split_rows(tp, rows, [&](int64_t r0, int64_t r1) {
+      matmul_f32(W, K, r0, r1, x.data(), B, K, y.data(), rows);
+    });
+    benchmark::DoNotOptimize(y.data());
+  });
+}
+
+// The plain 64-byte-load stream over the 1 GiB pool: the ceiling the GEMV numbers compare to.
+void BM_ReadBandwidth(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const unsigned char* p = reinterpret_cast<const unsigned char*>(weight_pool());
+  ThreadPool& tp = pool(threads);
+  for (auto _ : state) {
+    tp.parallel_for(
+        kPoolBytes,
+        [&](size_t b, size_t e) { benchmark::DoNotOptimize(stream_read_sum(p + b, e - b)); }, 4096);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(kPoolBytes) * state.iterations());
+  state.counters["median_GBps"] = bandwidth(threads);
+}
+
+// GEMV (B = 1) at the model's shapes: attention/KDA projections [2304 x 2304], expert up/gate
+// [1024 x 2304] and down [2304 x 1024], and an eighth of the LM head [163840 / 8 x 2304].
+void gemv_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "K", "thr", "B", "xbf16", "port"});
+  for (int threads : {1, 2}) {
+    for (auto [rows, K] : {std::pair{2304, 2304}, {1024, 2304}, {2304, 1024}, {20480, 2304}}) {
+      b->Args({rows, K, threads, 1, 1, 0});
+    }
+    b->Args({2304, 2304, threads, 1, 0, 0});  // fp32 activations
+    b->Args({2304, 2304, threads, 1, 1, 1});  // portable path
+  }
+}
+
+// Batched decode and prefill chunks: arithmetic intensity grows with B.
+void batch_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "K", "thr", "B", "xbf16", "port"});
+  for (int threads : {1, 2}) {
+    for (int B : {4, 16, 64, 256}) b->Args({2304, 2304, threads, B, 1, 0});
+    b->Args({2304, 2304, threads, 16, 0, 0});
+  }
+}
+
+BENCHMARK(BM_ReadBandwidth)->ArgName("thr")->Arg(1)->Arg(2)->UseRealTime();
+BENCHMARK(BM_MatmulBf16)->Name("Gemv")->Apply(gemv_args)->UseRealTime();
+BENCHMARK(BM_MatmulBf16)->Name("Batch")->Apply(batch_args)->UseRealTime();
+BENCHMARK(BM_MatmulF32)
+    ->Name("RouterF32")
+    ->ArgNames({"rows", "K", "thr", "B"})
+    ->Args({256, 2304, 1, 1})
+    ->Args({256, 2304, 2, 1})
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace md::cpu
+
+BENCHMARK_MAIN();
