@@ -336,6 +336,9 @@ struct Model::Impl {
       cpu::rmsnorm(x.data() + t * D, m.w_.final_norm.data(), D, eps, h.data() + (t - first) * D,
                    rnd());
     matmuls({{&m.w_.lm_head, h.data(), D, logits, c.vocab_size, n}});
+    // The official bf16 model's logits are bf16 (lm_head output); so are ours in that mode, so
+    // that greedy ties break the same way (lowest id among equal values).
+    round(logits, n * c.vocab_size);
   }
 };
 

@@ -1,0 +1,288 @@
+#include "megadecode/engine/sampler.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+#include "megadecode/base/error.h"
+
+namespace md {
+
+namespace {
+
+bool finite(float v) {
+  return std::isfinite(v);
+}
+
+// Candidate order: higher logit first, ties to the lower id, so every selection path (heap,
+// nth_element, buckets) keeps the same tokens as a full stable sort would.
+struct Better {
+  template <typename C>
+  bool operator()(const C& a, const C& b) const {
+    return a.x > b.x || (a.x == b.x && a.id < b.id);
+  }
+};
+
+// Below this top-k a bounded heap (O(V log k), no full candidate array) beats nth_element.
+constexpr int kHeapTopK = 1024;
+// Top-p buckets: weights are in [0, 1], so the float's top bits (sign 0, exponent, 5 mantissa
+// bits) index at most 0x3F800000 >> 18 = 4064 buckets.
+constexpr uint32_t kBucketShift = 18;
+constexpr uint32_t kBuckets = (0x3F800000u >> kBucketShift) + 1;
+
+}  // namespace
+
+void SamplingParams::validate() const {
+  MD_CHECK(finite(temperature) && temperature >= 0.0f,
+           "invalid sampling parameter temperature={}: must be a finite number >= 0", temperature);
+  MD_CHECK(top_k >= 0, "invalid sampling parameter top_k={}: must be >= 0 (0 = off)", top_k);
+  MD_CHECK(finite(top_p) && top_p > 0.0f && top_p <= 1.0f,
+           "invalid sampling parameter top_p={}: must be in (0, 1]", top_p);
+  MD_CHECK(finite(min_p) && min_p >= 0.0f && min_p <= 1.0f,
+           "invalid sampling parameter min_p={}: must be in [0, 1]", min_p);
+  MD_CHECK(finite(repetition_penalty) && repetition_penalty > 0.0f,
+           "invalid sampling parameter repetition_penalty={}: must be a finite number > 0",
+           repetition_penalty);
+  MD_CHECK(finite(presence_penalty) && presence_penalty >= -2.0f && presence_penalty <= 2.0f,
+           "invalid sampling parameter presence_penalty={}: must be in [-2, 2]", presence_penalty);
+  MD_CHECK(finite(frequency_penalty) && frequency_penalty >= -2.0f && frequency_penalty <= 2.0f,
+           "invalid sampling parameter frequency_penalty={}: must be in [-2, 2]",
+           frequency_penalty);
+  MD_CHECK(max_tokens >= 1, "invalid sampling parameter max_tokens={}: must be >= 1", max_tokens);
+  for (int32_t id : stop_token_ids)
+    MD_CHECK(id >= 0, "invalid sampling parameter stop_token_ids: negative id {}", id);
+  for (const auto& s : stop_strings)
+    MD_CHECK(!s.empty(), "invalid sampling parameter stop_strings: empty string");
+}
+
+Sampler::Sampler(const SamplingParams& params, int64_t vocab)
+    : params_(params), vocab_(vocab), rng_(params.seed) {
+  params_.validate();
+  MD_CHECK(vocab > 0 && vocab <= INT32_MAX, "sampler: invalid vocabulary size {}", vocab);
+  for (int32_t id : params_.stop_token_ids)
+    MD_CHECK(id < vocab, "invalid sampling parameter stop_token_ids: id {} >= vocabulary size {}",
+             id, vocab);
+}
+
+bool Sampler::has_penalties() const {
+  return params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+         params_.frequency_penalty != 0.0f;
+}
+
+void Sampler::set_prompt_length(size_t n) {
+  prompt_len_ = n;
+  for (int32_t id : touched_) counts_[size_t(id)] = 0, seen_[size_t(id)] = 0;
+  touched_.clear();
+  counted_len_ = 0;
+}
+
+void Sampler::update_counts(std::span<const int32_t> history) {
+  if (!prompt_len_) prompt_len_ = history.size();
+  if (counts_.empty()) {
+    counts_.assign(size_t(vocab_), 0);
+    seen_.assign(size_t(vocab_), 0);
+  }
+  if (history.size() < counted_len_) set_prompt_length(*prompt_len_);  // not our sequence: recount
+  for (size_t i = counted_len_; i < history.size(); ++i) {
+    int32_t id = history[i];
+    MD_CHECK(id >= 0 && id < vocab_, "sampler: history token id {} outside vocabulary of {}", id,
+             vocab_);
+    if (!seen_[size_t(id)]) {
+      seen_[size_t(id)] = 1;
+      touched_.push_back(id);
+    }
+    if (i >= *prompt_len_) ++counts_[size_t(id)];
+  }
+  counted_len_ = history.size();
+}
+
+void Sampler::penalize(std::span<float> logits, std::span<const int32_t> history) {
+  MD_CHECK(int64_t(logits.size()) == vocab_, "sampler: got {} logits for a vocabulary of {}",
+           logits.size(), vocab_);
+  if (!has_penalties()) return;
+  update_counts(history);
+  const float rep = params_.repetition_penalty;
+  for (int32_t id : touched_) {
+    float& l = logits[size_t(id)];
+    if (rep != 1.0f) l = l > 0.0f ? l / rep : l * rep;
+    if (int32_t c = counts_[size_t(id)]; c > 0)
+      l -= params_.frequency_penalty * float(c) + params_.presence_penalty;
+  }
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
+  MD_CHECK(int64_t(logits.size()) == vocab_, "sampler: got {} logits for a vocabulary of {}",
+           logits.size(), vocab_);
+  std::span<const float> l = logits;
+  if (has_penalties()) {
+    work_.assign(logits.begin(), logits.end());
+    penalize(work_, history);
+    l = work_;
+  }
+  return params_.greedy() ? argmax(l) : draw(l);
+}
+
+int32_t Sampler::argmax(std::span<const float> logits) const {
+  int32_t best = 0;
+  float bv = -INFINITY;
+  bool any = false;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    float v = logits[i];
+    MD_CHECK(!std::isnan(v), "sampler: logit {} is NaN", i);
+    if (!any ? v > -INFINITY : v > bv) best = int32_t(i), bv = v, any = true;
+  }
+  MD_CHECK(any, "sampler: every logit is -inf");
+  return best;
+}
+
+int32_t Sampler::draw(std::span<const float> logits) {
+  const size_t V = logits.size();
+  const float inv_t = 1.0f / params_.temperature;
+  const double top_p = params_.top_p;
+  const float min_p = params_.min_p;
+
+  float mx = -INFINITY;
+  for (size_t i = 0; i < V; ++i) {
+    MD_CHECK(!std::isnan(logits[i]), "sampler: logit {} is NaN", i);
+    mx = std::max(mx, logits[i] * inv_t);
+  }
+  MD_CHECK(mx > -INFINITY, "sampler: every logit is -inf");
+
+  const size_t k = params_.top_k > 0 && size_t(params_.top_k) < V ? size_t(params_.top_k) : V;
+  if (k == V && top_p >= 1.0) {
+    // No truncation by rank: one pass in id order, no sorting. Weights are relative to the
+    // largest (w_max = 1), so min-p is simply w >= min_p.
+    weights_.resize(V);
+    double total = 0;
+    for (size_t i = 0; i < V; ++i) {
+      float w = std::exp(logits[i] * inv_t - mx);
+      weights_[i] = w;
+      if (w >= min_p) total += w;
+    }
+    double u = rng_.uniform() * total;
+    int32_t last = 0;
+    for (size_t i = 0; i < V; ++i) {
+      float w = weights_[i];
+      if (w < min_p) continue;
+      last = int32_t(i);
+      u -= w;
+      if (u < 0) return last;
+    }
+    return last;  // rounding left u a hair above zero
+  }
+
+  // Candidate set: the k best tokens (unsorted; order within the set does not change the
+  // distribution, and the selection is deterministic).
+  Better better;
+  cands_.clear();
+  if (k < V && k <= size_t(kHeapTopK)) {
+    cands_.reserve(k);
+    for (size_t i = 0; i < V; ++i) {
+      Cand c{int32_t(i), logits[i] * inv_t, 0.0f};
+      if (cands_.size() < k) {
+        cands_.push_back(c);
+        std::push_heap(cands_.begin(), cands_.end(), better);  // front = worst kept
+      } else if (better(c, cands_.front())) {
+        std::pop_heap(cands_.begin(), cands_.end(), better);
+        cands_.back() = c;
+        std::push_heap(cands_.begin(), cands_.end(), better);
+      }
+    }
+  } else {
+    cands_.resize(V);
+    for (size_t i = 0; i < V; ++i) cands_[i] = Cand{int32_t(i), logits[i] * inv_t, 0.0f};
+    if (k < V) {
+      std::nth_element(cands_.begin(), cands_.begin() + ptrdiff_t(k), cands_.end(), better);
+      cands_.resize(k);
+    }
+  }
+  double z = 0;  // softmax denominator over the candidate set
+  for (Cand& c : cands_) z += (c.w = std::exp(c.x - mx));
+
+  // Top-p keeps the smallest best-first prefix whose mass reaches top_p. Rather than sorting, the
+  // weights go into buckets by their leading float bits (monotonic in the weight, so a better token
+  // is never in a lower bucket); whole buckets are kept from the top while the mass stays below
+  // the target, and only the bucket holding the cut is sorted. O(size) for any nucleus size.
+  size_t keep = cands_.size();
+  if (top_p < 1.0) {
+    const double target = top_p * z;
+    auto bucket = [](float w) { return std::bit_cast<uint32_t>(w) >> kBucketShift; };
+    bucket_mass_.assign(kBuckets, 0.0);
+    for (const Cand& c : cands_) bucket_mass_[bucket(c.w)] += c.w;
+    double acc = 0;
+    uint32_t cut = kBuckets - 1;
+    for (; cut > 0; --cut) {
+      if (acc + bucket_mass_[cut] >= target) break;
+      acc += bucket_mass_[cut];
+    }
+    auto above = std::partition(cands_.begin(), cands_.end(),
+                                [&](const Cand& c) { return bucket(c.w) > cut; });
+    auto in_cut =
+        std::partition(above, cands_.end(), [&](const Cand& c) { return bucket(c.w) == cut; });
+    std::sort(above, in_cut, better);
+    keep = size_t(in_cut - cands_.begin());
+    for (auto it = above; it != in_cut; ++it) {
+      acc += it->w;
+      if (acc >= target) {
+        keep = size_t(it - cands_.begin()) + 1;
+        break;
+      }
+    }
+  }
+
+  // Min-p: weights are relative to the overall maximum (w = 1), which is always kept.
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i)
+    if (cands_[i].w >= min_p) total += cands_[i].w;
+  double u = rng_.uniform() * total;
+  int32_t last = cands_[0].id;
+  for (size_t i = 0; i < keep; ++i) {
+    if (cands_[i].w < min_p) continue;
+    last = cands_[i].id;
+    u -= cands_[i].w;
+    if (u < 0) break;
+  }
+  return last;
+}
+
+StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
+  for (const auto& s : stops_) MD_CHECK(!s.empty(), "stop strings must not be empty");
+}
+
+StopMatcher::Result StopMatcher::feed(std::string_view chunk) {
+  if (stopped_) return {{}, true};
+  pending_.append(chunk);
+
+  // The earliest complete stop string wins; held-back text is still in pending_, so stops that
+  // straddle chunk boundaries are found here too.
+  size_t hit = std::string::npos;
+  for (const auto& s : stops_) hit = std::min(hit, pending_.find(s));
+  if (hit != std::string::npos) {
+    Result r{pending_.substr(0, hit), true};
+    pending_.clear();
+    stopped_ = true;
+    return r;
+  }
+
+  // Hold back the longest suffix that is a proper prefix of some stop string.
+  size_t hold = 0;
+  for (const auto& s : stops_) {
+    for (size_t len = std::min(s.size() - 1, pending_.size()); len > hold; --len) {
+      if (pending_.compare(pending_.size() - len, len, s, 0, len) == 0) {
+        hold = len;
+        break;
+      }
+    }
+  }
+  Result r{pending_.substr(0, pending_.size() - hold), false};
+  pending_.erase(0, pending_.size() - hold);
+  return r;
+}
+
+std::string StopMatcher::flush() {
+  std::string out;
+  if (!stopped_) out.swap(pending_);
+  return out;
+}
+
+}  // namespace md
