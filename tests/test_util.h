@@ -33,11 +33,16 @@ struct CommandResult {
   std::string err;  // stderr
 };
 
-// Runs the megadecode CLI with the given arguments (a shell-quoted string).
-inline CommandResult run_cli(const std::string& args) {
+// Runs the megadecode CLI with the given arguments (a shell-quoted string), feeding `input` on
+// its standard input.
+inline CommandResult run_cli(const std::string& args, const std::string& input = "") {
   TempDir d("cli");
-  std::string cmd = std::string(MD_CLI_PATH) + " " + args + " > " + (d / "out") + " 2> " +
-                    (d / "err");
+  if (FILE* f = std::fopen((d / "in").c_str(), "wb")) {
+    std::fwrite(input.data(), 1, input.size(), f);
+    std::fclose(f);
+  }
+  std::string cmd = std::string(MD_CLI_PATH) + " " + args + " < " + (d / "in") + " > " +
+                    (d / "out") + " 2> " + (d / "err");
   int rc = std::system(cmd.c_str());
   CommandResult r;
   r.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);

@@ -2,10 +2,15 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <memory>
 
 #include "megadecode/base/threads.h"
 #include "megadecode/model/presets.h"
+#include "megadecode/tokenizer/bpe_train.h"
+#include "megadecode/tokenizer/chat_template.h"
 #include "test_util.h"
 
 namespace md {
@@ -19,7 +24,11 @@ class Cli : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new test::TempDir("cli_model");
     ThreadPool pool(2, false);
-    make_random_checkpoint(preset_config("tiny"), dir_->path(), 5, 1, pool);
+    ModelConfig cfg = preset_config("tiny");
+    make_random_checkpoint(cfg, dir_->path(), 5, 1, pool);
+    write_tokenizer_files(dir_->path(),
+                          train_bpe(builtin_training_corpus(), int(cfg.vocab_size - 256)),
+                          cfg.vocab_size, kimi_linear_chat_template());
   }
   static void TearDownTestSuite() { delete dir_; }
   static std::string model() { return dir_->path(); }
@@ -75,6 +84,96 @@ TEST_F(Cli, BadModelDirectory) {
     std::ofstream(d / "config.json") << "{\"model_type\": \"kimi_linear\"}";
   }
   expect_one_line_error(test::run_cli("inspect --model " + d.path()), "missing field");
+}
+
+// A damaged checkpoint: each defect is reported in one line by every command that opens it.
+TEST_F(Cli, DamagedCheckpoint) {
+  namespace fs = std::filesystem;
+  auto damaged = [&](const std::string& tag, auto&& damage) {
+    auto d = std::make_unique<test::TempDir>(tag);
+    fs::copy(model(), d->path(), fs::copy_options::recursive);
+    damage(d->path() + "/model.safetensors");
+    return d;
+  };
+  auto truncate_to = [](size_t n) {
+    return [n](const std::string& f) { fs::resize_file(f, n); };
+  };
+  auto d1 = damaged("trunc", truncate_to(100000));
+  expect_one_line_error(test::run_cli("inspect --model " + d1->path()), "model.safetensors");
+  auto d2 = damaged("short", truncate_to(5));
+  expect_one_line_error(test::run_cli("logits --model " + d2->path() + " --ids 1"),
+                        "model.safetensors");
+  auto d3 = damaged("hdr", [](const std::string& f) {
+    std::fstream s(f, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t huge = uint64_t(1) << 40;
+    s.write(reinterpret_cast<const char*>(&huge), 8);
+  });
+  expect_one_line_error(test::run_cli("generate --model " + d3->path() + " --ids 1"),
+                        "model.safetensors");
+  auto d4 = damaged("gone", [](const std::string& f) { fs::remove(f); });
+  expect_one_line_error(test::run_cli("inspect --model " + d4->path()), "safetensors");
+}
+
+TEST_F(Cli, RunStreamsTextAndJson) {
+  auto r = test::run_cli("run --model " + model() + " --prompt 'Hello there' -n 8 --seed 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_FALSE(r.out.empty());
+  EXPECT_THAT(r.err, HasSubstr("tokens at"));
+  r = test::run_cli("run --model " + model() + " --prompt 'Hello' -n 5 -t 0 --raw --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["tokens"].size(), 5u);
+  EXPECT_EQ(j["finish_reason"], "length");
+  // Greedy is deterministic; a different seed does not matter at temperature 0.
+  auto r2 = test::run_cli("run --model " + model() + " --prompt 'Hello' -n 5 -t 0 --raw --json --seed 9");
+  EXPECT_EQ(nlohmann::json::parse(r2.out)["tokens"], j["tokens"]);
+}
+
+TEST_F(Cli, ChatReplTakesTurnsAndResets) {
+  auto r = test::run_cli("chat --model " + model() + " -n 4 -t 0", "hello\n/reset\nhi again\n/exit\nnever\n");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;
+  EXPECT_THAT(r.err, HasSubstr("(history cleared)"));
+  // Ctrl-D (end of input) ends the session cleanly.
+  r = test::run_cli("chat --model " + model() + " -n 3 -t 0", "one turn\n");
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
+TEST_F(Cli, TokenizeAndDetokenize) {
+  auto r = test::run_cli("tokenize --model " + model() + " --text 'Hello <|im_end|> world' --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto ids = nlohmann::json::parse(r.out).get<std::vector<int>>();
+  EXPECT_NE(std::find(ids.begin(), ids.end(), 1024 - 254), ids.end()) << "special token id";
+  std::string list;
+  for (int id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
+  r = test::run_cli("detokenize --model " + model() + " --ids " + list);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "Hello <|im_end|> world\n");
+}
+
+TEST_F(Cli, TextBadInput) {
+  expect_one_line_error(test::run_cli("run --model " + model() + " --prompt '' --raw"),
+                        "prompt is empty");
+  expect_one_line_error(test::run_cli("run --model " + model() + " --prompt x --raw --chat"),
+                        "--raw and --chat exclude each other");
+  expect_one_line_error(test::run_cli("run --model " + model() + " --prompt x --top-p 0"),
+                        "top_p");
+  expect_one_line_error(test::run_cli("detokenize --model " + model() + " --ids 5000"),
+                        "5000");
+  expect_one_line_error(test::run_cli("tokenize --model " + model()),
+                        "give exactly one of --text and --file");
+  // Invalid UTF-8 in a prompt is replaced with U+FFFD (documented), not rejected.
+  auto r = test::run_cli("tokenize --model " + model() + " --text \"$(printf 'a\\377b')\" --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto r2 = test::run_cli("tokenize --model " + model() + " --text \"$(printf 'a\\357\\277\\275b')\" --json");
+  EXPECT_EQ(r.out, r2.out);
+  // A checkpoint without tokenizer files: the error names the missing file.
+  namespace fs = std::filesystem;
+  test::TempDir d("notok");
+  fs::copy(model(), d.path(), fs::copy_options::recursive);
+  fs::remove(d / "tiktoken.model");
+  expect_one_line_error(test::run_cli("run --model " + d.path() + " --prompt hi"),
+                        "tiktoken.model");
 }
 
 TEST_F(Cli, BadFlags) {

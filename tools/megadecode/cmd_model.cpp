@@ -9,6 +9,8 @@
 #include "megadecode/base/error.h"
 #include "megadecode/base/util.h"
 #include "megadecode/model/presets.h"
+#include "megadecode/tokenizer/bpe_train.h"
+#include "megadecode/tokenizer/chat_template.h"
 
 namespace md::cli {
 
@@ -56,6 +58,10 @@ void register_make_model(CLI::App& app) {
              "{} already holds a checkpoint (use --force to overwrite)", o->out);
     ThreadPool pool(0, false);
     make_random_checkpoint(cfg, o->out, o->seed, o->shards, pool, isatty(2));
+    // A real tokenizer (BPE trained on a built-in corpus, Kimi's special tokens) and the Kimi
+    // chat template, so the checkpoint runs end to end from text.
+    write_tokenizer_files(o->out, train_bpe(builtin_training_corpus(), int(cfg.vocab_size - 256)),
+                          cfg.vocab_size, kimi_linear_chat_template());
     ModelSizes s = model_sizes(cfg);
     std::printf("wrote %s: preset %s, seed %llu, %.3f B parameters, %s\n", o->out.c_str(),
                 o->preset.c_str(), (unsigned long long)o->seed, double(s.total_params) / 1e9,

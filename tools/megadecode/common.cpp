@@ -1,8 +1,12 @@
 #include "common.h"
 
+#include <unistd.h>
+
 #include <charconv>
+#include <cstdio>
 
 #include "megadecode/base/error.h"
+#include "megadecode/base/util.h"
 
 namespace md::cli {
 
@@ -44,6 +48,25 @@ ModelOptions RunFlags::options() const {
   o.threads = threads;
   o.router_biased_weights = biased_router;
   return o;
+}
+
+LoadedModel load_model(const RunFlags& f, bool with_tokenizer) {
+  LoadedModel lm;
+  const bool tty = isatty(2);
+  double t0 = now_seconds();
+  if (tty) std::fprintf(stderr, "loading %s ...", f.model.c_str());
+  lm.model = std::make_unique<Model>(f.model, f.options());
+  if (with_tokenizer)
+    lm.tokenizer =
+        std::make_unique<Tokenizer>(Tokenizer::load(f.model, lm.model->config().vocab_size));
+  if (tty) {
+    lm.model->touch_weights([&](double done, double total) {
+      std::fprintf(stderr, "\rloading %s: %5.1f%% of %s", f.model.c_str(), 100.0 * done / total,
+                   human_bytes(total).c_str());
+    });
+    std::fprintf(stderr, " (%.1f s)\n", now_seconds() - t0);
+  }
+  return lm;
 }
 
 }  // namespace md::cli

@@ -5,7 +5,10 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
 #include "megadecode/engine/model.h"
+#include "megadecode/tokenizer/tokenizer.h"
 
 namespace md::cli {
 
@@ -22,7 +25,16 @@ struct RunFlags {
   ModelOptions options() const;
 };
 
+// A model and its tokenizer, loaded with a progress line on a TTY (the weights' pages are read in
+// once so the first tokens are not slowed by page faults).
+struct LoadedModel {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+LoadedModel load_model(const RunFlags& f, bool with_tokenizer = true);
+
 void register_make_model(CLI::App& app);
+void register_text_commands(CLI::App& app);  // run, chat, tokenize, detokenize
 void register_run_commands(CLI::App& app);  // logits, generate, inspect
 void register_bench(CLI::App& app);
 

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "megadecode 0.1.0");
   md::cli::register_make_model(app);
   md::cli::register_run_commands(app);
+  md::cli::register_text_commands(app);
   md::cli::register_bench(app);
   try {
     app.parse(argc, argv);

@@ -2,6 +2,7 @@
 // prompt in one call, then decode token by token), on CPU worker threads.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -48,6 +49,10 @@ class Model {
   ThreadPool& pool() { return *pool_; }
 
   SequenceState new_sequence() const;
+
+  // Reads every page of the mapped weights once (so the first steps do not page-fault),
+  // reporting progress in bytes.
+  void touch_weights(const std::function<void(double done, double total)>& progress) const;
 
   // Feeds ids to the sequence (T = ids.size() >= 1 tokens: T > 1 is a prefill, T == 1 a decode
   // step) and advances it. logits, when not null, receives [T][vocab] (all_positions) or the last

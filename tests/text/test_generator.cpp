@@ -1,0 +1,150 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "megadecode/base/error.h"
+#include "megadecode/model/presets.h"
+#include "megadecode/text/generator.h"
+#include "megadecode/tokenizer/bpe_train.h"
+#include "test_util.h"
+
+namespace md {
+namespace {
+
+using ::testing::HasSubstr;
+
+class GeneratorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir("gen");
+    ThreadPool pool(2, false);
+    ModelConfig cfg = preset_config("tiny");
+    make_random_checkpoint(cfg, dir_->path(), 21, 1, pool);
+    write_tokenizer_files(dir_->path(),
+                          train_bpe(builtin_training_corpus(), int(cfg.vocab_size - 256)),
+                          cfg.vocab_size, kimi_linear_chat_template());
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  void SetUp() override {
+    ModelOptions o;
+    o.threads = 2;
+    model_ = std::make_unique<Model>(dir_->path(), o);
+    tok_ = std::make_unique<Tokenizer>(Tokenizer::load(dir_->path()));
+  }
+  static test::TempDir* dir_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Tokenizer> tok_;
+};
+test::TempDir* GeneratorTest::dir_ = nullptr;
+
+SamplingParams greedy(int n) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_tokens = n;
+  return p;
+}
+
+TEST_F(GeneratorTest, GreedyMatchesTheModelDirectly) {
+  Generator g(*model_, *tok_);
+  auto prompt = g.encode("The quick brown fox");
+  GenerationResult r = g.generate(prompt, greedy(12));
+  EXPECT_EQ(r.tokens.size(), 12u);
+  EXPECT_EQ(r.finish_reason, "length");
+  // The same ids by hand: prefill, argmax, decode.
+  SequenceState s = model_->new_sequence();
+  std::vector<float> logits(size_t(model_->config().vocab_size));
+  model_->forward(s, prompt, logits.data(), false);
+  for (int32_t want : r.tokens) {
+    int32_t got = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    ASSERT_EQ(got, want);
+    model_->forward(s, std::span(&got, 1), logits.data(), false);
+  }
+  // The streamed text is the decoded tokens (invalid UTF-8 from a random model replaced).
+  EXPECT_EQ(r.text, sanitize_utf8(tok_->decode(r.tokens, true)));
+}
+
+TEST_F(GeneratorTest, ReusesThePrefixOfTheNextTurn) {
+  Generator g(*model_, *tok_);
+  auto first = g.encode(g.render({{"user", "hello there", "", "", {}}}, true));
+  GenerationResult a = g.generate(first, greedy(6));
+  EXPECT_EQ(a.prefilled, int(first.size()));
+  // A prompt extending what was fed (prompt + generated ids but the last) only runs the suffix.
+  std::vector<int32_t> next = first;
+  next.insert(next.end(), a.tokens.begin(), a.tokens.end() - 1);
+  auto more = g.encode("more text");
+  next.insert(next.end(), more.begin(), more.end());
+  GenerationResult b = g.generate(next, greedy(6));
+  EXPECT_EQ(b.prefilled, int(next.size() - first.size() - a.tokens.size() + 1));
+  // And gives what a fresh sequence gives.
+  Generator fresh(*model_, *tok_);
+  GenerationResult c = fresh.generate(next, greedy(6));
+  EXPECT_EQ(c.prefilled, int(next.size()));
+  EXPECT_EQ(b.tokens, c.tokens);
+  // A prompt that does not extend it starts over.
+  GenerationResult d = g.generate(first, greedy(6));
+  EXPECT_EQ(d.prefilled, int(first.size()));
+  EXPECT_EQ(d.tokens, a.tokens);
+}
+
+TEST_F(GeneratorTest, StopTokenAndStopString) {
+  Generator g(*model_, *tok_);
+  auto prompt = g.encode("abc");
+  GenerationResult r = g.generate(prompt, greedy(10));
+  ASSERT_GE(r.tokens.size(), 4u);
+  // Stop at the 3rd generated token: it is included in tokens, not in the text.
+  SamplingParams p = greedy(10);
+  p.stop_token_ids = {r.tokens[2]};
+  GenerationResult s = g.generate(prompt, p);
+  EXPECT_EQ(s.finish_reason, "stop");
+  auto first_hit = std::find(r.tokens.begin(), r.tokens.end(), r.tokens[2]) - r.tokens.begin();
+  EXPECT_EQ(s.tokens.size(), size_t(first_hit + 1));
+  // A stop string taken from the middle of the greedy text ends the text just before it.
+  if (r.text.size() >= 6) {
+    SamplingParams q = greedy(10);
+    std::string stop = r.text.substr(3, 2);
+    q.stop_strings = {stop};
+    std::string streamed;
+    GenerationResult t = g.generate(prompt, q, [&](std::string_view piece) {
+      streamed += piece;
+      return true;
+    });
+    EXPECT_EQ(t.finish_reason, "stop");
+    EXPECT_EQ(t.text, r.text.substr(0, r.text.find(stop)));
+    EXPECT_EQ(streamed, t.text);
+  }
+}
+
+TEST_F(GeneratorTest, CancelAndBadInput) {
+  Generator g(*model_, *tok_);
+  auto prompt = g.encode("xyz");
+  int calls = 0;
+  GenerationResult r = g.generate(prompt, greedy(50), [&](std::string_view) {
+    return ++calls < 2;
+  });
+  EXPECT_EQ(r.finish_reason, "cancelled");
+  EXPECT_THROW(g.generate({}, greedy(5)), Error);
+  EXPECT_THROW(g.generate({1, 99999}, greedy(5)), Error);
+  SamplingParams bad = greedy(5);
+  bad.top_p = 2;
+  EXPECT_THROW(g.generate(prompt, bad), Error);
+  Generator unknown(*model_, *tok_, "chatml");  // raw prompts still work without a template
+  EXPECT_THROW(unknown.render({{"user", "hi", "", "", {}}}, true), Error);
+  EXPECT_EQ(unknown.generate(prompt, greedy(3)).tokens.size(), 3u);
+}
+
+TEST_F(GeneratorTest, SameSeedSameText) {
+  Generator g(*model_, *tok_);
+  auto prompt = g.encode("Once upon a time");
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.9f;
+  p.seed = 1234;
+  p.max_tokens = 20;
+  GenerationResult a = g.generate(prompt, p), b = g.generate(prompt, p);
+  EXPECT_EQ(a.tokens, b.tokens);
+  p.seed = 99;
+  GenerationResult c = g.generate(prompt, p);
+  EXPECT_NE(a.tokens, c.tokens);
+}
+
+}  // namespace
+}  // namespace md

@@ -1,0 +1,225 @@
+// Text commands: run, chat, tokenize, detokenize.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "common.h"
+#include "megadecode/base/error.h"
+#include "megadecode/text/generator.h"
+
+namespace md::cli {
+
+namespace {
+
+struct SamplingFlags {
+  SamplingParams p;
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_ids;
+  bool ignore_eos = false;
+  void add(CLI::App* c) {
+    p.temperature = 0.7f;
+    p.max_tokens = 256;
+    c->add_option("--max-tokens,-n", p.max_tokens, "tokens to generate at most");
+    c->add_option("--temperature,-t", p.temperature, "0 = greedy");
+    c->add_option("--top-k", p.top_k, "keep the k most likely tokens (0 = off)");
+    c->add_option("--top-p", p.top_p, "nucleus sampling threshold (1 = off)");
+    c->add_option("--min-p", p.min_p, "drop tokens below min-p x the top probability");
+    c->add_option("--repetition-penalty", p.repetition_penalty, "1 = off");
+    c->add_option("--presence-penalty", p.presence_penalty, "-2..2");
+    c->add_option("--frequency-penalty", p.frequency_penalty, "-2..2");
+    c->add_option("--seed", p.seed, "sampling seed (same seed, same output)");
+    c->add_option("--stop", stop, "stop string (repeatable)");
+    c->add_option("--stop-id", stop_ids, "stop token id (repeatable)");
+    c->add_flag("--ignore-eos", ignore_eos, "do not stop at the end-of-sequence/message tokens");
+  }
+  SamplingParams params(const Generator& g) const {
+    SamplingParams q = p;
+    q.stop_strings = stop;
+    q.stop_token_ids = stop_ids;
+    if (!ignore_eos)
+      for (int32_t id : g.default_stop_ids()) q.stop_token_ids.push_back(id);
+    q.validate();
+    return q;
+  }
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  MD_CHECK(f.good(), "cannot open {}", path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void print_stats(const GenerationResult& r) {
+  std::fprintf(stderr, "\n[%zu prompt tokens (%d run) in %.0f ms; %zu tokens at %.2f tok/s; %s]\n",
+               r.prompt_ids.size(), r.prefilled, r.prefill_seconds * 1e3, r.tokens.size(),
+               r.decode_tokens_per_second(), r.finish_reason.c_str());
+}
+
+}  // namespace
+
+void register_text_commands(CLI::App& app) {
+  {
+    struct Opts {
+      RunFlags f;
+      SamplingFlags s;
+      std::string prompt, prompt_file, system, chat_template;
+      bool raw = false, chat = false, json = false;
+    };
+    auto o = std::make_shared<Opts>();
+    auto* c = app.add_subcommand("run", "generate text from a prompt, streamed as it is made");
+    o->f.add(c);
+    o->s.add(c);
+    auto* po = c->add_option("--prompt,-p", o->prompt, "the prompt text");
+    auto* pf = c->add_option("--prompt-file", o->prompt_file, "read the prompt from a file");
+    c->add_option("--system", o->system, "system message (chat mode)");
+    c->add_flag("--raw", o->raw, "send the prompt as is, without the chat template");
+    c->add_flag("--chat", o->chat, "wrap the prompt in the chat template (the default)");
+    c->add_option("--chat-template", o->chat_template,
+                  "template kind overriding the checkpoint's (kimi)");
+    c->add_flag("--json", o->json, "print one JSON object with the result instead of streaming");
+    c->callback([o, po, pf] {
+      MD_CHECK(!(o->raw && o->chat), "--raw and --chat exclude each other");
+      MD_CHECK((po->count() > 0) != (pf->count() > 0),
+               "give exactly one of --prompt and --prompt-file");
+      std::string text = o->prompt_file.empty() ? o->prompt : read_file(o->prompt_file);
+      LoadedModel lm = load_model(o->f);
+      Generator g(*lm.model, *lm.tokenizer, o->chat_template);
+      if (!o->raw) {
+        std::vector<ChatMessage> msgs;
+        if (!o->system.empty()) msgs.push_back({"system", o->system, "", "", {}});
+        msgs.push_back({"user", text, "", "", {}});
+        text = g.render(msgs, true);
+      }
+      std::vector<int32_t> ids = g.encode(text);
+      MD_CHECK(!ids.empty(), "the prompt is empty (no tokens to start from)");
+      SamplingParams p = o->s.params(g);
+      if (o->json) {
+        GenerationResult r = g.generate(ids, p);
+        nlohmann::json j = {{"text", r.text},
+                            {"tokens", r.tokens},
+                            {"finish_reason", r.finish_reason},
+                            {"prompt_tokens", r.prompt_ids.size()},
+                            {"completion_tokens", r.tokens.size()},
+                            {"prefill_ms", r.prefill_seconds * 1e3},
+                            {"decode_tokens_per_s", r.decode_tokens_per_second()}};
+        std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+        return;
+      }
+      GenerationResult r = g.generate(ids, p, [](std::string_view piece) {
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
+        std::fflush(stdout);
+        return true;
+      });
+      std::printf("\n");
+      print_stats(r);
+    });
+  }
+  {
+    struct Opts {
+      RunFlags f;
+      SamplingFlags s;
+      std::string system, chat_template;
+    };
+    auto o = std::make_shared<Opts>();
+    auto* c = app.add_subcommand("chat", "interactive multi-turn chat (/reset, /exit, Ctrl-D)");
+    o->f.add(c);
+    o->s.add(c);
+    c->add_option("--system", o->system, "system message");
+    c->add_option("--chat-template", o->chat_template,
+                  "template kind overriding the checkpoint's (kimi)");
+    c->callback([o] {
+      LoadedModel lm = load_model(o->f);
+      Generator g(*lm.model, *lm.tokenizer, o->chat_template);
+      g.render({{"user", "", "", "", {}}}, true);  // fail early on an unknown template
+      SamplingParams p = o->s.params(g);
+      const bool tty = isatty(0);
+      std::vector<ChatMessage> history;
+      auto start = [&] {
+        history.clear();
+        if (!o->system.empty()) history.push_back({"system", o->system, "", "", {}});
+      };
+      start();
+      if (tty) std::fprintf(stderr, "chat with %s; /reset clears the history, /exit or Ctrl-D quits\n",
+                            o->f.model.c_str());
+      std::string line;
+      for (;;) {
+        if (tty) std::fprintf(stderr, "> ");
+        if (!std::getline(std::cin, line)) break;
+        if (line == "/exit" || line == "/quit") break;
+        if (line == "/reset") {
+          start();
+          g.reset();
+          std::fprintf(stderr, "(history cleared)\n");
+          continue;
+        }
+        if (line.empty()) continue;
+        history.push_back({"user", line, "", "", {}});
+        std::vector<int32_t> ids = g.encode(g.render(history, true));
+        GenerationResult r = g.generate(ids, p, [](std::string_view piece) {
+          std::fwrite(piece.data(), 1, piece.size(), stdout);
+          std::fflush(stdout);
+          return true;
+        });
+        history.push_back({"assistant", r.text, "", "", {}});
+        std::printf("\n");
+        std::fflush(stdout);
+        print_stats(r);
+      }
+      if (tty) std::fprintf(stderr, "\n");
+    });
+  }
+  {
+    struct Opts {
+      std::string model, text, file;
+      bool json = false;
+    };
+    auto o = std::make_shared<Opts>();
+    auto* c = app.add_subcommand("tokenize", "text -> token ids");
+    c->add_option("--model", o->model, "checkpoint directory (its tokenizer files)")->required();
+    c->add_option("--text", o->text, "text to encode");
+    c->add_option("--file", o->file, "file to encode");
+    c->add_flag("--json", o->json, "print one JSON list of ids");
+    c->callback([o] {
+      MD_CHECK(o->text.empty() != o->file.empty(), "give exactly one of --text and --file");
+      Tokenizer t = Tokenizer::load(o->model);
+      std::string text = o->file.empty() ? o->text : read_file(o->file);
+      std::vector<int32_t> ids = t.encode(text, true);
+      if (o->json) {
+        std::printf("%s\n", nlohmann::json(ids).dump().c_str());
+        return;
+      }
+      for (int32_t id : ids) {
+        std::string piece(t.token_bytes(id));
+        std::printf("%d\t%s\n", id,
+                    nlohmann::json(piece).dump(-1, ' ', false,
+                                               nlohmann::json::error_handler_t::replace).c_str());
+      }
+    });
+  }
+  {
+    struct Opts {
+      std::string model, ids;
+      bool skip_special = false;
+    };
+    auto o = std::make_shared<Opts>();
+    auto* c = app.add_subcommand("detokenize", "token ids -> text");
+    c->add_option("--model", o->model, "checkpoint directory (its tokenizer files)")->required();
+    c->add_option("--ids", o->ids, "comma-separated token ids")->required();
+    c->add_flag("--skip-special", o->skip_special, "leave out special tokens");
+    c->callback([o] {
+      Tokenizer t = Tokenizer::load(o->model);
+      std::string s = t.decode(parse_ids(o->ids), o->skip_special);
+      std::fwrite(s.data(), 1, s.size(), stdout);
+      std::printf("\n");
+    });
+  }
+}
+
+}  // namespace md::cli
