@@ -348,6 +348,12 @@ Model::Model(const std::string& dir, const ModelOptions& opt) : opt_(opt) {
   cfg_ = load_config_file((fs::path(dir) / "config.json").string());
   ckpt_ = std::make_unique<Checkpoint>(dir);
   w_ = bind_weights(cfg_, *ckpt_);
+  if (opt.precision == Precision::BF16) {
+    // The bf16 reference holds A_log in bf16 (it is not among the modules it keeps in fp32), so a
+    // checkpoint's F32 A_log is rounded there; dt_bias stays fp32.
+    for (LayerWeights& L : w_.layers)
+      for (float& a : L.kda.A_log) a = round_bf16(a);
+  }
   pool_ = std::make_unique<ThreadPool>(opt.threads, opt.pin_threads);
   impl_ = std::make_unique<Impl>(*this);
 }

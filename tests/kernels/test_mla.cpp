@@ -20,16 +20,26 @@
 //    plus the noise of their own sums (v over R and tokens over T; or tokens over T into the
 //    latent and then W_UV over R).
 //  * bf16 rounding (round_bf16 = true) against the unrounded float64 result. bf16 keeps 8
-//    significant bits, so rounding to nearest moves a value by at most a relative 2^-8. Applied
-//    to each rounded quantity: scores move by e_t + scale 2^-8 sum_n |q_n| (|k_tn| + fp32 noise),
-//    p_t by the factor above times (1 + 2^-8), and each output by
+//    significant bits, so rounding to nearest moves a value by at most a relative 2^-8. The bf16
+//    reference rounds k_nope and v (kv_b_proj's output), each score twice (q . k is a bf16 matmul:
+//    fp32 sum rounded; the scale then multiplies that bf16 tensor: rounded again) and p (cast back
+//    after the fp32 softmax). Applied to each rounded quantity: k_nope moves a score by
+//    e'_t = e_t + scale 2^-8 sum_n |q_n| (|k_tn| + fp32 noise); the two score roundings scale the
+//    error so far by (1 + 2^-8)^2 and add ((1 + 2^-8)^2 - 1) |s_t|, i.e. the score error becomes
+//    about e'_t + |s_t| 2^-8 (2 + 2^-8); p_t moves by the factor above (with these score errors)
+//    times (1 + 2^-8), and each output by
 //      sum_t p_t [(1 + rho_t)(1 + 2^-8)(|v_t| + fp32 noise) - |v_t|]  (+ its sums' fp32 noise),
-//    about 1-2% of sum_t p_t |v_t| with these magnitudes: the "looser" tolerance.
-//  * Emulated bf16: the reference also rounds at the three points. A kernel value within e of the
-//    exact x rounds to the same bf16 as x unless [x - e, x + e] straddles a rounding boundary
-//    (rounding is monotonic); only then is a difference, the width of rnd([x - e, x + e]),
-//    allowed. This leaves a bound near fp32 noise, so it checks that the rounding sits exactly
-//    where the reference puts it.
+//    typically 13-20% of sum_t p_t |v_t| at the real dims (about 10% from k_nope alone, the rest
+//    from the score roundings on scores of a few units): the "looser" tolerance.
+//  * Emulated bf16: the reference also rounds at the same five points (k_nope, v, q . k, the
+//    scaled score, p). A kernel value within e of the exact x rounds to the same bf16 as x unless
+//    [x - e, x + e] straddles a rounding boundary (rounding is monotonic); only then is a
+//    difference, the width of rnd([x - e, x + e]), allowed. For the score, x is q . k (with the
+//    rounded k_nope), e its fp32 noise plus the k_nope boundary cases, and the interval goes
+//    through both roundings, widened by a relative 4u between them for the kernel's fp32 scale and
+//    product; outside boundary cases the kernel's score is then exactly the reference's, so only
+//    the max subtraction's rounding is left on it. This leaves a bound near fp32 noise, so it
+//    checks that the rounding sits exactly where the reference puts it.
 // The Discriminates tests show that the bounds reject small mistakes.
 #include <gtest/gtest.h>
 
@@ -134,7 +144,7 @@ Expanded expand(const Problem& pb, int h) {
 
 enum class Mode {
   kExact,        // float64 result, fp32 tolerance
-  kBf16Bound,    // float64 result, tolerance for bf16 rounding of k_nope, v and p
+  kBf16Bound,    // float64 result, tolerance for bf16 rounding of k_nope, v, scores and p
   kBf16Emulated  // float64 with the same bf16 rounding points, fp32 tolerance + boundary cases
 };
 
@@ -203,6 +213,18 @@ Ref reference(const Problem& pb, const Expanded& ex, const float* qh, int nk, Mo
             : kNoise * (std::sqrt(std::max(R, N) * first2) +
                         std::sqrt((R + N + P) * (std::max(explicit2, absorbed2) + pe2)));
     es[t] = scale * (noise + shift);
+    if (mode == Mode::kBf16Emulated) {
+      // The score as the kernel forms it: q . k rounded, times the scale, rounded. The kernel's
+      // fp32 q . k lies within dot +- e and its fp32 product with its fp32 scale within a relative
+      // 4u of the exact product (scale 2u: sqrt and division; product u); rounding is monotonic,
+      // so its score lies in [lo, hi], which is the single value s_t unless a boundary is crossed.
+      const double e = noise + shift;
+      const double lo_prod = rnd(dot - e) * scale, hi_prod = rnd(dot + e) * scale;
+      const double lo = rnd(lo_prod - 4 * kU32 * std::abs(lo_prod));
+      const double hi = rnd(hi_prod + 4 * kU32 * std::abs(hi_prod));
+      s[t] = rnd(rnd(dot) * scale);
+      es[t] = std::max(hi - s[t], s[t] - lo);
+    }
     smax = std::max(smax, s[t]);
     smin = std::min(smin, s[t]);
     sabs = std::max(sabs, std::abs(s[t]));
@@ -213,10 +235,18 @@ Ref reference(const Problem& pb, const Expanded& ex, const float* qh, int nk, Mo
   for (int t = 0; t < nk; ++t) z += (p[t] = std::exp(s[t] - smax));
   for (int t = 0; t < nk; ++t) ref.pmax = std::max(ref.pmax, p[t] /= z);
   // p_t moves by a factor within exp(e_t) / (1 - D) (see top; the lower side is closer to 1).
-  // The scale product and the max subtraction (twice with online rescaling) round once each.
+  // The scale product (3u with the fp32 scale's own error) and the max subtraction (twice with
+  // online rescaling) round once each. With bf16 rounding, the score is rounded after q . k and
+  // after the scale product: each moves it and its error so far by a relative 2^-8 at most. When
+  // emulating, the rounded score already covers the scale product (see above).
+  const double g = mode == Mode::kBf16Bound ? (1 + kUB) * (1 + kUB) : 1.0;
   double dz = 0;
   for (int t = 0; t < nk; ++t) {
-    es[t] += 3 * kU32 * sabs + 4 * kU32 * (smax - smin);
+    if (mode == Mode::kBf16Emulated) {
+      es[t] += 4 * kU32 * (smax - smin);
+    } else {  // g = 1 leaves kExact's e_t as it was
+      es[t] = g * (es[t] + (3 * kU32 * sabs + 4 * kU32 * (smax - smin))) + (g - 1) * std::abs(s[t]);
+    }
     dz += p[t] * std::expm1(es[t]);
   }
   for (int t = 0; t < nk; ++t) {

@@ -8,6 +8,7 @@
 #include "common.h"
 #include "megadecode/base/error.h"
 #include "megadecode/base/util.h"
+#include "megadecode/exec/executor.h"
 #include "megadecode/model/presets.h"
 #include "megadecode/tokenizer/bpe_train.h"
 #include "megadecode/tokenizer/chat_template.h"
@@ -16,8 +17,8 @@ namespace md::cli {
 
 namespace {
 
-void print_logits_line(int64_t pos, const float* v, int64_t n) {
-  std::string s = fmt::format("{{\"pos\": {}, \"logits\": [", pos);
+void print_logits_line(int64_t pos, const float* v, int64_t n, bool continued = false) {
+  std::string s = fmt::format("{}\"pos\": {}, \"logits\": [", continued ? "" : "{", pos);
   s.reserve(size_t(n) * 12);
   for (int64_t i = 0; i < n; ++i) {
     if (i) s += ", ";
@@ -73,32 +74,95 @@ void register_run_commands(CLI::App& app) {
   {
     struct Opts {
       RunFlags f;
-      std::string ids;
-      int prefill = -1;
+      std::string ids, batch_ids, executor = "reference";
+      int prefill = -1, workers = 0;
     };
     auto o = std::make_shared<Opts>();
     auto* c = app.add_subcommand("logits", "print the logits at every position as JSON lines");
     o->f.add(c);
-    c->add_option("--ids", o->ids, "comma-separated token ids")->required();
+    auto* ids_opt = c->add_option("--ids", o->ids, "comma-separated token ids");
+    auto* batch_opt = c->add_option(
+        "--batch-ids", o->batch_ids,
+        "several sequences decoded as one batch: id lists separated by ';' (e.g. \"1,2,3;4,5;6\"); "
+        "lines then carry \"seq\"; a sequence leaves the batch when its ids run out");
+    ids_opt->excludes(batch_opt);
     c->add_option("--prefill", o->prefill,
-                  "how many leading ids go through one prefill call (default: all); the rest "
-                  "are decoded one at a time");
+                  "how many leading ids (of each sequence) go through one prefill call (default: "
+                  "all); the rest are decoded one step at a time");
+    c->add_option("--executor", o->executor,
+                  "what decodes: reference (Model::forward, one sequence at a time), megakernel "
+                  "or opbyop (the decode plan)")
+        ->check(CLI::IsMember({"reference", "megakernel", "opbyop"}));
+    c->add_option("--workers", o->workers, "executor workers (0: one per CPU)")
+        ->check(CLI::Range(0, 4096));
     c->callback([o] {
-      std::vector<int32_t> ids = parse_ids(o->ids);
-      const int n = int(ids.size());
-      const int p = o->prefill < 0 ? n : o->prefill;
-      MD_CHECK(p >= 0 && p <= n, "--prefill {} must be in 0..{} (the number of ids)", p, n);
+      MD_CHECK(!o->ids.empty() || !o->batch_ids.empty(), "logits: give --ids or --batch-ids");
+      const bool batched = !o->batch_ids.empty();
+      std::vector<std::vector<int32_t>> lists;
+      if (batched) {
+        size_t i = 0;
+        while (i <= o->batch_ids.size()) {
+          size_t j = o->batch_ids.find(';', i);
+          if (j == std::string::npos) j = o->batch_ids.size();
+          lists.push_back(parse_ids(o->batch_ids.substr(i, j - i)));
+          i = j + 1;
+        }
+        MD_CHECK(lists.size() <= 1024, "--batch-ids: {} sequences (at most 1024)", lists.size());
+      } else {
+        lists.push_back(parse_ids(o->ids));
+        const int n = int(lists[0].size());
+        MD_CHECK(o->prefill <= n, "--prefill {} must be in 0..{} (the number of ids)", o->prefill,
+                 n);
+      }
+      MD_CHECK(o->prefill >= -1, "--prefill {} must not be negative", o->prefill);
       Model m(o->f.model, o->f.options());
       const int64_t V = m.config().vocab_size;
-      SequenceState s = m.new_sequence();
-      std::vector<float> logits(size_t(std::max(p, 1)) * size_t(V));
-      if (p > 0) {
-        m.forward(s, std::span(ids.data(), size_t(p)), logits.data(), true);
-        for (int i = 0; i < p; ++i) print_logits_line(i, logits.data() + int64_t(i) * V, V);
+      const size_t S = lists.size();
+      std::unique_ptr<DecodeExecutor> ex;
+      if (o->executor != "reference")
+        ex = std::make_unique<DecodeExecutor>(m, int(S), o->workers,
+                                              parse_executor_kind(o->executor));
+      auto print = [&](size_t seq, int64_t pos, const float* v) {
+        if (batched) std::printf("{\"seq\": %zu, ", seq);
+        print_logits_line(pos, v, V, batched);
+      };
+      std::vector<SequenceState> states;
+      std::vector<size_t> cursor(S);
+      std::vector<float> logits;
+      for (size_t s = 0; s < S; ++s) {
+        const int n = int(lists[s].size());
+        const int p = o->prefill < 0 ? n : std::min(o->prefill, n);
+        states.push_back(m.new_sequence());
+        if (p > 0) {
+          logits.resize(size_t(p) * size_t(V));
+          m.forward(states.back(), std::span(lists[s].data(), size_t(p)), logits.data(), true);
+          for (int i = 0; i < p; ++i) print(s, i, logits.data() + int64_t(i) * V);
+        }
+        cursor[s] = size_t(p);
       }
-      for (int i = p; i < n; ++i) {
-        m.forward(s, std::span(ids.data() + i, 1), logits.data(), false);
-        print_logits_line(i, logits.data(), V);
+      for (;;) {
+        std::vector<size_t> active;
+        for (size_t s = 0; s < S; ++s)
+          if (cursor[s] < lists[s].size()) active.push_back(s);
+        if (active.empty()) break;
+        std::vector<SequenceState*> seqs;
+        std::vector<int32_t> toks;
+        for (size_t s : active) {
+          seqs.push_back(&states[s]);
+          toks.push_back(lists[s][cursor[s]]);
+        }
+        logits.resize(active.size() * size_t(V));
+        if (ex) {
+          ex->step(seqs, toks, logits.data());
+        } else {
+          for (size_t a = 0; a < active.size(); ++a)
+            m.forward(*seqs[a], std::span(&toks[a], 1), logits.data() + a * size_t(V), false);
+        }
+        for (size_t a = 0; a < active.size(); ++a) {
+          const size_t s = active[a];
+          print(s, int64_t(cursor[s]), logits.data() + a * size_t(V));
+          ++cursor[s];
+        }
       }
     });
   }

@@ -37,5 +37,6 @@ void register_make_model(CLI::App& app);
 void register_text_commands(CLI::App& app);  // run, chat, tokenize, detokenize
 void register_run_commands(CLI::App& app);  // logits, generate, inspect
 void register_bench(CLI::App& app);
+void register_plan(CLI::App& app);  // plan
 
 }  // namespace md::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   md::cli::register_run_commands(app);
   md::cli::register_text_commands(app);
   md::cli::register_bench(app);
+  md::cli::register_plan(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

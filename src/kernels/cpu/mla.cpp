@@ -394,7 +394,9 @@ MD_INLINE void prefill_attend_body(const float* q, int64_t ldq, int Tq, int T0, 
     float smax = -std::numeric_limits<float>::infinity();
     for (int t = 0; t < nk; ++t) {
       const float* kpe = cache + static_cast<int64_t>(t) * ldc + R;
-      p[t] = (dot<W>(qn, kv + static_cast<size_t>(t) * NV, N) + dot<W>(qpe, kpe, P)) * scale;
+      float s = dot<W>(qn, kv + static_cast<size_t>(t) * NV, N) + dot<W>(qpe, kpe, P);
+      // The bf16 reference rounds the q.k matmul, then the scaled score (two bf16 tensors).
+      p[t] = round ? md::round_bf16(md::round_bf16(s) * scale) : s * scale;
       smax = std::max(smax, p[t]);
     }
     float sum = 0.0f;

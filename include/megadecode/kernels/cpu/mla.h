@@ -33,8 +33,10 @@ void mla_decode_absorbed(const float* q, const float* cache, int64_t ldc, int T,
 // [0, T0 + i] (the cache already holds the new tokens' rows):
 //   k_t = [W_UK_h c_t ; kpe_t], v_t = W_UV_h c_t.
 // q: [Tq][H*(N+P)] row stride ldq; out: [Tq][H*V] row stride ldo.
-// round_bf16: round k_nope, v (outputs of kv_b_proj) and the softmax probabilities to bf16 as the
-// bf16 reference does (its eager attention casts probabilities back to the activation dtype).
+// round_bf16: round to bf16 where the bf16 reference does: k_nope and v (outputs of kv_b_proj),
+// each score twice (q . k is a bf16 matmul, rounded; times the scale, rounded again:
+// s = round(round(q . k) * scale), before the fp32 softmax) and the softmax probabilities (its
+// eager attention casts them back to the activation dtype).
 void mla_prefill(const float* q, int64_t ldq, int Tq, int T0, const float* cache, int64_t ldc,
                  const bf16* kv_b, const MlaDims& d, int h0, int h1, float* out, int64_t ldo,
                  bool round_bf16);

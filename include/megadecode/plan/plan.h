@@ -1,0 +1,224 @@
+// The decode plan: one decode step of a Kimi Linear model for a batch of B sequences, compiled
+// into fixed-size instructions for W workers (DESIGN.md "The decode plan", docs/architecture.md
+// "The decode plan").
+//
+// Everything in a Plan is plain data with no host pointer: instructions name their data through
+// a buffer table (arena offsets, weight-table ids, per-sequence state slots, the step's token ids
+// and logits), so the same bytes could be copied to a device and interpreted there. An executor
+// (exec/) resolves the tables against a loaded Model once, and the per-sequence state slots at
+// every step.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "megadecode/model/config.h"
+
+namespace md {
+struct ModelWeights;
+}
+
+namespace md::plan {
+
+// What an instruction computes. One opcode per op kind of the decode DAG; several share an
+// implementation (e.g. every "Y = round(W X)" row block) but keep their own opcode so that
+// counters, summaries and the op-by-op stages are per op.
+enum class Op : uint8_t {
+  kEmbed,         // per sequence: x0 = embedding row; h = RMSNorm(x0, input_norm[0])
+  kKdaProj,       // row block of q | k | v (head aligned) or of f_a | g_a | b: Y = round(W h)
+  kKdaCore,       // one head of one sequence: f_b/g_b rows, conv + SiLU, decay gate, beta,
+                  // delta rule, gated output norm
+  kMlaProj,       // row block of q or kv_a
+  kMlaLatent,     // per sequence: cache row = [RMSNorm(a[:R], kv_a_norm) ; a[R:]]
+  kMlaCore,       // head range of one sequence: weight-absorbed attention over the latent cache
+  kAttnOut,       // row block of o_proj plus the residual: x_mid = round(x + round(W o))
+  kFfnNorm,       // per sequence: h2 = RMSNorm(x_mid, post_attention_layernorm)
+  kRouter,        // per sequence: router logits, sigmoid top-k -> expert ids and weights
+  kDenseGateUp,   // row block of the dense MLP: act = silu(round(G h2)) * round(U h2)
+  kDenseDown,     // row block of the dense MLP's down projection
+  kSharedGateUp,  // same for the shared expert
+  kSharedDown,
+  kExpertGateUp,  // (expert slot u, row block): the u-th distinct expert chosen by the batch
+  kExpertDown,
+  kCombine,       // per sequence: routed sum (ascending expert id) + shared / dense output +
+                  // residual, then the next RMSNorm (next layer's input norm, or the final norm)
+  kLmHead,        // vocabulary row block -> logits
+  kCount
+};
+constexpr int kNumOps = int(Op::kCount);
+std::string_view op_name(Op op);
+
+constexpr uint32_t kNone = 0xffffffffu;
+constexpr uint16_t kNoLayer = 0xffff;
+
+// A wait is satisfied at step epoch e (the number of steps this plan has completed on this
+// executor) when counter >= target + e * counters[counter].per_step. Counters are monotonic and
+// never reset; comparisons are modulo 2^32 (int32 difference), so wrap-around is harmless.
+struct Wait {
+  uint32_t counter = kNone;
+  uint32_t target = 0;
+};
+
+// Instruction flags.
+enum : uint8_t {
+  kFlagMoeCombine = 1,     // kCombine: routed experts (else: the dense MLP's output)
+  kFlagSharedExpert = 2,   // kCombine: add the shared expert's output
+  kFlagResidual = 4,       // kAttnOut: add the residual
+  kFlagTestStall = 0x80,   // test hook: the instruction never completes (watchdog tests)
+};
+
+// One tile of one op. 64 bytes, trivially copyable, no pointers.
+struct alignas(64) Instr {
+  Op op = Op::kEmbed;
+  uint8_t flags = 0;
+  uint16_t layer = kNoLayer;
+  uint16_t seq = 0;   // sequence index within the batch (per-sequence tiles)
+  uint16_t slot = 0;  // expert slot (kExpertGateUp / kExpertDown)
+  uint32_t r0 = 0, r1 = 0;  // tile range: rows, heads or channels (op-specific)
+  Wait wait[2];
+  uint32_t signal = kNone;  // counter incremented (release) when the tile is done
+  uint32_t args = 0;        // operands: buffer-table entries args .. args + nargs - 1
+  uint32_t nargs = 0;
+  uint32_t id = 0;          // index in Plan::instrs (the global topological order)
+  uint32_t est_bytes = 0;   // bytes the tile is expected to move (weights, state, activations)
+  uint32_t reserved[3] = {0, 0, 0};
+};
+static_assert(sizeof(Instr) == 64, "an instruction is one 64-byte line");
+
+// The buffer table. An instruction's operands are consecutive entries (Instr::args), with an
+// op-specific meaning (see the executors).
+enum class BufKind : uint8_t {
+  kArena,   // activations: offset bytes into the arena, `stride` bytes per sequence
+  kWeight,  // weights: weight-table ids offset .. offset + count - 1 (count > 1: one per expert)
+  kState,   // per-sequence state of `layer`: sub = StateKind
+  kTokens,  // the step's input token ids [B] (int32)
+  kLogits,  // the step's output logits [B][vocab]
+  kNull,    // an absent operand
+};
+enum class StateKind : uint8_t { kKdaState, kConvCache, kMlaCache };
+
+struct BufferDesc {
+  BufKind kind = BufKind::kNull;
+  uint8_t sub = 0;
+  uint16_t layer = kNoLayer;
+  uint32_t count = 0;     // weights: entries in the set; arena: elements per sequence
+  uint64_t offset = 0;    // arena: byte offset; weights: first weight-table id
+  uint64_t stride = 0;    // arena: bytes from one sequence's row to the next
+};
+static_assert(sizeof(BufferDesc) == 24);
+
+// The weight table: which model tensor each id names. The executor binds it to memory.
+enum class WeightKind : uint8_t {
+  kEmbed, kLmHead, kFinalNorm, kInputNorm, kPostAttnNorm,
+  kKdaQ, kKdaK, kKdaV, kKdaFA, kKdaFB, kKdaB, kKdaGA, kKdaGB, kKdaO,
+  kKdaQConv, kKdaKConv, kKdaVConv, kKdaALog, kKdaDtBias, kKdaONorm,
+  kMlaQ, kMlaKvA, kMlaKvANorm, kMlaKvB, kMlaO,
+  kDenseGate, kDenseUp, kDenseDown,
+  kRouter, kRouterBias,
+  kSharedGate, kSharedUp, kSharedDown,
+  kExpertGate, kExpertUp, kExpertDown,
+};
+std::string_view weight_kind_name(WeightKind k);
+
+struct WeightRef {
+  WeightKind kind = WeightKind::kEmbed;
+  uint8_t pad = 0;
+  uint16_t layer = kNoLayer;
+  uint32_t expert = 0;
+};
+
+// A monotonic counter: signalled once by each of `per_step` instructions per step.
+struct CounterDesc {
+  Op op = Op::kEmbed;
+  uint8_t pad = 0;
+  uint16_t layer = kNoLayer;
+  uint32_t group = 0;     // head group, sequence, expert slot, ... (op-specific)
+  uint32_t per_step = 0;
+};
+
+// A run of consecutive instructions (in global order) of one op and layer.
+struct Stage {
+  Op op;
+  uint16_t layer;
+  uint32_t begin, end;
+};
+
+struct PlanOptions {
+  int batch = 1;
+  int workers = 1;
+  // Target weight bytes per GEMV tile: row blocks are sized to about this (16-row multiples),
+  // and every matrix is split into at least `workers` tiles where its rows allow, but no tile
+  // is made smaller than min_tile_bytes.
+  size_t tile_bytes = size_t{256} << 10;
+  size_t min_tile_bytes = size_t{16} << 10;
+  // Fixed cost of one instruction (dispatch, waits, signal) in bytes-equivalent, for the
+  // scheduler's cost model.
+  size_t instr_overhead_bytes = size_t{16} << 10;
+};
+
+struct Plan {
+  int batch = 0, workers = 0;
+  ModelConfig cfg;
+  PlanOptions options;
+
+  std::vector<Instr> instrs;        // the whole program in a global topological order
+  std::vector<Stage> stages;        // instrs split by (op, layer), in order
+  std::vector<CounterDesc> counters;
+  std::vector<BufferDesc> buffers;
+  std::vector<WeightRef> weights;
+  uint64_t arena_bytes = 0;
+
+  // Megakernel: per worker, indices into instrs (increasing, i.e. a subsequence of the global
+  // order) and the same instructions as a contiguous array (what a device would receive).
+  std::vector<std::vector<uint32_t>> queue_ids;
+  std::vector<std::vector<Instr>> queues;
+
+  // Op by op: barrier phases. A phase is a run of consecutive stages none of which waits on a
+  // counter signalled inside the phase; phase_instrs[p][w] lists worker w's share (indices,
+  // increasing), balanced by estimated bytes within the phase.
+  std::vector<std::pair<uint32_t, uint32_t>> phases;  // [first stage, last stage + 1)
+  std::vector<std::vector<std::vector<uint32_t>>> phase_instrs;
+
+  // Arena offsets the executor needs outside the instruction stream: the router output of each
+  // MoE layer (expert ids, int32 [B][k]) for the step statistics; kNone where absent.
+  std::vector<uint32_t> router_ids_buffer;  // per layer: buffer-table index
+};
+
+// Compiles one decode step. `w` (optional) supplies the stored dtypes; without it matrices are
+// taken as bf16 and the router as fp32 (what make-model writes). Throws md::Error on options out
+// of range (batch 1..1024, workers 1..4096).
+Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const PlanOptions& opt);
+
+// Every structural property the executors rely on; returns the problems found (empty: valid).
+//  * every wait names an existing counter, its target is <= the counter's per-step signals, and
+//    all of that counter's signallers come before the waiter in the global order;
+//  * per_step of every counter equals the number of instructions signalling it;
+//  * every queue is strictly increasing in global order and the queues partition instrs;
+//  * every phase's waits are on counters signalled only in earlier phases;
+//  * operands are in range; the arena fits.
+std::vector<std::string> validate_plan(const Plan& p);
+
+// Summary figures.
+struct PlanStats {
+  std::vector<int> instrs_per_op;         // [kNumOps]
+  std::vector<double> bytes_per_op;       // [kNumOps]
+  std::vector<double> bytes_per_worker;   // megakernel queues
+  std::vector<int> instrs_per_worker;
+  double total_bytes = 0;
+  // Longest chain of dependent instructions, weighted by estimated bytes.
+  double critical_path_bytes = 0;
+  std::vector<uint32_t> critical_path;    // instruction ids, first to last
+  // The scheduler's simulated makespan (bytes-equivalent incl. instruction overhead) and the
+  // ideal total / W.
+  double est_makespan = 0, est_ideal = 0;
+};
+PlanStats plan_stats(const Plan& p);
+
+// Human-readable summary (counts per op, bytes per worker, critical path) and, with dump, every
+// queue one instruction per line.
+std::string describe_plan(const Plan& p, bool dump);
+std::string describe_instr(const Plan& p, const Instr& in);
+
+}  // namespace md::plan

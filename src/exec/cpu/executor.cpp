@@ -1,0 +1,627 @@
+// The CPU executors of the decode plan: the persistent megakernel and the op-by-op baseline,
+// the watchdog, the per-batch plan cache and the per-step bookkeeping.
+//
+// Why the megakernel cannot deadlock. The compiler emits instructions in a global order in which
+// every counter's signallers all precede every instruction that waits on that counter
+// (validate_plan checks it), and every wait asks for exactly the signals the counter receives in
+// one step (target = per_step, shifted by the epoch). Each worker's queue is a subsequence of
+// that global order. Suppose a step stopped with some instruction unfinished, and let i be the
+// unfinished instruction that comes first in the global order. Everything before i in its
+// worker's queue precedes i globally, so it is finished and i is at the head of that queue. Every
+// instruction i waits for (every signaller of its counters) also precedes i globally, so it is
+// finished and has signalled; i's waits are satisfied, so its worker runs it: a contradiction.
+// Hence every step completes, for any number of workers and any timing. The op-by-op executor
+// runs barrier phases in which no instruction waits on a counter signalled in its own phase
+// (again checked by validate_plan), so a phase only needs earlier phases, which the barriers
+// complete first.
+//
+// Memory ordering: a tile writes its outputs with plain stores, then increments its counter
+// with a release RMW; a consumer's acquire load that observes the target therefore happens
+// after every producer's writes (the RMWs of one counter form a release sequence). Chains of
+// waits compose (happens-before is transitive), which the plan relies on: a tile reads buffers
+// whose producers it reaches through several waits. Steps are separated by the thread pool's
+// fork-join, which orders one step's tiles before the next step's.
+#include "megadecode/exec/executor.h"
+
+#include <fmt/format.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "megadecode/base/error.h"
+#include "megadecode/base/threads.h"
+#include "megadecode/base/util.h"
+#include "tiles.h"
+
+namespace md {
+
+using plan::Instr;
+using plan::kNone;
+using plan::Wait;
+
+std::string_view executor_name(ExecutorKind k) {
+  return k == ExecutorKind::kMegakernel ? "megakernel" : "opbyop";
+}
+
+ExecutorKind parse_executor_kind(std::string_view name) {
+  if (name == "megakernel") return ExecutorKind::kMegakernel;
+  if (name == "opbyop") return ExecutorKind::kOpByOp;
+  fail("unknown executor '{}' (expected megakernel or opbyop)", name);
+}
+
+namespace {
+
+inline bool reached(uint32_t value, uint32_t target) { return int32_t(value - target) >= 0; }
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+struct alignas(64) Counter {
+  std::atomic<uint32_t> v{0};
+};
+
+enum WorkerState : uint32_t { kIdle, kRunning, kWaiting, kAtBarrier, kStalled, kFinished };
+
+// What a worker is doing, for the watchdog's report. Written by its worker (relaxed), read by
+// whichever worker reports.
+struct alignas(64) WorkerStatus {
+  std::atomic<uint64_t> progress{0};  // instructions completed, ever
+  std::atomic<uint32_t> state{kIdle};
+  std::atomic<uint32_t> instr{kNone};
+  std::atomic<uint32_t> counter{kNone};
+  std::atomic<uint32_t> target{0};
+  std::atomic<uint32_t> phase{0};
+};
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+
+struct PlanRuntime {
+  plan::Plan plan;
+  std::vector<exec::WeightView> weights;
+  std::unique_ptr<Counter[]> counters;
+  uint32_t epoch = 0;
+  void reset_counters() {
+    for (size_t c = 0; c < plan.counters.size(); ++c) counters[c].v.store(0, std::memory_order_relaxed);
+    epoch = 0;
+  }
+};
+
+}  // namespace
+
+struct DecodeExecutor::Impl {
+  Model& model;
+  int max_batch;
+  ExecutorKind kind;
+  ExecutorOptions opt;
+  int W;
+  double spin_seconds;
+  std::unique_ptr<ThreadPool> pool;
+  std::map<int, std::unique_ptr<PlanRuntime>> plans;
+  std::unique_ptr<uint8_t, AlignedFree> arena;
+  size_t arena_cap = 0;
+  std::vector<exec::Scratch> scratch;
+  std::unique_ptr<WorkerStatus[]> status;
+  alignas(64) std::atomic<bool> abort{false};
+  alignas(64) std::atomic<uint32_t> bar_count{0};
+  alignas(64) std::atomic<uint32_t> bar_gen{0};
+  std::mutex err_mu;
+  std::string err;
+  StepStats stats;
+
+  Impl(Model& m, int mb, ExecutorKind k, const ExecutorOptions& o)
+      : model(m), max_batch(mb), kind(k), opt(o) {
+    MD_CHECK(mb >= 1 && mb <= 1024, "executor: max_batch {} is outside 1..1024", mb);
+    MD_CHECK(o.workers >= 0 && o.workers <= 4096, "executor: workers {} is outside 0..4096",
+             o.workers);
+    MD_CHECK(o.watchdog_seconds > 0, "executor: the watchdog timeout must be positive");
+    W = o.workers > 0 ? o.workers : online_cpus();
+    // Oversubscribed workers must hand the CPU over quickly to whoever holds the work.
+    spin_seconds = W > online_cpus() ? 5e-6 : 200e-6;
+    pool = std::make_unique<ThreadPool>(W, o.pin);
+    scratch.resize(size_t(W));
+    status = std::make_unique<WorkerStatus[]>(size_t(W));
+  }
+
+  ~Impl() = default;
+
+  // ---- plans --------------------------------------------------------------------------------
+
+  static exec::WeightView bind(const ModelWeights& w, const plan::WeightRef& r) {
+    using plan::WeightKind;
+    auto mat = [](const Mat& m) { return exec::WeightView{m.data, m.dtype, m.rows, m.cols}; };
+    auto vec = [](const std::vector<float>& v) {
+      return exec::WeightView{v.data(), DType::F32, 1, int64_t(v.size())};
+    };
+    const LayerWeights* L = r.layer != plan::kNoLayer ? &w.layers[r.layer] : nullptr;
+    switch (r.kind) {
+      case WeightKind::kEmbed: return mat(w.embed);
+      case WeightKind::kLmHead: return mat(w.lm_head);
+      case WeightKind::kFinalNorm: return vec(w.final_norm);
+      case WeightKind::kInputNorm: return vec(L->input_norm);
+      case WeightKind::kPostAttnNorm: return vec(L->post_attn_norm);
+      case WeightKind::kKdaQ: return mat(L->kda.q);
+      case WeightKind::kKdaK: return mat(L->kda.k);
+      case WeightKind::kKdaV: return mat(L->kda.v);
+      case WeightKind::kKdaFA: return mat(L->kda.f_a);
+      case WeightKind::kKdaFB: return mat(L->kda.f_b);
+      case WeightKind::kKdaB: return mat(L->kda.b);
+      case WeightKind::kKdaGA: return mat(L->kda.g_a);
+      case WeightKind::kKdaGB: return mat(L->kda.g_b);
+      case WeightKind::kKdaO: return mat(L->kda.o);
+      case WeightKind::kKdaQConv: return vec(L->kda.q_conv);
+      case WeightKind::kKdaKConv: return vec(L->kda.k_conv);
+      case WeightKind::kKdaVConv: return vec(L->kda.v_conv);
+      case WeightKind::kKdaALog: return vec(L->kda.A_log);
+      case WeightKind::kKdaDtBias: return vec(L->kda.dt_bias);
+      case WeightKind::kKdaONorm: return vec(L->kda.o_norm);
+      case WeightKind::kMlaQ: return mat(L->mla.q);
+      case WeightKind::kMlaKvA: return mat(L->mla.kv_a);
+      case WeightKind::kMlaKvANorm: return vec(L->mla.kv_a_norm);
+      case WeightKind::kMlaKvB: return mat(L->mla.kv_b);
+      case WeightKind::kMlaO: return mat(L->mla.o);
+      case WeightKind::kDenseGate: return mat(L->dense.gate);
+      case WeightKind::kDenseUp: return mat(L->dense.up);
+      case WeightKind::kDenseDown: return mat(L->dense.down);
+      case WeightKind::kRouter: return mat(L->moe.router);
+      case WeightKind::kRouterBias: return vec(L->moe.router_bias);
+      case WeightKind::kSharedGate: return mat(L->moe.shared.gate);
+      case WeightKind::kSharedUp: return mat(L->moe.shared.up);
+      case WeightKind::kSharedDown: return mat(L->moe.shared.down);
+      case WeightKind::kExpertGate: return mat(L->moe.experts[r.expert].gate);
+      case WeightKind::kExpertUp: return mat(L->moe.experts[r.expert].up);
+      case WeightKind::kExpertDown: return mat(L->moe.experts[r.expert].down);
+    }
+    fail("decode plan: unknown weight kind {}", int(r.kind));
+  }
+
+  PlanRuntime& runtime(int batch) {
+    auto it = plans.find(batch);
+    if (it != plans.end()) return *it->second;
+    auto rt = std::make_unique<PlanRuntime>();
+    plan::PlanOptions po = opt.plan;
+    po.batch = batch;
+    po.workers = W;
+    rt->plan = plan::compile_decode_plan(model.config(), &model.weights(), po);
+    for (const plan::WeightRef& r : rt->plan.weights) {
+      rt->weights.push_back(bind(model.weights(), r));
+      MD_CHECK(rt->weights.back().data != nullptr, "decode plan: weight {} of layer {} is absent",
+               plan::weight_kind_name(r.kind), r.layer);
+    }
+    rt->counters = std::make_unique<Counter[]>(rt->plan.counters.size());
+    const size_t nf = exec::scratch_floats(rt->plan), ni = exec::scratch_ints(rt->plan);
+    for (exec::Scratch& s : scratch) {
+      if (s.f.size() < nf) s.f.resize(nf);
+      if (s.i.size() < ni) s.i.resize(ni);
+    }
+    if (rt->plan.arena_bytes > arena_cap) {
+      const size_t cap = (rt->plan.arena_bytes + 4095) / 4096 * 4096;
+      void* p = std::aligned_alloc(64, cap);
+      MD_CHECK(p, "executor: cannot allocate a {} activation arena", human_bytes(double(cap)));
+      std::memset(p, 0, cap);
+      arena.reset(static_cast<uint8_t*>(p));
+      arena_cap = cap;
+    }
+    return *plans.emplace(batch, std::move(rt)).first->second;
+  }
+
+  // ---- waiting and the watchdog -------------------------------------------------------------
+
+  uint64_t progress_sum() const {
+    uint64_t s = 0;
+    for (int w = 0; w < W; ++w) s += status[w].progress.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  // Waits until pred(): spins (pause), then yields, then sleeps while nothing progresses.
+  // Returns false on abort, or when no worker completed an instruction for the watchdog
+  // timeout (the first worker to notice records the report and raises the abort flag).
+  template <class Pred>
+  bool wait_until(const PlanRuntime& rt, Pred pred) {
+    if (pred()) return true;
+    const double t0 = now_seconds();
+    for (int i = 1;; ++i) {
+      cpu_relax();
+      if (pred()) return true;
+      if ((i & 63) == 0) {
+        if (abort.load(std::memory_order_relaxed)) return false;
+        if (now_seconds() - t0 > spin_seconds) break;
+      }
+    }
+    uint64_t last = progress_sum();
+    double last_t = now_seconds();
+    for (int idle = 0;; ++idle) {
+      if (pred()) return true;
+      if (abort.load(std::memory_order_relaxed)) return false;
+      if (idle < 2000)
+        sched_yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(idle < 4000 ? 50 : 1000));
+      const uint64_t p = progress_sum();
+      const double t = now_seconds();
+      if (p != last) {
+        last = p;
+        last_t = t;
+        idle = 0;
+      } else if (t - last_t > opt.watchdog_seconds) {
+        report_stuck(rt, t - last_t);
+        return false;
+      }
+    }
+  }
+
+  void report_stuck(const PlanRuntime& rt, double idle_s) {
+    const plan::Plan& p = rt.plan;
+    std::string m = fmt::format(
+        "decode step stuck: no instruction completed for {:.1f} s ({}, batch {}, {} workers)",
+        idle_s, executor_name(kind), p.batch, W);
+    for (int w = 0; w < W; ++w) {
+      const WorkerStatus& s = status[w];
+      const uint32_t st = s.state.load(std::memory_order_relaxed);
+      const uint32_t id = s.instr.load(std::memory_order_relaxed);
+      const std::string where =
+          id < p.instrs.size() ? plan::describe_instr(p, p.instrs[id]) : std::string("-");
+      m += fmt::format("; worker {} ", w);
+      switch (st) {
+        case kWaiting: {
+          const uint32_t c = s.counter.load(std::memory_order_relaxed);
+          const uint32_t tgt = s.target.load(std::memory_order_relaxed);
+          if (c >= p.counters.size()) {
+            m += fmt::format("waits in instruction {}", where);
+            break;
+          }
+          const plan::CounterDesc& cd = p.counters[c];
+          m += fmt::format(
+              "waits in instruction {} for counter c{} ({} {} group {}) = {} < target {}", where,
+              c, plan::op_name(cd.op),
+              cd.layer == plan::kNoLayer ? std::string("--") : fmt::format("L{}", cd.layer),
+              cd.group, rt.counters[c].v.load(std::memory_order_relaxed), tgt);
+          break;
+        }
+        case kAtBarrier:
+          m += fmt::format("waits at the barrier after phase {}",
+                           s.phase.load(std::memory_order_relaxed));
+          break;
+        case kStalled:
+          m += fmt::format("is stalled in instruction {} (test hook)", where);
+          break;
+        case kRunning:
+          m += fmt::format("is running instruction {}", where);
+          break;
+        case kFinished:
+          m += "has finished its queue";
+          break;
+        default:
+          m += "has not started";
+          break;
+      }
+    }
+    std::lock_guard<std::mutex> lk(err_mu);
+    if (err.empty()) err = m;
+    abort.store(true, std::memory_order_relaxed);
+  }
+
+  void fail_worker(const std::string& what) {
+    std::lock_guard<std::mutex> lk(err_mu);
+    if (err.empty()) err = what;
+    abort.store(true, std::memory_order_relaxed);
+  }
+
+  // A tile flagged by the test hook: waits for something that never happens.
+  void stall(const PlanRuntime& rt, WorkerStatus& st) {
+    st.state.store(kStalled, std::memory_order_relaxed);
+    wait_until(rt, [] { return false; });
+  }
+
+  // ---- the two executors --------------------------------------------------------------------
+
+  void run_megakernel(const exec::StepCtx& ctx, PlanRuntime& rt, int w) {
+    const std::vector<Instr>& q = rt.plan.queues[size_t(w)];
+    exec::Scratch& sc = scratch[size_t(w)];
+    WorkerStatus& st = status[w];
+    uint64_t done = st.progress.load(std::memory_order_relaxed);
+    for (size_t i = 0; i < q.size(); ++i) {
+      const Instr& in = q[i];
+      st.instr.store(in.id, std::memory_order_relaxed);
+      for (const Wait& wt : in.wait) {
+        if (wt.counter == kNone) continue;
+        const std::atomic<uint32_t>& c = rt.counters[wt.counter].v;
+        const uint32_t target = wt.target + rt.epoch * rt.plan.counters[wt.counter].per_step;
+        if (reached(c.load(std::memory_order_acquire), target)) continue;
+        st.counter.store(wt.counter, std::memory_order_relaxed);
+        st.target.store(target, std::memory_order_relaxed);
+        st.state.store(kWaiting, std::memory_order_relaxed);
+        const bool ok =
+            wait_until(rt, [&] { return reached(c.load(std::memory_order_acquire), target); });
+        st.state.store(kRunning, std::memory_order_relaxed);
+        if (!ok) return;
+      }
+      if (in.flags & plan::kFlagTestStall) return stall(rt, st);
+      exec::run_instr(ctx, in, sc);
+      if (in.signal != kNone) rt.counters[in.signal].v.fetch_add(1, std::memory_order_release);
+      st.progress.store(++done, std::memory_order_relaxed);
+      if (i + 1 < q.size()) exec::prefetch_instr(ctx, q[i + 1]);
+    }
+    st.state.store(kFinished, std::memory_order_relaxed);
+  }
+
+  bool barrier(const PlanRuntime& rt, WorkerStatus& st, uint32_t phase) {
+    st.phase.store(phase, std::memory_order_relaxed);
+    st.state.store(kAtBarrier, std::memory_order_relaxed);
+    const uint32_t g = bar_gen.load(std::memory_order_acquire);
+    if (bar_count.fetch_add(1, std::memory_order_acq_rel) == uint32_t(W - 1)) {
+      bar_count.store(0, std::memory_order_relaxed);
+      bar_gen.store(g + 1, std::memory_order_release);
+    } else if (!wait_until(rt, [&] { return bar_gen.load(std::memory_order_acquire) != g; })) {
+      return false;
+    }
+    st.state.store(kRunning, std::memory_order_relaxed);
+    return true;
+  }
+
+  void run_opbyop(const exec::StepCtx& ctx, PlanRuntime& rt, int w) {
+    const plan::Plan& p = rt.plan;
+    exec::Scratch& sc = scratch[size_t(w)];
+    WorkerStatus& st = status[w];
+    uint64_t done = st.progress.load(std::memory_order_relaxed);
+    const size_t nph = p.phase_instrs.size();
+    for (size_t ph = 0; ph < nph; ++ph) {
+      const std::vector<uint32_t>& mine = p.phase_instrs[ph][size_t(w)];
+      for (size_t j = 0; j < mine.size(); ++j) {
+        const Instr& in = p.instrs[mine[j]];
+        st.instr.store(in.id, std::memory_order_relaxed);
+        if (in.flags & plan::kFlagTestStall) return stall(rt, st);
+        exec::run_instr(ctx, in, sc);
+        st.progress.store(++done, std::memory_order_relaxed);
+        if (j + 1 < mine.size()) {
+          exec::prefetch_instr(ctx, p.instrs[mine[j + 1]]);
+        } else {
+          for (size_t nx = ph + 1; nx < nph; ++nx)
+            if (!p.phase_instrs[nx][size_t(w)].empty()) {
+              exec::prefetch_instr(ctx, p.instrs[p.phase_instrs[nx][size_t(w)][0]]);
+              break;
+            }
+        }
+      }
+      if (ph + 1 < nph && W > 1 && !barrier(rt, st, uint32_t(ph))) return;
+    }
+    st.state.store(kFinished, std::memory_order_relaxed);
+  }
+
+  // ---- a step -------------------------------------------------------------------------------
+
+  void check_inputs(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                    const float* logits) const {
+    const ModelConfig& c = model.config();
+    const int B = int(seqs.size());
+    MD_CHECK(B >= 1 && B <= max_batch, "decode step: batch of {} sequences is outside 1..{}", B,
+             max_batch);
+    MD_CHECK(tokens.size() == seqs.size(), "decode step: {} tokens for {} sequences",
+             tokens.size(), seqs.size());
+    MD_CHECK(logits != nullptr, "decode step: no logits buffer");
+    const size_t state = size_t(c.kda_num_heads) * c.kda_head_dim * c.kda_head_dim;
+    const size_t conv = size_t(3) * size_t(c.kda_conv_size - 1) * size_t(c.kda_dim());
+    for (int b = 0; b < B; ++b) {
+      const SequenceState* s = seqs[size_t(b)];
+      MD_CHECK(s != nullptr, "decode step: sequence {} is null", b);
+      for (int a = 0; a < b; ++a)
+        MD_CHECK(seqs[size_t(a)] != s, "decode step: sequences {} and {} are the same state", a, b);
+      MD_CHECK(tokens[size_t(b)] >= 0 && tokens[size_t(b)] < c.vocab_size,
+               "token id {} (sequence {}) is outside the vocabulary [0, {})", tokens[size_t(b)], b,
+               c.vocab_size);
+      MD_CHECK(s->pos >= 0 && int(s->kda_state.size()) == c.num_layers &&
+                   int(s->conv_cache.size()) == c.num_layers &&
+                   int(s->mla_cache.size()) == c.num_layers,
+               "decode step: sequence {} was not made by this model", b);
+      for (int l = 0; l < c.num_layers; ++l) {
+        if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
+          MD_CHECK(s->kda_state[size_t(l)].size() == state &&
+                       s->conv_cache[size_t(l)].size() == conv,
+                   "decode step: sequence {} has a KDA state of the wrong size in layer {}", b, l);
+        } else {
+          MD_CHECK(s->mla_cache[size_t(l)].size() == size_t(s->pos) * size_t(c.mla_cache_width()),
+                   "decode step: sequence {} has {} latent-cache values in layer {} for position "
+                   "{}",
+                   b, s->mla_cache[size_t(l)].size(), l, s->pos);
+        }
+      }
+    }
+  }
+
+  void step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits) {
+    check_inputs(seqs, tokens, logits);
+    const ModelConfig& c = model.config();
+    const int B = int(seqs.size()), L = c.num_layers;
+    PlanRuntime& rt = runtime(B);
+
+    // Host-side preparation: grow each latent cache by the row this step writes, then resolve
+    // every state pointer (vectors do not move while the workers run).
+    std::vector<exec::SeqView> views(size_t(B) * size_t(L));
+    std::vector<int64_t> pos(static_cast<size_t>(B), 0);
+    for (int b = 0; b < B; ++b) {
+      SequenceState& s = *seqs[size_t(b)];
+      pos[size_t(b)] = s.pos;
+      for (int l = 0; l < L; ++l) {
+        exec::SeqView& v = views[size_t(b) * size_t(L) + size_t(l)];
+        if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
+          v.kda_state = s.kda_state[size_t(l)].data();
+          v.conv_cache = s.conv_cache[size_t(l)].data();
+        } else {
+          s.mla_cache[size_t(l)].resize(size_t(s.pos + 1) * size_t(c.mla_cache_width()));
+          v.mla_cache = s.mla_cache[size_t(l)].data();
+        }
+      }
+    }
+    exec::StepCtx ctx;
+    ctx.plan = &rt.plan;
+    ctx.cfg = &c;
+    ctx.rnd = model.options().precision == Precision::BF16;
+    ctx.eps = float(c.rms_norm_eps);
+    ctx.latent_eps = float(c.latent_norm_eps);
+    ctx.router = cpu::RouterParams{c.num_experts,
+                                   c.num_experts_per_token,
+                                   c.num_expert_group,
+                                   c.topk_group,
+                                   c.moe_renormalize,
+                                   float(c.routed_scaling_factor),
+                                   model.options().router_biased_weights};
+    ctx.arena = arena.get();
+    ctx.weights = rt.weights.data();
+    ctx.batch = B;
+    ctx.tokens = tokens.data();
+    ctx.logits = logits;
+    ctx.seqs = views.data();
+    ctx.pos = pos.data();
+
+    abort.store(false, std::memory_order_relaxed);
+    err.clear();
+    for (int w = 0; w < W; ++w) {
+      status[w].state.store(kIdle, std::memory_order_relaxed);
+      status[w].instr.store(kNone, std::memory_order_relaxed);
+    }
+    try {
+      pool->run([&](int w, int) {
+        try {
+          if (kind == ExecutorKind::kMegakernel)
+            run_megakernel(ctx, rt, w);
+          else
+            run_opbyop(ctx, rt, w);
+        } catch (const std::exception& e) {
+          fail_worker(fmt::format("decode step: worker {} failed: {}", w, e.what()));
+        }
+      });
+    } catch (...) {
+      abort.store(true, std::memory_order_relaxed);
+    }
+    if (abort.load(std::memory_order_relaxed)) {
+      // Every worker has returned; start the next step from clean counters and barrier.
+      rt.reset_counters();
+      bar_count.store(0, std::memory_order_relaxed);
+      throw Error(err.empty() ? std::string("decode step failed") : err);
+    }
+    ++rt.epoch;
+    for (SequenceState* s : seqs) ++s->pos;
+    compute_stats(rt, seqs);
+  }
+
+  void compute_stats(const PlanRuntime& rt, std::span<SequenceState* const> seqs) {
+    const ModelConfig& c = model.config();
+    const int B = int(seqs.size());
+    std::vector<char> mark(static_cast<size_t>(std::max(c.num_experts, 1)));
+    int distinct = 0;
+    for (int l = 0; l < c.num_layers; ++l) {
+      const uint32_t bi = rt.plan.router_ids_buffer[size_t(l)];
+      if (bi == kNone) continue;
+      const plan::BufferDesc& d = rt.plan.buffers[bi];
+      std::fill(mark.begin(), mark.end(), 0);
+      for (int b = 0; b < B; ++b) {
+        const auto* ids =
+            reinterpret_cast<const int32_t*>(arena.get() + d.offset + d.stride * uint64_t(b));
+        for (int j = 0; j < c.num_experts_per_token; ++j)
+          if (!mark[size_t(ids[j])]) {
+            mark[size_t(ids[j])] = 1;
+            ++distinct;
+          }
+      }
+    }
+    std::vector<int64_t> pos;
+    for (SequenceState* q : seqs) pos.push_back(q->pos - 1);
+    stats = decode_step_bytes(model, pos, distinct);
+  }
+};
+
+StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
+                            int distinct_experts) {
+  const ModelConfig& c = m.config();
+  const ModelWeights& w = m.weights();
+  // Every matrix but the experts and the embedding table (one row per sequence).
+  double fixed = double(w.lm_head.bytes()), expert = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = w.layers[size_t(l)];
+    if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
+      const KdaWeights& k = L.kda;
+      for (const Mat* x : {&k.q, &k.k, &k.v, &k.f_a, &k.f_b, &k.b, &k.g_a, &k.g_b, &k.o})
+        fixed += double(x->bytes());
+    } else {
+      for (const Mat* x : {&L.mla.q, &L.mla.kv_a, &L.mla.kv_b, &L.mla.o}) fixed += double(x->bytes());
+    }
+    if (c.ffn_kind[size_t(l)] == FfnKind::Dense) {
+      fixed += double(L.dense.bytes());
+    } else {
+      fixed += double(L.moe.router.bytes());
+      if (L.moe.has_shared) fixed += double(L.moe.shared.bytes());
+      expert = double(L.moe.experts[0].bytes());
+    }
+  }
+  StepStats s;
+  s.batch = int(positions.size());
+  s.distinct_experts = distinct_experts;
+  s.weight_bytes = fixed + double(s.batch) * double(c.hidden_size) * 2 +
+                   double(distinct_experts) * expert;
+  const double per_seq_state =
+      double(c.num_kda_layers()) *
+      (2.0 * 4 * double(c.kda_num_heads) * c.kda_head_dim * c.kda_head_dim +
+       2.0 * 4 * 3 * double(c.kda_dim()) * (c.kda_conv_size - 1));
+  s.state_bytes = per_seq_state * s.batch;
+  for (int64_t p : positions)
+    s.cache_bytes += double(c.num_mla_layers()) * double(p + 1) * double(c.mla_cache_width()) * 4;
+  return s;
+}
+
+DecodeExecutor::DecodeExecutor(Model& model, int max_batch, int workers, ExecutorKind kind)
+    : DecodeExecutor(model, max_batch, kind, [&] {
+        ExecutorOptions o;
+        o.workers = workers;
+        return o;
+      }()) {}
+
+DecodeExecutor::DecodeExecutor(Model& model, int max_batch, ExecutorKind kind,
+                               const ExecutorOptions& opt)
+    : impl_(std::make_unique<Impl>(model, max_batch, kind, opt)) {}
+
+DecodeExecutor::~DecodeExecutor() = default;
+
+void DecodeExecutor::step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                          float* logits) {
+  impl_->step(seqs, tokens, logits);
+}
+
+const plan::Plan& DecodeExecutor::plan(int batch) {
+  MD_CHECK(batch >= 1 && batch <= impl_->max_batch, "batch {} is outside 1..{}", batch,
+           impl_->max_batch);
+  return impl_->runtime(batch).plan;
+}
+
+int DecodeExecutor::workers() const { return impl_->W; }
+int DecodeExecutor::max_batch() const { return impl_->max_batch; }
+ExecutorKind DecodeExecutor::kind() const { return impl_->kind; }
+const StepStats& DecodeExecutor::last_step_stats() const { return impl_->stats; }
+void DecodeExecutor::set_watchdog_seconds(double s) {
+  MD_CHECK(s > 0, "executor: the watchdog timeout must be positive");
+  impl_->opt.watchdog_seconds = s;
+}
+
+void DecodeExecutor::edit_instr_for_testing(int batch, uint32_t id,
+                                            const std::function<void(plan::Instr&)>& f) {
+  PlanRuntime& rt = impl_->runtime(batch);
+  MD_CHECK(id < rt.plan.instrs.size(), "no instruction {}", id);
+  f(rt.plan.instrs[id]);
+  for (auto& q : rt.plan.queues)
+    for (Instr& in : q)
+      if (in.id == id) in = rt.plan.instrs[id];
+}
+
+void DecodeExecutor::drop_plans() { impl_->plans.clear(); }
+
+}  // namespace md

@@ -1,0 +1,400 @@
+// One instruction of the decode plan on the CPU kernels. Every tile reproduces, for its rows /
+// heads / sequence, exactly the operations and bf16 rounding points of Model::forward's decode
+// path (engine/model.cpp); the comments name the reference statement each step mirrors.
+#include "tiles.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "megadecode/base/bf16.h"
+#include "megadecode/base/error.h"
+#include "megadecode/kernels/cpu/kda.h"
+#include "megadecode/kernels/cpu/matmul.h"
+#include "megadecode/kernels/cpu/mla.h"
+
+namespace md::exec {
+
+using plan::BufferDesc;
+using plan::BufKind;
+using plan::Instr;
+using plan::Op;
+
+namespace {
+
+// The reference's add_inplace: x = round(x + y) in bf16 mode, x += y otherwise.
+inline void add_inplace(float* x, const float* y, int64_t n, bool round) {
+  if (round)
+    for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i] + y[i]);
+  else
+    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+inline void maybe_round(float* x, int64_t n, bool round) {
+  if (round) cpu::round_bf16_inplace(x, n);
+}
+
+struct Args {
+  const StepCtx& s;
+  const BufferDesc* a;
+  int layer;
+  // Activation row of sequence b.
+  float* f(int i, int b = 0) const {
+    return reinterpret_cast<float*>(s.arena + a[i].offset + a[i].stride * uint64_t(b));
+  }
+  int32_t* ints(int i, int b = 0) const {
+    return reinterpret_cast<int32_t*>(s.arena + a[i].offset + a[i].stride * uint64_t(b));
+  }
+  int64_t ld(int i) const { return int64_t(a[i].stride / 4); }
+  const WeightView& w(int i, int e = 0) const { return s.weights[a[i].offset + uint64_t(e)]; }
+  const float* vec(int i) const { return static_cast<const float*>(w(i).data); }
+  bool present(int i) const { return a[i].kind != BufKind::kNull; }
+  const SeqView& seq(int b) const {
+    return s.seqs[size_t(b) * size_t(s.cfg->num_layers) + size_t(layer)];
+  }
+};
+
+// Y[b][0 .. r1-r0) = W[r0:r1] X[b], the reference's matmul for those rows (a row's result does
+// not depend on the range or batch it is computed in).
+void gemv_rows(const WeightView& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
+               float* Y, int64_t ldy, bool x_bf16) {
+  if (w.dtype == DType::F32) {
+    const float* W = static_cast<const float*>(w.data) + r0 * w.cols;
+    cpu::matmul_f32(W, w.cols, 0, r1 - r0, X, B, ldx, Y, ldy);
+  } else {
+    const bf16* W = static_cast<const bf16*>(w.data) + r0 * w.cols;
+    cpu::matmul_bf16(W, w.cols, 0, r1 - r0, X, B, ldx, Y, ldy, x_bf16);
+  }
+}
+
+// [W, X, Y]: Y[b][r0:r1] = round(W X[b]) for every sequence of the batch.
+void gemv_tile(const StepCtx& s, const Instr& in, const Args& a) {
+  const WeightView& w = a.w(0);
+  const int B = s.batch;
+  float* Y;
+  int64_t ldy;
+  if (a.a[2].kind == BufKind::kLogits) {
+    Y = s.logits;
+    ldy = s.cfg->vocab_size;
+  } else {
+    Y = a.f(2);
+    ldy = a.ld(2);
+  }
+  const int64_t n = int64_t(in.r1) - in.r0;
+  gemv_rows(w, in.r0, in.r1, a.f(1), B, a.ld(1), Y + in.r0, ldy, s.rnd);
+  if (s.rnd)
+    for (int b = 0; b < B; ++b) cpu::round_bf16_inplace(Y + b * ldy + in.r0, n);
+}
+
+// [W, X, resid, out]: out = round(resid + round(W X)) on rows [r0, r1) (o_proj, add_inplace).
+void attn_out_tile(const StepCtx& s, const Instr& in, const Args& a) {
+  const int B = s.batch;
+  const int64_t n = int64_t(in.r1) - in.r0;
+  float* out = a.f(3);
+  gemv_rows(a.w(0), in.r0, in.r1, a.f(1), B, a.ld(1), out + in.r0, a.ld(3), s.rnd);
+  for (int b = 0; b < B; ++b) {
+    float* y = a.f(3, b) + in.r0;
+    maybe_round(y, n, s.rnd);
+    // x = round(x + o): the residual is the left operand, as in the reference.
+    const float* x = a.f(2, b) + in.r0;
+    if (s.rnd)
+      for (int64_t i = 0; i < n; ++i) y[i] = round_bf16(x[i] + y[i]);
+    else
+      for (int64_t i = 0; i < n; ++i) y[i] = x[i] + y[i];
+  }
+}
+
+// [Wg, Wu, X, act]: act[b][r0:r1] = silu_mul(round(G X), round(U X)).
+void gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  const int B = s.batch;
+  const int64_t n = int64_t(in.r1) - in.r0;
+  float* g = sc.f.data();
+  float* u = g + B * n;
+  gemv_rows(a.w(0), in.r0, in.r1, a.f(2), B, a.ld(2), g, n, s.rnd);
+  gemv_rows(a.w(1), in.r0, in.r1, a.f(2), B, a.ld(2), u, n, s.rnd);
+  maybe_round(g, B * n, s.rnd);
+  maybe_round(u, B * n, s.rnd);
+  for (int b = 0; b < B; ++b) cpu::silu_mul(g + b * n, u + b * n, n, a.f(3, b) + in.r0, s.rnd);
+}
+
+// [tokens, embed, x0, norm, h0]
+void embed_tile(const StepCtx& s, const Instr& in, const Args& a) {
+  const int b = in.seq;
+  const int64_t D = s.cfg->hidden_size;
+  const WeightView& e = a.w(1);
+  const int32_t tok = s.tokens[b];
+  float* x = a.f(2, b);
+  if (e.dtype == DType::F32) {
+    const float* row = static_cast<const float*>(e.data) + int64_t(tok) * e.cols;
+    std::copy(row, row + D, x);
+  } else {
+    const bf16* row = static_cast<const bf16*>(e.data) + int64_t(tok) * e.cols;
+    for (int64_t j = 0; j < D; ++j) x[j] = bf16_to_f32(row[j]);
+  }
+  cpu::rmsnorm(x, a.vec(3), D, s.eps, a.f(4, b), s.rnd);
+}
+
+// [q, k, v, fa, ga, braw, o, f_b, g_b, q_conv, k_conv, v_conv, A_log, dt_bias, o_norm,
+//  kda_state, conv_cache]: head r0 of sequence seq (Impl::kda for T == 1).
+void kda_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  const ModelConfig& c = *s.cfg;
+  const int b = in.seq, h = int(in.r0);
+  const int K = c.kda_head_dim, Wc = c.kda_conv_size;
+  const int64_t C = c.kda_dim(), c0 = int64_t(h) * K, c1 = c0 + K;
+  // Channel-indexed scratch (the kernels take absolute channel indices).
+  float* f = sc.f.data();
+  float* gate = f + C;
+  float* qc = gate + C;
+  float* kc = qc + C;
+  float* vc = kc + C;
+  // f = round(f_b fa), gate = round(g_b ga), rows of this head.
+  gemv_rows(a.w(7), c0, c1, a.f(3, b), 1, a.ld(3), f + c0, K, s.rnd);
+  gemv_rows(a.w(8), c0, c1, a.f(4, b), 1, a.ld(4), gate + c0, K, s.rnd);
+  maybe_round(f + c0, K, s.rnd);
+  maybe_round(gate + c0, K, s.rnd);
+  // Short convolutions + SiLU on this head's channels, then the decay gate.
+  const SeqView& sv = a.seq(b);
+  const int64_t cstride = int64_t(Wc - 1) * C;
+  cpu::short_conv_decode(a.f(0, b), sv.conv_cache, a.vec(9), Wc, C, c0, c1, qc, s.rnd);
+  cpu::short_conv_decode(a.f(1, b), sv.conv_cache + cstride, a.vec(10), Wc, C, c0, c1, kc, s.rnd);
+  cpu::short_conv_decode(a.f(2, b), sv.conv_cache + 2 * cstride, a.vec(11), Wc, C, c0, c1, vc,
+                         s.rnd);
+  cpu::kda_decay_gate(f, a.vec(12), a.vec(13), K, c0, c1);
+  float beta = cpu::sigmoidf(a.f(5, b)[h]);
+  if (s.rnd) beta = round_bf16(beta);
+  // Delta rule, then round(o), gated norm, round(o).
+  float* o = a.f(6, b);
+  cpu::kda_decode_head(sv.kda_state + int64_t(h) * K * K, qc + c0, kc + c0, vc + c0, f + c0, beta,
+                       K, o + c0);
+  maybe_round(o + c0, K, s.rnd);
+  cpu::kda_gated_norm(o, gate, a.vec(14), K, h, h + 1, s.eps);
+  maybe_round(o + c0, K, s.rnd);
+}
+
+// [a, kv_a_norm, mla_cache]: the new cache row of sequence seq.
+void mla_latent_tile(const StepCtx& s, const Instr& in, const Args& a) {
+  const ModelConfig& c = *s.cfg;
+  const int b = in.seq;
+  const int R = c.kv_lora_rank;
+  const int64_t CW = c.mla_cache_width();
+  float* row = a.seq(b).mla_cache + s.pos[b] * CW;
+  const float* x = a.f(0, b);
+  cpu::rmsnorm(x, a.vec(1), R, s.latent_eps, row, s.rnd);
+  std::copy(x + R, x + CW, row + R);
+}
+
+// [q, kv_b, mla_cache, att]: heads [r0, r1) of sequence seq over its cache rows [0, pos].
+void mla_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  const ModelConfig& c = *s.cfg;
+  const int b = in.seq;
+  const cpu::MlaDims d{c.mla_num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
+                       c.kv_lora_rank};
+  float* att = a.f(3, b);
+  cpu::mla_decode_absorbed(a.f(0, b), a.seq(b).mla_cache, c.mla_cache_width(),
+                           int(s.pos[b] + 1), static_cast<const bf16*>(a.w(1).data), d,
+                           int(in.r0), int(in.r1), att, sc.f.data());
+  maybe_round(att + int64_t(in.r0) * d.V, int64_t(in.r1 - in.r0) * d.V, s.rnd);
+}
+
+// [x_mid, norm, h2]
+void ffn_norm_tile(const StepCtx& s, const Instr& in, const Args& a) {
+  cpu::rmsnorm(a.f(0, in.seq), a.vec(1), s.cfg->hidden_size, s.eps, a.f(2, in.seq), s.rnd);
+}
+
+// [h2, router, bias, ids, wts]
+void router_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  const int b = in.seq;
+  const int E = s.cfg->num_experts;
+  float* logits = sc.f.data();
+  gemv_rows(a.w(1), 0, E, a.f(0, b), 1, a.ld(0), logits, E, s.rnd);
+  cpu::route_topk(logits, a.vec(2), s.router, a.ints(3, b), a.f(4, b));
+}
+
+// The u-th distinct expert chosen by the batch (ascending id) and the (sequence, slot) pairs
+// that chose it, in sequence order. Returns false when the batch chose fewer experts.
+bool expert_slot(const StepCtx& s, const Args& a, int u, Scratch& sc, int* expert, int* n) {
+  const int E = s.cfg->num_experts, k = s.cfg->num_experts_per_token, B = s.batch;
+  int* mark = sc.i.data();
+  int* members = mark + E;  // pairs (b, j)
+  std::fill(mark, mark + E, 0);
+  for (int b = 0; b < B; ++b) {
+    const int32_t* ids = a.ints(0, b);
+    for (int j = 0; j < k; ++j) mark[ids[j]] = 1;
+  }
+  int e = -1, seen = 0;
+  for (int x = 0; x < E; ++x)
+    if (mark[x] && seen++ == u) {
+      e = x;
+      break;
+    }
+  if (e < 0) return false;
+  int m = 0;
+  for (int b = 0; b < B; ++b) {
+    const int32_t* ids = a.ints(0, b);
+    for (int j = 0; j < k; ++j)
+      if (ids[j] == e) {
+        members[2 * m] = b;
+        members[2 * m + 1] = j;
+        ++m;
+      }
+  }
+  *expert = e;
+  *n = m;
+  return true;
+}
+
+// [ids, h2, gate set, up set, act]: rows [r0, r1) of gate/up of the slot's expert for every
+// sequence that chose it; act[b][j * I + r] for the pair (b, j).
+void expert_gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  int e, n;
+  if (!expert_slot(s, a, in.slot, sc, &e, &n)) return;
+  const int64_t D = s.cfg->hidden_size, I = s.cfg->moe_intermediate_size;
+  const int64_t rows = int64_t(in.r1) - in.r0;
+  const int* members = sc.i.data() + s.cfg->num_experts;
+  float* g = sc.f.data();
+  float* u = g + int64_t(n) * rows;
+  const float* X;
+  int64_t ldx;
+  if (n == 1) {
+    X = a.f(1, members[0]);
+    ldx = a.ld(1);
+  } else {
+    float* xg = u + int64_t(n) * rows;
+    for (int m = 0; m < n; ++m) std::memcpy(xg + m * D, a.f(1, members[2 * m]), size_t(D) * 4);
+    X = xg;
+    ldx = D;
+  }
+  gemv_rows(a.w(2, e), in.r0, in.r1, X, n, ldx, g, rows, s.rnd);
+  gemv_rows(a.w(3, e), in.r0, in.r1, X, n, ldx, u, rows, s.rnd);
+  maybe_round(g, n * rows, s.rnd);
+  maybe_round(u, n * rows, s.rnd);
+  for (int m = 0; m < n; ++m) {
+    float* act = a.f(4, members[2 * m]) + int64_t(members[2 * m + 1]) * I + in.r0;
+    cpu::silu_mul(g + m * rows, u + m * rows, rows, act, s.rnd);
+  }
+}
+
+// [ids, act, down set, dn]: rows [r0, r1) of the slot's expert's down projection;
+// dn[b][j * D + r] = round(down act[b][j]).
+void expert_down_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  int e, n;
+  if (!expert_slot(s, a, in.slot, sc, &e, &n)) return;
+  const int64_t D = s.cfg->hidden_size, I = s.cfg->moe_intermediate_size;
+  const int64_t rows = int64_t(in.r1) - in.r0;
+  const int* members = sc.i.data() + s.cfg->num_experts;
+  float* y = sc.f.data();
+  float* xg = y + int64_t(n) * rows;
+  for (int m = 0; m < n; ++m)
+    std::memcpy(xg + m * I, a.f(1, members[2 * m]) + int64_t(members[2 * m + 1]) * I,
+                size_t(I) * 4);
+  gemv_rows(a.w(2, e), in.r0, in.r1, xg, n, I, y, rows, s.rnd);
+  maybe_round(y, n * rows, s.rnd);
+  for (int m = 0; m < n; ++m)
+    std::copy(y + m * rows, y + (m + 1) * rows,
+              a.f(3, members[2 * m]) + int64_t(members[2 * m + 1]) * D + in.r0);
+}
+
+// MoE: [x_mid, wts, dn, shared_out, x_next, norm, h_next]; dense: [x_mid, out, x_next, norm,
+// h_next]. The routed sum runs over the sequence's experts in ascending id with a rounding
+// after each product and each add (Impl::moe), then the shared expert, then the residual.
+void combine_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  const int b = in.seq;
+  const int64_t D = s.cfg->hidden_size;
+  const bool moe = in.flags & plan::kFlagMoeCombine;
+  const int xn = moe ? 4 : 2, nn = moe ? 5 : 3, hn = moe ? 6 : 4;
+  float* x = a.f(xn, b);
+  std::copy(a.f(0, b), a.f(0, b) + D, x);
+  if (moe) {
+    const int k = s.cfg->num_experts_per_token;
+    float* out = sc.f.data();
+    float* tmp = out + D;
+    std::fill(out, out + D, 0.0f);
+    const float* wts = a.f(1, b);
+    for (int j = 0; j < k; ++j) {
+      const float* y = a.f(2, b) + int64_t(j) * D;
+      const float wt = wts[j];
+      for (int64_t i = 0; i < D; ++i) tmp[i] = y[i] * wt;
+      maybe_round(tmp, D, s.rnd);
+      add_inplace(out, tmp, D, s.rnd);
+    }
+    if (in.flags & plan::kFlagSharedExpert) add_inplace(out, a.f(3, b), D, s.rnd);
+    add_inplace(x, out, D, s.rnd);
+  } else {
+    add_inplace(x, a.f(1, b), D, s.rnd);
+  }
+  cpu::rmsnorm(x, a.vec(nn), D, s.eps, a.f(hn, b), s.rnd);
+}
+
+}  // namespace
+
+size_t scratch_floats(const plan::Plan& p) {
+  const ModelConfig& c = p.cfg;
+  const int64_t B = p.batch, D = c.hidden_size;
+  const int64_t I = std::max({c.intermediate_size, c.moe_intermediate_size,
+                              c.moe_intermediate_size * std::max(c.num_shared_experts, 1)});
+  int64_t n = 2 * D;                                   // combine
+  n = std::max<int64_t>(n, 5 * c.kda_dim());           // kda core
+  n = std::max<int64_t>(n, c.num_experts);             // router
+  n = std::max<int64_t>(n, 2 * B * I);                 // gate/up
+  n = std::max<int64_t>(n, B * D + 2 * B * I);         // expert gate/up (+ gathered inputs)
+  n = std::max<int64_t>(n, B * I + B * D);             // expert down
+  const int64_t mla = int64_t(c.mla_num_heads) * (2 * c.kv_lora_rank + c.qk_rope_head_dim + 2) + 64;
+  n = std::max<int64_t>(n, mla);
+  return size_t(n + 64);
+}
+
+size_t scratch_ints(const plan::Plan& p) {
+  return size_t(p.cfg.num_experts + 2 * p.batch * std::max(p.cfg.num_experts_per_token, 1) + 16);
+}
+
+void run_instr(const StepCtx& s, const Instr& in, Scratch& sc) {
+  const Args a{s, s.plan->buffers.data() + in.args, in.layer};
+  switch (in.op) {
+    case Op::kEmbed: return embed_tile(s, in, a);
+    case Op::kKdaProj:
+    case Op::kMlaProj:
+    case Op::kDenseDown:
+    case Op::kSharedDown:
+    case Op::kLmHead: return gemv_tile(s, in, a);
+    case Op::kKdaCore: return kda_core_tile(s, in, a, sc);
+    case Op::kMlaLatent: return mla_latent_tile(s, in, a);
+    case Op::kMlaCore: return mla_core_tile(s, in, a, sc);
+    case Op::kAttnOut: return attn_out_tile(s, in, a);
+    case Op::kFfnNorm: return ffn_norm_tile(s, in, a);
+    case Op::kRouter: return router_tile(s, in, a, sc);
+    case Op::kDenseGateUp:
+    case Op::kSharedGateUp: return gate_up_tile(s, in, a, sc);
+    case Op::kExpertGateUp: return expert_gate_up_tile(s, in, a, sc);
+    case Op::kExpertDown: return expert_down_tile(s, in, a, sc);
+    case Op::kCombine: return combine_tile(s, in, a, sc);
+    case Op::kCount: break;
+  }
+  fail("decode plan: instruction #{} has an unknown opcode {}", in.id, int(in.op));
+}
+
+void prefetch_instr(const StepCtx& s, const Instr& in) {
+  const BufferDesc* a = s.plan->buffers.data() + in.args;
+  switch (in.op) {
+    case Op::kKdaProj:
+    case Op::kMlaProj:
+    case Op::kDenseDown:
+    case Op::kSharedDown:
+    case Op::kLmHead:
+    case Op::kAttnOut:
+    case Op::kDenseGateUp:
+    case Op::kSharedGateUp: {
+      // The first lines of the tile's first rows: each row is one stream of the GEMV kernel.
+      const WeightView& w = s.weights[a[0].offset];
+      const size_t row_bytes = size_t(w.cols) * dtype_size(w.dtype);
+      const auto* base = static_cast<const char*>(w.data) + size_t(in.r0) * row_bytes;
+      const uint32_t rows = std::min<uint32_t>(in.r1 - in.r0, 16);
+      for (uint32_t r = 0; r < rows; ++r) {
+        __builtin_prefetch(base + size_t(r) * row_bytes, 0, 3);
+        __builtin_prefetch(base + size_t(r) * row_bytes + 64, 0, 3);
+      }
+      break;
+    }
+    default:
+      break;  // expert ids are known only at run time; the other tiles are small
+  }
+}
+
+}  // namespace md::exec

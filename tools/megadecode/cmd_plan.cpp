@@ -1,0 +1,57 @@
+// plan: compile the decode program for a model (or a preset geometry) and print its summary.
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include "common.h"
+#include "megadecode/base/error.h"
+#include "megadecode/model/presets.h"
+#include "megadecode/plan/plan.h"
+
+namespace md::cli {
+
+void register_plan(CLI::App& app) {
+  struct Opts {
+    std::string model, preset;
+    int batch = 1, workers = 0;
+    int tile_kb = 0;
+    bool dump = false;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* c = app.add_subcommand(
+      "plan", "print the decode program for a batch and worker count (instruction counts per op, "
+              "bytes per worker, critical path; --dump: every queue)");
+  auto* m = c->add_option("--model", o->model, "checkpoint directory");
+  auto* p = c->add_option("--preset", o->preset,
+                          "a preset geometry instead of a checkpoint (tiny | small | kl48-e32 | kl48)");
+  m->excludes(p);
+  c->add_option("--batch", o->batch, "sequences per step")->check(CLI::Range(1, 1024));
+  c->add_option("--workers", o->workers, "workers (0: one per CPU)")->check(CLI::Range(0, 4096));
+  c->add_option("--tile-kb", o->tile_kb, "target weight KiB per GEMV tile (default 256)")
+      ->check(CLI::Range(1, 1 << 20));
+  c->add_flag("--dump", o->dump, "also print every queue, one instruction per line");
+  c->callback([o] {
+    MD_CHECK(!o->model.empty() || !o->preset.empty(), "plan: give --model DIR or --preset NAME");
+    plan::PlanOptions po;
+    po.batch = o->batch;
+    po.workers = o->workers > 0 ? o->workers : online_cpus();
+    if (o->tile_kb > 0) po.tile_bytes = size_t(o->tile_kb) << 10;
+    plan::Plan pl;
+    if (!o->model.empty()) {
+      namespace fs = std::filesystem;
+      MD_CHECK(fs::is_directory(o->model), "model directory {} does not exist", o->model);
+      ModelConfig cfg = load_config_file((fs::path(o->model) / "config.json").string());
+      Checkpoint ck(o->model);
+      ModelWeights w = bind_weights(cfg, ck);
+      pl = plan::compile_decode_plan(cfg, &w, po);
+    } else {
+      pl = plan::compile_decode_plan(preset_config(o->preset), nullptr, po);
+    }
+    auto errs = plan::validate_plan(pl);
+    MD_CHECK(errs.empty(), "internal error: the compiled plan is invalid: {}", errs.front());
+    std::string s = plan::describe_plan(pl, o->dump);
+    std::fwrite(s.data(), 1, s.size(), stdout);
+  });
+}
+
+}  // namespace md::cli
