@@ -130,8 +130,12 @@ TEST_P(GoldenTest, Bf16WithinTheReferencesOwnRoundingNoise) {
 
 INSTANTIATE_TEST_SUITE_P(Models, GoldenTest, ::testing::Values("tiny", "small"));
 
-// Greedy generation on `small` (bf16) must reproduce the reference's 64 tokens exactly; the golden
-// prompt was chosen so that the reference's top-1 margins stay clear of bf16 noise throughout.
+// Greedy generation on `small` (bf16) against the reference's 64 tokens. The golden prompt is the
+// best of 512 seeds for margins, but a free-running generation cannot be steered: with 16 experts
+// and top-4 about 2-3% of router decisions fall within 2e-3 of a tie, and after such a near-tie a
+// correct bf16 engine may legitimately pick the other expert (then the texts part within a few
+// steps). golden.json records `clean_steps`: the tokens produced before the first router gap below
+// 2e-3 or top-1 gap below two bf16 ulps. Those must be identical; the rest is reported.
 TEST(GoldenGreedy, SmallBf16SameTokens) {
   Golden g("small");
   ASSERT_TRUE(g.meta.contains("greedy"));
@@ -140,6 +144,8 @@ TEST(GoldenGreedy, SmallBf16SameTokens) {
   std::vector<int32_t> want;
   for (auto& v : g.meta["greedy"]["tokens"]) want.push_back(v.get<int32_t>());
   ASSERT_EQ(want.size(), 64u);
+  const size_t clean = g.meta["greedy"]["clean_steps"].get<size_t>();
+  ASSERT_GE(clean, 20u) << "the golden greedy run should have a long clean stretch";
   Model m(g.dir);
   SequenceState s = m.new_sequence();
   std::vector<float> logits(size_t(g.vocab));
@@ -150,7 +156,12 @@ TEST(GoldenGreedy, SmallBf16SameTokens) {
     got.push_back(next);
     m.forward(s, std::span(&next, 1), logits.data(), false);
   }
-  EXPECT_EQ(got, want);
+  EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + std::ptrdiff_t(clean)),
+            std::vector<int32_t>(want.begin(), want.begin() + std::ptrdiff_t(clean)));
+  size_t same = 0;
+  while (same < got.size() && got[same] == want[same]) ++same;
+  std::printf("[ greedy  ] %zu of 64 tokens identical to the reference (%zu required)\n", same,
+              clean);
 }
 
 }  // namespace
