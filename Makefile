@@ -1,12 +1,13 @@
 # megadecode: quick start is `make demo` and `make test` (each installs what it needs).
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
+TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc)
 CMAKE_FLAGS ?=
 MODELS     ?= models
 BIN        := $(BUILD)/megadecode
 
-.PHONY: all deps build test test-asan test-release demo bench-small bench-kl48 format clean
+.PHONY: all deps build test test-asan test-tsan test-release demo bench-small bench-kl48 format clean
 
 all: build
 
@@ -17,8 +18,9 @@ build: deps
 	@cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS) > /dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
 
-# Release tests, then the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
-test: test-release test-asan
+# Release tests, then the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer,
+# then the plan and executor tests under ThreadSanitizer.
+test: test-release test-asan test-tsan
 
 test-release: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
@@ -29,6 +31,15 @@ test-asan: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
+
+# The decode plan and its executors (persistent workers, counters, barriers) under
+# ThreadSanitizer: any data race or report fails the target.
+test-tsan: deps
+	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DMEGADECODE_SANITIZE=thread -DMEGADECODE_BENCH=OFF > /dev/null
+	@cmake --build $(TSAN_BUILD) -j $(JOBS)
+	@cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1 \
+	  ctest --output-on-failure -j $(JOBS) -R '^(Plan|Executor|ExecutorGolden)\.'
 
 $(MODELS)/small/config.json: | build
 	@$(BIN) make-model --preset small --seed 1 --out $(MODELS)/small --force
@@ -45,14 +56,16 @@ demo: build $(MODELS)/small/config.json
 	@$(BIN) bench --model $(MODELS)/small --steps 64 --reps 5
 
 bench-small: build $(MODELS)/small/config.json
-	@$(BIN) bench --model $(MODELS)/small --steps 64 --reps 7 --json bench/small.json
+	@$(BIN) bench --model $(MODELS)/small --batch 1,2,4,8 --steps 64 --reps 7 \
+	  --json bench/small.json --plot bench/small.svg
 
 # ~16 GB of files; needs the disk and ~17 GB of memory for the page cache.
 bench-kl48: build $(MODELS)/kl48-e32/config.json
-	@$(BIN) bench --model $(MODELS)/kl48-e32 --steps 8 --reps 5 --json bench/kl48-e32.json
+	@$(BIN) bench --model $(MODELS)/kl48-e32 --batch 1,4 --steps 8 --reps 3 \
+	  --json bench/kl48-e32.json --plot bench/kl48-e32.svg
 
 format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)

@@ -13,36 +13,54 @@ namespace md::plan {
 
 std::string_view op_name(Op op) {
   switch (op) {
-    case Op::kEmbed: return "embed";
-    case Op::kKdaProj: return "kda_proj";
-    case Op::kKdaCore: return "kda_core";
-    case Op::kMlaProj: return "mla_proj";
-    case Op::kMlaLatent: return "mla_latent";
-    case Op::kMlaCore: return "mla_core";
-    case Op::kAttnOut: return "attn_out";
-    case Op::kFfnNorm: return "ffn_norm";
-    case Op::kRouter: return "router";
-    case Op::kDenseGateUp: return "dense_gate_up";
-    case Op::kDenseDown: return "dense_down";
-    case Op::kSharedGateUp: return "shared_gate_up";
-    case Op::kSharedDown: return "shared_down";
-    case Op::kExpertGateUp: return "expert_gate_up";
-    case Op::kExpertDown: return "expert_down";
-    case Op::kCombine: return "combine";
-    case Op::kLmHead: return "lm_head";
-    case Op::kCount: break;
+    case Op::kEmbed:
+      return "embed";
+    case Op::kKdaProj:
+      return "kda_proj";
+    case Op::kKdaCore:
+      return "kda_core";
+    case Op::kMlaProj:
+      return "mla_proj";
+    case Op::kMlaLatent:
+      return "mla_latent";
+    case Op::kMlaCore:
+      return "mla_core";
+    case Op::kAttnOut:
+      return "attn_out";
+    case Op::kFfnNorm:
+      return "ffn_norm";
+    case Op::kRouter:
+      return "router";
+    case Op::kDenseGateUp:
+      return "dense_gate_up";
+    case Op::kDenseDown:
+      return "dense_down";
+    case Op::kSharedGateUp:
+      return "shared_gate_up";
+    case Op::kSharedDown:
+      return "shared_down";
+    case Op::kExpertGateUp:
+      return "expert_gate_up";
+    case Op::kExpertDown:
+      return "expert_down";
+    case Op::kCombine:
+      return "combine";
+    case Op::kLmHead:
+      return "lm_head";
+    case Op::kCount:
+      break;
   }
   return "?";
 }
 
 std::string_view weight_kind_name(WeightKind k) {
   static const char* names[] = {
-      "embed", "lm_head", "final_norm", "input_norm", "post_attn_norm",
-      "kda.q", "kda.k", "kda.v", "kda.f_a", "kda.f_b", "kda.b", "kda.g_a", "kda.g_b", "kda.o",
-      "kda.q_conv", "kda.k_conv", "kda.v_conv", "kda.A_log", "kda.dt_bias", "kda.o_norm",
-      "mla.q", "mla.kv_a", "mla.kv_a_norm", "mla.kv_b", "mla.o",
-      "dense.gate", "dense.up", "dense.down", "router", "router_bias",
-      "shared.gate", "shared.up", "shared.down", "expert.gate", "expert.up", "expert.down"};
+      "embed",       "lm_head",    "final_norm",  "input_norm",  "post_attn_norm", "kda.q",
+      "kda.k",       "kda.v",      "kda.f_a",     "kda.f_b",     "kda.b",          "kda.g_a",
+      "kda.g_b",     "kda.o",      "kda.q_conv",  "kda.k_conv",  "kda.v_conv",     "kda.A_log",
+      "kda.dt_bias", "kda.o_norm", "mla.q",       "mla.kv_a",    "mla.kv_a_norm",  "mla.kv_b",
+      "mla.o",       "dense.gate", "dense.up",    "dense.down",  "router",         "router_bias",
+      "shared.gate", "shared.up",  "shared.down", "expert.gate", "expert.up",      "expert.down"};
   const size_t i = size_t(k);
   return i < std::size(names) ? names[i] : "?";
 }
@@ -69,7 +87,10 @@ std::string describe_instr(const Plan& p, const Instr& in) {
     case Op::kFfnNorm:
     case Op::kRouter:
     case Op::kCombine:
-      s += fmt::format(" seq {}", in.seq);
+      if (in.r1 == in.r0 + 1)
+        s += fmt::format(" seq {}", in.r0);
+      else
+        s += fmt::format(" seqs [{}, {})", in.r0, in.r1);
       break;
     case Op::kKdaCore:
     case Op::kMlaCore:
@@ -232,10 +253,10 @@ PlanStats plan_stats(const Plan& p) {
     for (uint32_t i = end; i != kNone; i = pred[i]) s.critical_path.push_back(i);
     std::reverse(s.critical_path.begin(), s.critical_path.end());
   }
-  // Re-run the scheduler's simulation on the queues as built.
-  const double ovh = double(p.options.instr_overhead_bytes);
-  std::vector<double> done(p.counters.size(), 0.0), fin(n, 0.0);
-  std::vector<size_t> pos(p.queue_ids.size(), 0);
+  // Re-run the scheduler's cost model on the queues as built.
+  const double sync = double(p.options.sync_cost_bytes);
+  std::vector<double> done(p.counters.size(), 0.0);
+  std::vector<int> ctr_owner(p.counters.size(), -1);
   std::vector<double> free_at(p.queue_ids.size(), 0.0);
   // Process in global order: every waiter's producers are earlier, so their finish is known.
   std::vector<int> owner(n, 0);
@@ -245,13 +266,20 @@ PlanStats plan_stats(const Plan& p) {
     const Instr& in = p.instrs[i];
     double ready = 0;
     for (const Wait& w : in.wait)
-      if (w.counter != kNone) ready = std::max(ready, done[w.counter]);
+      if (w.counter != kNone)
+        ready = std::max(ready, done[w.counter] + (ctr_owner[w.counter] == owner[i] ? 0.0 : sync));
     double& f = free_at[size_t(owner[i])];
-    f = std::max(f, ready) + in.est_bytes + ovh;
-    if (in.signal != kNone) done[in.signal] = std::max(done[in.signal], f);
+    f = std::max(f, ready) + tile_cost(in, p.options);
+    if (in.signal != kNone) {
+      done[in.signal] = std::max(done[in.signal], f);
+      int& o = ctr_owner[in.signal];
+      o = o == -1 || o == owner[i] ? owner[i] : -2;
+    }
     s.est_makespan = std::max(s.est_makespan, f);
   }
-  s.est_ideal = (s.total_bytes + ovh * double(n)) / std::max(p.workers, 1);
+  double total_cost = 0;
+  for (const Instr& in : p.instrs) total_cost += tile_cost(in, p.options);
+  s.est_ideal = total_cost / std::max(p.workers, 1);
   return s;
 }
 
@@ -262,15 +290,16 @@ std::string describe_plan(const Plan& p, bool dump) {
   o += fmt::format(
       "decode plan: batch {}, {} workers; {} layers ({} KDA, {} MLA); {} instructions "
       "(64 B each), {} stages, {} op-by-op barrier phases, {} counters, {} buffer-table entries, "
-      "{} weight-table entries, arena {}\n",
+      "{} weight-table entries, arena {}; megakernel queues: {}\n",
       p.batch, p.workers, c.num_layers, c.num_kda_layers(), c.num_mla_layers(), p.instrs.size(),
       p.stages.size(), p.phases.size(), p.counters.size(), p.buffers.size(), p.weights.size(),
-      human_bytes(double(p.arena_bytes)));
+      human_bytes(double(p.arena_bytes)),
+      p.options.scheduler == Scheduler::kList ? "list schedule" : "op-by-op phase shares");
   o += fmt::format("\n{:<16} {:>8} {:>12} {:>7}\n", "op", "instrs", "bytes", "share");
   for (int op = 0; op < kNumOps; ++op) {
     if (!s.instrs_per_op[size_t(op)]) continue;
-    o += fmt::format("{:<16} {:>8} {:>12} {:>6.1f}%\n", op_name(Op(op)), s.instrs_per_op[size_t(op)],
-                     human_bytes(s.bytes_per_op[size_t(op)]),
+    o += fmt::format("{:<16} {:>8} {:>12} {:>6.1f}%\n", op_name(Op(op)),
+                     s.instrs_per_op[size_t(op)], human_bytes(s.bytes_per_op[size_t(op)]),
                      100.0 * s.bytes_per_op[size_t(op)] / std::max(s.total_bytes, 1.0));
   }
   o += fmt::format("{:<16} {:>8} {:>12}\n", "total", p.instrs.size(), human_bytes(s.total_bytes));
@@ -315,8 +344,10 @@ std::string describe_plan(const Plan& p, bool dump) {
   }
   o += wrapped + line + "\n";
   o += fmt::format(
-      "scheduler estimate (bytes + {} per instruction): makespan {} vs ideal {} ({:.1f}%)\n",
-      human_bytes(double(p.options.instr_overhead_bytes)), human_bytes(s.est_makespan),
+      "scheduler estimate (bytes + {} per instruction + {} per cross-worker wait): makespan {} vs "
+      "ideal {} ({:.1f}%)\n",
+      human_bytes(double(p.options.instr_overhead_bytes)),
+      human_bytes(double(p.options.sync_cost_bytes)), human_bytes(s.est_makespan),
       human_bytes(s.est_ideal), 100.0 * s.est_ideal / std::max(s.est_makespan, 1.0));
   if (dump) {
     for (size_t w = 0; w < p.queues.size(); ++w) {

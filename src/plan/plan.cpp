@@ -19,8 +19,12 @@ namespace {
 
 constexpr uint64_t kAlign = 64;
 
-uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+uint64_t align_up(uint64_t x, uint64_t a) {
+  return (x + a - 1) / a * a;
+}
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // Rows per tile for a matrix of `rows` x `row_bytes`: about `target` bytes, but at least
 // `min_bytes` (smaller tiles cost more in synchronisation than they gain in balance), small enough
@@ -106,8 +110,8 @@ class Builder {
     d.layer = uint16_t(layer);
     d.count = uint32_t(c_.num_experts);
     d.offset = weight_id(k, layer, 0);
-    for (int e = 1; e < c_.num_experts; ++e) MD_CHECK(weight_id(k, layer, e) == d.offset + e,
-                                                      "plan: expert weight ids not consecutive");
+    for (int e = 1; e < c_.num_experts; ++e)
+      MD_CHECK(weight_id(k, layer, e) == d.offset + e, "plan: expert weight ids not consecutive");
     return d;
   }
   static BufferDesc state(StateKind s, int layer) {
@@ -158,6 +162,21 @@ class Builder {
     p_.stages.back().end = in.id + 1;
   }
 
+  // Per-sequence ops (embed, norms, router, latent row, combine) take ranges of sequences: one
+  // sequence per tile at small batch, up to B / (2W) at large batch, so that their instruction
+  // count does not grow with B faster than the work warrants.
+  std::vector<std::pair<int, int>> seq_ranges() const {
+    const int per = std::max(1, B_ / (2 * W_));
+    std::vector<std::pair<int, int>> r;
+    for (int b = 0; b < B_; b += per) r.emplace_back(b, std::min(B_, b + per));
+    return r;
+  }
+  static void set_seqs(Instr& in, std::pair<int, int> r) {
+    in.seq = uint16_t(r.first);
+    in.r0 = uint32_t(r.first);
+    in.r1 = uint32_t(r.second);
+  }
+
   static Instr make(Op op, int layer, std::initializer_list<Wait> waits, uint32_t signal) {
     Instr in;
     in.op = op;
@@ -180,19 +199,19 @@ class Builder {
   // Y[b][r0:r1] = round(W X[b]) row blocks of one matrix; returns nothing, signals `sig`.
   void gemv_tiles(Op op, int layer, const BufferDesc& wbuf, int64_t rows, int64_t cols, size_t e,
                   const BufferDesc& x, const BufferDesc& y, Wait wt, uint32_t sig,
-                  int64_t rb_override = 0, uint8_t flags = 0,
-                  const BufferDesc* resid = nullptr, const BufferDesc* out = nullptr) {
-    const int64_t rb = rb_override > 0
-                           ? rb_override
-                           : tile_rows(rows, double(cols) * double(e), p_.options, W_);
+                  int64_t rb_override = 0, uint8_t flags = 0, const BufferDesc* resid = nullptr,
+                  const BufferDesc* out = nullptr) {
+    const int64_t rb =
+        rb_override > 0 ? rb_override : tile_rows(rows, double(cols) * double(e), p_.options, W_);
     auto a = resid ? args({wbuf, x, *resid, *out}) : args({wbuf, x, y});
     for (int64_t r = 0; r < rows; r += rb) {
       Instr in = make(op, layer, {wt}, sig);
       in.flags = flags;
       in.r0 = uint32_t(r);
       in.r1 = uint32_t(std::min(rows, r + rb));
-      emit(in, a, uint64_t(in.r1 - in.r0) * uint64_t(cols) * e +
-                      uint64_t(B_) * uint64_t(cols + (in.r1 - in.r0)) * 4);
+      emit(in, a,
+           uint64_t(in.r1 - in.r0) * uint64_t(cols) * e +
+               uint64_t(B_) * uint64_t(cols + (in.r1 - in.r0)) * 4);
     }
   }
 
@@ -208,10 +227,10 @@ class Builder {
     {
       auto a = args({io(BufKind::kTokens), weight(WeightKind::kEmbed), x,
                      weight(WeightKind::kInputNorm, 0), h});
-      for (int b = 0; b < B_; ++b) {
+      for (auto r : seq_ranges()) {
         Instr in = make(Op::kEmbed, -1, {}, ready);
-        in.seq = uint16_t(b);
-        emit(in, a, uint64_t(D) * 2 + uint64_t(D) * 12);
+        set_seqs(in, r);
+        emit(in, a, uint64_t(r.second - r.first) * uint64_t(D) * 14);
       }
     }
 
@@ -228,8 +247,8 @@ class Builder {
       // o_proj + residual.
       BufferDesc x_mid = arena(D);
       uint32_t attn_done = counter(Op::kAttnOut, l);
-      const BufferDesc o_w = weight(c.attn_kind[l] == AttnKind::KDA ? WeightKind::kKdaO
-                                                                     : WeightKind::kMlaO, l);
+      const BufferDesc o_w =
+          weight(c.attn_kind[l] == AttnKind::KDA ? WeightKind::kKdaO : WeightKind::kMlaO, l);
       gemv_tiles(Op::kAttnOut, l, o_w, D, att_w, elt(o_mat), att, x_mid, all_of(core_done),
                  attn_done, 0, kFlagResidual, &x, &x_mid);
 
@@ -238,17 +257,17 @@ class Builder {
       uint32_t norm_done = counter(Op::kFfnNorm, l);
       {
         auto a = args({x_mid, weight(WeightKind::kPostAttnNorm, l), h2});
-        for (int b = 0; b < B_; ++b) {
+        for (auto r : seq_ranges()) {
           Instr in = make(Op::kFfnNorm, l, {all_of(attn_done)}, norm_done);
-          in.seq = uint16_t(b);
-          emit(in, a, uint64_t(D) * 12);
+          set_seqs(in, r);
+          emit(in, a, uint64_t(r.second - r.first) * uint64_t(D) * 12);
         }
       }
 
       // Next layer's input (or the final norm's output).
       BufferDesc x_next = arena(D), h_next = arena(D);
-      const BufferDesc next_norm = l + 1 < L ? weight(WeightKind::kInputNorm, l + 1)
-                                             : weight(WeightKind::kFinalNorm);
+      const BufferDesc next_norm =
+          l + 1 < L ? weight(WeightKind::kInputNorm, l + 1) : weight(WeightKind::kFinalNorm);
       const uint32_t combined = counter(Op::kCombine, l);
       if (c.ffn_kind[l] == FfnKind::Dense)
         dense_ffn(l, x_mid, h2, norm_done, x_next, next_norm, h_next, combined);
@@ -281,33 +300,46 @@ class Builder {
                h, fa, in_ready, lowrank);
     gemv_tiles(Op::kKdaProj, l, weight(WeightKind::kKdaGA, l), K, D, elt(L ? &L->kda.g_a : nullptr),
                h, ga, in_ready, lowrank);
-    gemv_tiles(Op::kKdaProj, l, weight(WeightKind::kKdaB, l), H, D, elt(L ? &L->kda.b : nullptr),
-               h, braw, in_ready, lowrank);
+    gemv_tiles(Op::kKdaProj, l, weight(WeightKind::kKdaB, l), H, D, elt(L ? &L->kda.b : nullptr), h,
+               braw, in_ready, lowrank);
 
-    // q, k, v row blocks aligned to heads, one counter per head group.
+    // The cores work on ranges of consecutive heads of one sequence: enough ranges to occupy
+    // the workers at small batch, and contiguous, so that two workers rarely write neighbouring
+    // heads of one sequence's conv cache and state (which the sequence stores unaligned: false
+    // sharing).
+    const int ranges = int(std::clamp<int64_t>(ceil_div(2 * int64_t(W_), B_), 1, H));
+    const int hpr = int(ceil_div(H, ranges));
+    // q, k, v row blocks aligned to heads and nested in the core ranges; one counter per range.
     const size_t e = elt(L ? &L->kda.q : nullptr);
-    const HeadTiling ht = head_tiling(H, K, double(D) * double(e), p_.options, W_);
+    HeadTiling ht = head_tiling(H, K, double(D) * double(e), p_.options, W_);
+    if (ht.group > 1) {
+      ht.group = std::min(ht.group, hpr);
+      while (hpr % ht.group) --ht.group;
+    }
     auto aq = args({weight(WeightKind::kKdaQ, l), h, q});
     auto ak = args({weight(WeightKind::kKdaK, l), h, k});
     auto av = args({weight(WeightKind::kKdaV, l), h, v});
-    std::vector<uint32_t> head_ctr(size_t(H), kNone);
-    for (int h0 = 0; h0 < H; h0 += ht.group) {
-      const int h1 = std::min(H, h0 + ht.group);
-      const uint32_t ctr = counter(Op::kKdaProj, l, uint32_t(h0));
-      for (int hh = h0; hh < h1; ++hh) head_ctr[size_t(hh)] = ctr;
-      // One tile of whole heads [h0, h1), or one head in `split` parts.
-      const int64_t step = ht.group > 1 ? int64_t(h1 - h0) * K : int64_t(K) / ht.split;
-      for (auto* a : {&aq, &ak, &av}) {
-        for (int64_t r = int64_t(h0) * K; r < int64_t(h1) * K; r += step) {
-          Instr in = make(Op::kKdaProj, l, {in_ready}, ctr);
-          in.r0 = uint32_t(r);
-          in.r1 = uint32_t(r + step);
-          emit(in, *a, uint64_t(step) * uint64_t(D) * e + uint64_t(B_) * uint64_t(D + step) * 4);
+    std::vector<uint32_t> range_ctr;
+    for (int r0 = 0; r0 < H; r0 += hpr) {
+      const int r1 = std::min(H, r0 + hpr);
+      const uint32_t ctr = counter(Op::kKdaProj, l, uint32_t(r0));
+      range_ctr.push_back(ctr);
+      for (int h0 = r0; h0 < r1; h0 += ht.group) {
+        const int h1 = std::min(r1, h0 + ht.group);
+        // One tile of whole heads [h0, h1), or one head in `split` parts.
+        const int64_t step = ht.split > 1 ? int64_t(K) / ht.split : int64_t(h1 - h0) * K;
+        for (auto* a : {&aq, &ak, &av}) {
+          for (int64_t r = int64_t(h0) * K; r < int64_t(h1) * K; r += step) {
+            Instr in = make(Op::kKdaProj, l, {in_ready}, ctr);
+            in.r0 = uint32_t(r);
+            in.r1 = uint32_t(r + step);
+            emit(in, *a, uint64_t(step) * uint64_t(D) * e + uint64_t(B_) * uint64_t(D + step) * 4);
+          }
         }
       }
     }
 
-    // Per head and sequence: conv + gates + delta rule + gated norm.
+    // Per head range and sequence: conv + gates + delta rule + gated norm.
     const uint32_t core_done = counter(Op::kKdaCore, l);
     auto a = args({q, k, v, fa, ga, braw, o, weight(WeightKind::kKdaFB, l),
                    weight(WeightKind::kKdaGB, l), weight(WeightKind::kKdaQConv, l),
@@ -315,16 +347,15 @@ class Builder {
                    weight(WeightKind::kKdaALog, l), weight(WeightKind::kKdaDtBias, l),
                    weight(WeightKind::kKdaONorm, l), state(StateKind::kKdaState, l),
                    state(StateKind::kConvCache, l)});
-    const uint64_t core_bytes = 2ull * K * K * 4 + 2ull * K * K * 2 +
+    const uint64_t head_bytes = 2ull * K * K * 4 + 2ull * K * K * 2 +
                                 6ull * K * uint64_t(c.kda_conv_size) * 4 + 8ull * K * 4;
-    for (int hh = 0; hh < H; ++hh)
+    for (size_t r = 0; r < range_ctr.size(); ++r)
       for (int b = 0; b < B_; ++b) {
-        Instr in = make(Op::kKdaCore, l, {all_of(head_ctr[size_t(hh)]), all_of(lowrank)},
-                        core_done);
+        Instr in = make(Op::kKdaCore, l, {all_of(range_ctr[r]), all_of(lowrank)}, core_done);
         in.seq = uint16_t(b);
-        in.r0 = uint32_t(hh);
-        in.r1 = uint32_t(hh + 1);
-        emit(in, a, core_bytes);
+        in.r0 = uint32_t(int(r) * hpr);
+        in.r1 = uint32_t(std::min(H, int(r + 1) * hpr));
+        emit(in, a, head_bytes * (in.r1 - in.r0));
       }
     return {o, core_done, C, L ? &L->kda.o : nullptr};
   }
@@ -332,8 +363,8 @@ class Builder {
   std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> mla_layer(int l, const BufferDesc& h,
                                                                   uint32_t ready) {
     const ModelConfig& c = c_;
-    const int H = c.mla_num_heads, N = c.qk_nope_head_dim, P = c.qk_rope_head_dim,
-              V = c.v_head_dim, R = c.kv_lora_rank;
+    const int H = c.mla_num_heads, N = c.qk_nope_head_dim, P = c.qk_rope_head_dim, V = c.v_head_dim,
+              R = c.kv_lora_rank;
     const int64_t D = c.hidden_size, QW = int64_t(H) * (N + P), CW = R + P;
     const LayerWeights* L = lw(l);
     BufferDesc q = arena(QW), a_out = arena(CW), att = arena(int64_t(H) * V);
@@ -347,14 +378,15 @@ class Builder {
                h, q, in_ready, q_done);
 
     // Latent cache row per sequence (the executor grows the cache before the step).
-    std::vector<uint32_t> latent(static_cast<size_t>(B_));
+    std::vector<uint32_t> latent(static_cast<size_t>(B_));  // counter of b's range
     {
       auto a = args({a_out, weight(WeightKind::kMlaKvANorm, l), state(StateKind::kMlaCache, l)});
-      for (int b = 0; b < B_; ++b) {
-        latent[size_t(b)] = counter(Op::kMlaLatent, l, uint32_t(b));
-        Instr in = make(Op::kMlaLatent, l, {all_of(kva_done)}, latent[size_t(b)]);
-        in.seq = uint16_t(b);
-        emit(in, a, uint64_t(CW) * 12);
+      for (auto r : seq_ranges()) {
+        const uint32_t ctr = counter(Op::kMlaLatent, l, uint32_t(r.first));
+        for (int b = r.first; b < r.second; ++b) latent[size_t(b)] = ctr;
+        Instr in = make(Op::kMlaLatent, l, {all_of(kva_done)}, ctr);
+        set_seqs(in, r);
+        emit(in, a, uint64_t(r.second - r.first) * uint64_t(CW) * 12);
       }
     }
 
@@ -389,10 +421,10 @@ class Builder {
     gemv_tiles(Op::kDenseDown, l, weight(WeightKind::kDenseDown, l), D, I,
                elt(L ? &L->dense.down : nullptr), act, out, all_of(gu), dn);
     auto a = args({x_mid, out, x_next, next_norm, h_next});
-    for (int b = 0; b < B_; ++b) {
+    for (auto r : seq_ranges()) {
       Instr in = make(Op::kCombine, l, {all_of(dn)}, combined);
-      in.seq = uint16_t(b);
-      emit(in, a, uint64_t(D) * 20);
+      set_seqs(in, r);
+      emit(in, a, uint64_t(r.second - r.first) * uint64_t(D) * 20);
     }
   }
 
@@ -426,13 +458,14 @@ class Builder {
     const uint32_t routed = counter(Op::kRouter, l);
     {
       const size_t re = elt(L ? &L->moe.router : nullptr, DType::F32);
-      auto a = args({h2, weight(WeightKind::kRouter, l), weight(WeightKind::kRouterBias, l), ids,
-                     wts});
+      auto a =
+          args({h2, weight(WeightKind::kRouter, l), weight(WeightKind::kRouterBias, l), ids, wts});
       p_.router_ids_buffer[size_t(l)] = a.first + 3;
-      for (int b = 0; b < B_; ++b) {
+      for (auto r : seq_ranges()) {
         Instr in = make(Op::kRouter, l, {all_of(norm_done)}, routed);
-        in.seq = uint16_t(b);
-        emit(in, a, uint64_t(E) * uint64_t(D) * re);
+        set_seqs(in, r);
+        emit(in, a,
+             uint64_t(E) * uint64_t(D) * re + uint64_t(r.second - r.first - 1) * uint64_t(E) * 64);
       }
     }
 
@@ -487,12 +520,12 @@ class Builder {
 
     // Weighted sum in ascending expert id, shared expert, residual, next norm.
     auto a = args({x_mid, wts, dn, sout, x_next, next_norm, h_next});
-    for (int b = 0; b < B_; ++b) {
-      Instr in = make(Op::kCombine, l,
-                      {all_of(expert_done), shared ? all_of(sdn) : Wait{}}, combined);
-      in.seq = uint16_t(b);
+    for (auto r : seq_ranges()) {
+      Instr in =
+          make(Op::kCombine, l, {all_of(expert_done), shared ? all_of(sdn) : Wait{}}, combined);
+      set_seqs(in, r);
       in.flags = uint8_t(kFlagMoeCombine | (shared ? kFlagSharedExpert : 0));
-      emit(in, a, uint64_t(k + 4) * uint64_t(D) * 4);
+      emit(in, a, uint64_t(r.second - r.first) * uint64_t(k + 4) * uint64_t(D) * 4);
     }
   }
 
@@ -506,23 +539,42 @@ class Builder {
 
 // ---- scheduling -----------------------------------------------------------------------------
 
+}  // namespace
+
+// The cost model of both schedulers, in bytes-equivalent: bytes moved, scaled for tiles whose
+// arithmetic outweighs their bytes (the delta rule and gates of a KDA head run at about a third
+// of the GEMV byte rate, the MLA cores at about half; measured on the reference machine), plus a
+// fixed overhead per instruction.
+double tile_cost(const Instr& in, const PlanOptions& o) {
+  double f = 1.0;
+  if (in.op == Op::kKdaCore) f = 3.0;
+  if (in.op == Op::kMlaCore) f = 2.0;
+  return double(in.est_bytes) * f + double(o.instr_overhead_bytes);
+}
+
+namespace {
+
 // List scheduling in the global order: each instruction goes to the worker on which it would
-// start earliest under the cost model (estimated bytes + a fixed overhead, all workers equal),
-// its ready time being the latest simulated finish among the producers it waits for. Queues are
-// therefore subsequences of the global order (see the deadlock argument in executor.cpp).
+// start earliest under the cost model (estimated bytes + a fixed overhead per instruction, all
+// workers equal), its ready time being the latest simulated finish among the producers it waits
+// for, plus a synchronisation cost when a producer ran on another worker (the counter and the
+// data cross cores). Ties go to the less loaded worker. Queues are therefore subsequences of the
+// global order (see the deadlock argument in executor.cpp).
 void schedule_megakernel(Plan& p) {
   const int W = p.workers;
-  const double ovh = double(p.options.instr_overhead_bytes);
-  std::vector<double> free_at(size_t(W), 0.0), load(size_t(W), 0.0);
+  const double sync = double(p.options.sync_cost_bytes);
+  std::vector<double> free_at(static_cast<size_t>(W), 0.0), load(static_cast<size_t>(W), 0.0);
   std::vector<double> done_at(p.counters.size(), 0.0);
+  std::vector<int> owner(p.counters.size(), -1);  // the one worker signalling it, or -2: several
   p.queue_ids.assign(size_t(W), {});
   for (const Instr& in : p.instrs) {
-    double ready = 0;
-    for (const Wait& w : in.wait)
-      if (w.counter != kNone) ready = std::max(ready, done_at[w.counter]);
     int best = 0;
     double best_start = 0;
     for (int w = 0; w < W; ++w) {
+      double ready = 0;
+      for (const Wait& wt : in.wait)
+        if (wt.counter != kNone)
+          ready = std::max(ready, done_at[wt.counter] + (owner[wt.counter] == w ? 0.0 : sync));
       const double start = std::max(free_at[size_t(w)], ready);
       if (w == 0 || start < best_start ||
           (start == best_start && load[size_t(w)] < load[size_t(best)])) {
@@ -530,11 +582,14 @@ void schedule_megakernel(Plan& p) {
         best_start = start;
       }
     }
-    const double cost = double(in.est_bytes) + ovh;
+    const double cost = tile_cost(in, p.options);
     free_at[size_t(best)] = best_start + cost;
     load[size_t(best)] += cost;
-    if (in.signal != kNone)
+    if (in.signal != kNone) {
       done_at[in.signal] = std::max(done_at[in.signal], free_at[size_t(best)]);
+      int& o = owner[in.signal];
+      o = o == -1 || o == best ? best : -2;
+    }
     p.queue_ids[size_t(best)].push_back(in.id);
   }
   p.queues.assign(size_t(W), {});
@@ -548,7 +603,6 @@ void schedule_megakernel(Plan& p) {
 // processing time first, then each share is put back in global order.
 void schedule_opbyop(Plan& p) {
   const int W = p.workers;
-  const double ovh = double(p.options.instr_overhead_bytes);
   std::vector<char> in_phase(p.counters.size(), 0);
   std::vector<uint32_t> touched;
   size_t first = 0;
@@ -558,13 +612,13 @@ void schedule_opbyop(Plan& p) {
     for (size_t s = first; s < end; ++s)
       for (uint32_t i = p.stages[s].begin; i < p.stages[s].end; ++i) ids.push_back(i);
     std::stable_sort(ids.begin(), ids.end(), [&](uint32_t a, uint32_t b) {
-      return p.instrs[a].est_bytes > p.instrs[b].est_bytes;
+      return tile_cost(p.instrs[a], p.options) > tile_cost(p.instrs[b], p.options);
     });
     std::vector<double> load(size_t(W), 0.0);
     std::vector<std::vector<uint32_t>> share(static_cast<size_t>(W));
     for (uint32_t i : ids) {
       const size_t w = size_t(std::min_element(load.begin(), load.end()) - load.begin());
-      load[w] += double(p.instrs[i].est_bytes) + ovh;
+      load[w] += tile_cost(p.instrs[i], p.options);
       share[w].push_back(i);
     }
     for (auto& s : share) std::sort(s.begin(), s.end());
@@ -599,7 +653,8 @@ Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const Pl
   MD_CHECK(cfg.num_layers >= 1 && cfg.num_layers < int(kNoLayer), "plan: bad layer count {}",
            cfg.num_layers);
   MD_CHECK(opt.tile_bytes >= 1024 && opt.min_tile_bytes <= opt.tile_bytes,
-           "plan: tile_bytes {} / min_tile_bytes {} out of range", opt.tile_bytes, opt.min_tile_bytes);
+           "plan: tile_bytes {} / min_tile_bytes {} out of range", opt.tile_bytes,
+           opt.min_tile_bytes);
   Plan p;
   p.batch = opt.batch;
   p.workers = opt.workers;
@@ -607,8 +662,21 @@ Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const Pl
   p.options = opt;
   Builder(p, cfg, w).build();
   MD_CHECK(p.buffers.size() < kNone && p.instrs.size() < kNone, "plan: too many instructions");
-  schedule_megakernel(p);
   schedule_opbyop(p);
+  if (opt.scheduler == Scheduler::kList) {
+    schedule_megakernel(p);
+  } else {
+    // The op-by-op phase shares, concatenated: each queue is increasing in the global order,
+    // and every wait is implied by a barrier op by op, so the megakernel only ever waits less.
+    p.queue_ids.assign(size_t(p.workers), {});
+    for (const auto& shares : p.phase_instrs)
+      for (int w = 0; w < p.workers; ++w)
+        p.queue_ids[size_t(w)].insert(p.queue_ids[size_t(w)].end(), shares[size_t(w)].begin(),
+                                      shares[size_t(w)].end());
+    p.queues.assign(size_t(p.workers), {});
+    for (int w = 0; w < p.workers; ++w)
+      for (uint32_t id : p.queue_ids[size_t(w)]) p.queues[size_t(w)].push_back(p.instrs[id]);
+  }
   return p;
 }
 

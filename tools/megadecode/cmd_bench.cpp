@@ -168,8 +168,9 @@ void register_bench(CLI::App& app) {
   c->add_option("--json", o->json, "also write the results as JSON to this file");
   c->add_option("--plot", o->plot, "also write an SVG plot of tokens/s vs batch size");
   c->callback([o] {
-    MD_CHECK(o->f.model.empty() != o->preset.empty(), "bench: give exactly one of --model or "
-                                                      "--preset");
+    MD_CHECK(o->f.model.empty() != o->preset.empty(),
+             "bench: give exactly one of --model or "
+             "--preset");
     std::vector<int> batches;
     for (const std::string& t : split(o->batches, ',')) {
       char* end = nullptr;
@@ -228,12 +229,19 @@ void register_bench(CLI::App& app) {
         progress.update(done, fmt::format("batch {}: prefill {}/{}", B, b + 1, B));
         SequenceState s = m.new_sequence();
         std::vector<int32_t> prompt(static_cast<size_t>(o->context));
-        for (auto& id : prompt)
-          id = int32_t(rng.next() % uint64_t(std::max<int64_t>(V - 256, 1)));
+        for (auto& id : prompt) id = int32_t(rng.next() % uint64_t(std::max<int64_t>(V - 256, 1)));
         m.forward(s, prompt, logits.data(), false);
         tokens[size_t(b)] = int32_t(argmax(logits.data(), V));
         seqs.push_back(std::move(s));
       }
+      // Every timed block starts from this snapshot, so each executor and repetition decodes
+      // the same tokens at the same positions (context .. context + steps).
+      const std::vector<SequenceState> snapshot = seqs;
+      const std::vector<int32_t> first_tokens = tokens;
+      auto restore = [&] {
+        for (size_t b = 0; b < seqs.size(); ++b) seqs[b] = snapshot[b];
+        tokens = first_tokens;
+      };
       std::vector<SequenceState*> ptrs;
       for (auto& s : seqs) ptrs.push_back(&s);
       // One step of a runner (timed part only: the argmax that picks the next tokens is not).
@@ -253,28 +261,36 @@ void register_bench(CLI::App& app) {
           if (r.ex) {
             *bytes += r.ex->last_step_stats().total();
           } else {
+            // One forward per sequence: each reads every weight it uses.
             int moe = 0;
             for (FfnKind k : cfg.ffn_kind) moe += k == FfnKind::MoE;
-            *bytes += decode_step_bytes(m, pos, B * cfg.num_experts_per_token * moe).total();
+            for (int64_t p : pos)
+              *bytes +=
+                  decode_step_bytes(m, std::span(&p, 1), cfg.num_experts_per_token * moe).total();
           }
         }
         for (int b = 0; b < B; ++b)
           tokens[size_t(b)] = int32_t(argmax(logits.data() + size_t(b) * size_t(V), V));
       };
-      for (Runner& r : runners)  // warm-up: plans compiled, weights and caches touched
+      for (Runner& r : runners) {  // warm-up: plans compiled, weights and caches touched
+        restore();
         for (int i = 0; i < 2; ++i) step(r, nullptr, nullptr);
+      }
       for (int rep = 0; rep < o->reps; ++rep) {
         progress.update(done, fmt::format("batch {}: read bandwidth", B));
         bw.push_back(cpu::measure_read_bandwidth_gbps(m.pool(), size_t(1) << 29, 1));
         for (size_t e = 0; e < E; ++e) {
           Runner& r = runners[e];
           progress.update(done, fmt::format("batch {}: {} rep {}/{}", B, r.name, rep + 1, o->reps));
-          // Let the previous runner's idle threads stop spinning, then one untimed step to wake
-          // this runner's threads.
+          // Let the previous runner's idle threads stop spinning, then one untimed step (on a
+          // scratch copy) to wake this runner's threads.
+          restore();
           std::this_thread::sleep_for(std::chrono::milliseconds(3));
           step(r, nullptr, nullptr);
+          restore();
           double secs = 0, bytes = 0;
           for (int i = 0; i < o->steps; ++i) step(r, &secs, &bytes);
+          for (auto* s : ptrs) max_pos = std::max(max_pos, s->pos);
           Cell& cell = cells[{B, e}];
           cell.ms.push_back(secs / o->steps * 1e3);
           cell.bytes += bytes;
@@ -283,7 +299,6 @@ void register_bench(CLI::App& app) {
         }
         rss = std::max(rss, current_rss_bytes());
       }
-      for (auto* s : ptrs) max_pos = std::max(max_pos, s->pos);
     }
     progress.done();
     cpu::release_bandwidth_buffer();
@@ -291,12 +306,11 @@ void register_bench(CLI::App& app) {
     const double gbw = median(bw);
     std::printf(
         "model %s, %d workers (reference path: %d threads), precision %s, matmul %s, "
-        "context %d..%lld\n",
+        "positions %d..%lld (every timed block restarts from the prefilled context)\n",
         o->preset.empty() ? o->f.model.c_str() : ("preset " + o->preset).c_str(), W,
-        m.pool().size(), o->f.precision.c_str(), cpu::matmul_isa(), o->context,
-        (long long)max_pos);
-    std::printf("machine: %s, %d CPUs; read bandwidth median %.1f GB/s (samples:", cpu_model().c_str(),
-                online_cpus(), gbw);
+        m.pool().size(), o->f.precision.c_str(), cpu::matmul_isa(), o->context, (long long)max_pos);
+    std::printf("machine: %s, %d CPUs; read bandwidth median %.1f GB/s (samples:",
+                cpu_model().c_str(), online_cpus(), gbw);
     for (double b : bw) std::printf(" %.1f", b);
     std::printf(")\n%d timed steps x %d interleaved repetitions per executor and batch\n\n",
                 o->steps, o->reps);
@@ -311,8 +325,8 @@ void register_bench(CLI::App& app) {
         const Cell& cell = cells[{B, e}];
         const double ms = median(cell.ms), bytes = cell.bytes / std::max(cell.n, 1);
         const double gbps = bytes / (ms * 1e-3) / 1e9, tps = B * 1e3 / ms;
-        std::printf("%-6d %-11s %10.3f %10.1f %12s %9.2f %6.1f%%\n", B, runners[e].name.c_str(),
-                    ms, tps, human_bytes(bytes).c_str(), gbps, 100.0 * gbps / gbw);
+        std::printf("%-6d %-11s %10.3f %10.1f %12s %9.2f %6.1f%%\n", B, runners[e].name.c_str(), ms,
+                    tps, human_bytes(bytes).c_str(), gbps, 100.0 * gbps / gbw);
         results.push_back({{"batch", B},
                            {"executor", runners[e].name},
                            {"ms_per_step", ms},
@@ -370,13 +384,12 @@ void register_bench(CLI::App& app) {
     }
     if (!o->plot.empty()) {
       std::ofstream f(o->plot);
-      f << line_plot_svg(fmt::format("decode throughput, {} ({} workers)",
-                                     o->preset.empty() ? std::filesystem::path(o->f.model)
-                                                             .filename()
-                                                             .string()
-                                                       : o->preset,
-                                     W),
-                         "batch size", "tokens / s", series, true);
+      f << line_plot_svg(
+          fmt::format(
+              "decode throughput, {} ({} workers)",
+              o->preset.empty() ? std::filesystem::path(o->f.model).filename().string() : o->preset,
+              W),
+          "batch size", "tokens / s", series, true);
       MD_CHECK(f.good(), "cannot write {}", o->plot);
     }
   });

@@ -19,11 +19,13 @@ void register_plan(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   auto* c = app.add_subcommand(
-      "plan", "print the decode program for a batch and worker count (instruction counts per op, "
-              "bytes per worker, critical path; --dump: every queue)");
+      "plan",
+      "print the decode program for a batch and worker count (instruction counts per op, "
+      "bytes per worker, critical path; --dump: every queue)");
   auto* m = c->add_option("--model", o->model, "checkpoint directory");
-  auto* p = c->add_option("--preset", o->preset,
-                          "a preset geometry instead of a checkpoint (tiny | small | kl48-e32 | kl48)");
+  auto* p =
+      c->add_option("--preset", o->preset,
+                    "a preset geometry instead of a checkpoint (tiny | small | kl48-e32 | kl48)");
   m->excludes(p);
   c->add_option("--batch", o->batch, "sequences per step")->check(CLI::Range(1, 1024));
   c->add_option("--workers", o->workers, "workers (0: one per CPU)")->check(CLI::Range(0, 4096));

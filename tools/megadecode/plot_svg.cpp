@@ -14,10 +14,14 @@ namespace {
 std::string esc(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else o += c;
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else
+      o += c;
   }
   return o;
 }
@@ -53,8 +57,7 @@ std::string line_plot_svg(const std::string& title, const std::string& xlabel,
   const double ytop = std::ceil(ymax / ystep) * ystep;
   auto px = [&](double x) { return L + ((log2x ? std::log2(x) : x) - xmin) / (xmax - xmin) * pw; };
   auto py = [&](double y) { return T + ph - y / ytop * ph; };
-  static const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
-                                 "#8c564b"};
+  static const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b"};
   std::string o = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" viewBox=\"0 0 {} {}\" "
       "font-family=\"sans-serif\" font-size=\"13\">\n<rect width=\"100%\" height=\"100%\" "
@@ -88,7 +91,8 @@ std::string line_plot_svg(const std::string& title, const std::string& xlabel,
   o += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", L + pw / 2,
                    Ht - 15, esc(xlabel + (log2x ? " (log2 scale)" : "")));
   o += fmt::format(
-      "<text x=\"20\" y=\"{0}\" text-anchor=\"middle\" transform=\"rotate(-90 20 {0})\">{1}</text>\n",
+      "<text x=\"20\" y=\"{0}\" text-anchor=\"middle\" transform=\"rotate(-90 20 "
+      "{0})\">{1}</text>\n",
       T + ph / 2, esc(ylabel));
   // Series and legend.
   for (size_t i = 0; i < series.size(); ++i) {
@@ -100,8 +104,8 @@ std::string line_plot_svg(const std::string& title, const std::string& xlabel,
     o += fmt::format("<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>\n",
                      col, pts);
     for (auto [x, y] : sorted)
-      o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"/>\n", px(x), py(y),
-                       col);
+      o += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.5\" fill=\"{}\"/>\n", px(x),
+                       py(y), col);
     const double ly = T + 10 + 22 * double(i);
     o += fmt::format(
         "<line x1=\"{0}\" y1=\"{1}\" x2=\"{2}\" y2=\"{1}\" stroke=\"{3}\" stroke-width=\"2\"/>\n"

@@ -11,6 +11,7 @@
 // A watchdog turns a step that stops progressing into an md::Error naming the stuck worker,
 // instruction and counter instead of a hang.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -32,17 +33,25 @@ struct ExecutorOptions {
   int workers = 0;  // 0: one per online CPU; more workers than CPUs is allowed (they yield)
   bool pin = true;  // pin worker i to CPU i mod CPUs
   double watchdog_seconds = 10.0;
+  bool profile = false;    // time every tile (StepStats::run_by_op); costs two clock reads a tile
   plan::PlanOptions plan;  // tiling and cost model; batch and workers are set per plan
 };
 
 // What one step moved through memory (what the bench divides by the step time).
 struct StepStats {
   int batch = 0;
-  int distinct_experts = 0;   // summed over MoE layers: experts selected by the batch
-  double weight_bytes = 0;    // non-expert weights, embedding rows, the distinct experts
-  double state_bytes = 0;     // KDA state read + written, conv caches read + written
-  double cache_bytes = 0;     // MLA latent caches read (fp32 storage)
+  int distinct_experts = 0;  // summed over MoE layers: experts selected by the batch
+  double weight_bytes = 0;   // non-expert weights, embedding rows, the distinct experts
+  double state_bytes = 0;    // KDA state read + written, conv caches read + written
+  double cache_bytes = 0;    // MLA latent caches read (fp32 storage)
   double total() const { return weight_bytes + state_bytes + cache_bytes; }
+  // Timing of the step (executors only): wall time of the workers' run, and the time workers
+  // spent waiting (on counters or barriers) summed over workers, also split by the op of the
+  // tile waited for (opbyop: the op of the phase before the barrier).
+  double seconds = 0;
+  double wait_seconds = 0;
+  std::array<double, plan::kNumOps> wait_by_op{};
+  std::array<double, plan::kNumOps> run_by_op{};  // with ExecutorOptions::profile: tile time
 };
 
 // The bytes a decode step moves for sequences whose caches hold `positions[b]` tokens before the

@@ -42,9 +42,9 @@ enum class Op : uint8_t {
   kSharedDown,
   kExpertGateUp,  // (expert slot u, row block): the u-th distinct expert chosen by the batch
   kExpertDown,
-  kCombine,       // per sequence: routed sum (ascending expert id) + shared / dense output +
-                  // residual, then the next RMSNorm (next layer's input norm, or the final norm)
-  kLmHead,        // vocabulary row block -> logits
+  kCombine,  // per sequence: routed sum (ascending expert id) + shared / dense output +
+             // residual, then the next RMSNorm (next layer's input norm, or the final norm)
+  kLmHead,   // vocabulary row block -> logits
   kCount
 };
 constexpr int kNumOps = int(Op::kCount);
@@ -63,10 +63,10 @@ struct Wait {
 
 // Instruction flags.
 enum : uint8_t {
-  kFlagMoeCombine = 1,     // kCombine: routed experts (else: the dense MLP's output)
-  kFlagSharedExpert = 2,   // kCombine: add the shared expert's output
-  kFlagResidual = 4,       // kAttnOut: add the residual
-  kFlagTestStall = 0x80,   // test hook: the instruction never completes (watchdog tests)
+  kFlagMoeCombine = 1,    // kCombine: routed experts (else: the dense MLP's output)
+  kFlagSharedExpert = 2,  // kCombine: add the shared expert's output
+  kFlagResidual = 4,      // kAttnOut: add the residual
+  kFlagTestStall = 0x80,  // test hook: the instruction never completes (watchdog tests)
 };
 
 // One tile of one op. 64 bytes, trivially copyable, no pointers.
@@ -74,15 +74,15 @@ struct alignas(64) Instr {
   Op op = Op::kEmbed;
   uint8_t flags = 0;
   uint16_t layer = kNoLayer;
-  uint16_t seq = 0;   // sequence index within the batch (per-sequence tiles)
-  uint16_t slot = 0;  // expert slot (kExpertGateUp / kExpertDown)
+  uint16_t seq = 0;         // sequence index within the batch (per-sequence tiles)
+  uint16_t slot = 0;        // expert slot (kExpertGateUp / kExpertDown)
   uint32_t r0 = 0, r1 = 0;  // tile range: rows, heads or channels (op-specific)
   Wait wait[2];
   uint32_t signal = kNone;  // counter incremented (release) when the tile is done
   uint32_t args = 0;        // operands: buffer-table entries args .. args + nargs - 1
   uint32_t nargs = 0;
-  uint32_t id = 0;          // index in Plan::instrs (the global topological order)
-  uint32_t est_bytes = 0;   // bytes the tile is expected to move (weights, state, activations)
+  uint32_t id = 0;         // index in Plan::instrs (the global topological order)
+  uint32_t est_bytes = 0;  // bytes the tile is expected to move (weights, state, activations)
   uint32_t reserved[3] = {0, 0, 0};
 };
 static_assert(sizeof(Instr) == 64, "an instruction is one 64-byte line");
@@ -103,22 +103,50 @@ struct BufferDesc {
   BufKind kind = BufKind::kNull;
   uint8_t sub = 0;
   uint16_t layer = kNoLayer;
-  uint32_t count = 0;     // weights: entries in the set; arena: elements per sequence
-  uint64_t offset = 0;    // arena: byte offset; weights: first weight-table id
-  uint64_t stride = 0;    // arena: bytes from one sequence's row to the next
+  uint32_t count = 0;   // weights: entries in the set; arena: elements per sequence
+  uint64_t offset = 0;  // arena: byte offset; weights: first weight-table id
+  uint64_t stride = 0;  // arena: bytes from one sequence's row to the next
 };
 static_assert(sizeof(BufferDesc) == 24);
 
 // The weight table: which model tensor each id names. The executor binds it to memory.
 enum class WeightKind : uint8_t {
-  kEmbed, kLmHead, kFinalNorm, kInputNorm, kPostAttnNorm,
-  kKdaQ, kKdaK, kKdaV, kKdaFA, kKdaFB, kKdaB, kKdaGA, kKdaGB, kKdaO,
-  kKdaQConv, kKdaKConv, kKdaVConv, kKdaALog, kKdaDtBias, kKdaONorm,
-  kMlaQ, kMlaKvA, kMlaKvANorm, kMlaKvB, kMlaO,
-  kDenseGate, kDenseUp, kDenseDown,
-  kRouter, kRouterBias,
-  kSharedGate, kSharedUp, kSharedDown,
-  kExpertGate, kExpertUp, kExpertDown,
+  kEmbed,
+  kLmHead,
+  kFinalNorm,
+  kInputNorm,
+  kPostAttnNorm,
+  kKdaQ,
+  kKdaK,
+  kKdaV,
+  kKdaFA,
+  kKdaFB,
+  kKdaB,
+  kKdaGA,
+  kKdaGB,
+  kKdaO,
+  kKdaQConv,
+  kKdaKConv,
+  kKdaVConv,
+  kKdaALog,
+  kKdaDtBias,
+  kKdaONorm,
+  kMlaQ,
+  kMlaKvA,
+  kMlaKvANorm,
+  kMlaKvB,
+  kMlaO,
+  kDenseGate,
+  kDenseUp,
+  kDenseDown,
+  kRouter,
+  kRouterBias,
+  kSharedGate,
+  kSharedUp,
+  kSharedDown,
+  kExpertGate,
+  kExpertUp,
+  kExpertDown,
 };
 std::string_view weight_kind_name(WeightKind k);
 
@@ -134,7 +162,7 @@ struct CounterDesc {
   Op op = Op::kEmbed;
   uint8_t pad = 0;
   uint16_t layer = kNoLayer;
-  uint32_t group = 0;     // head group, sequence, expert slot, ... (op-specific)
+  uint32_t group = 0;  // head group, sequence, expert slot, ... (op-specific)
   uint32_t per_step = 0;
 };
 
@@ -143,6 +171,12 @@ struct Stage {
   Op op;
   uint16_t layer;
   uint32_t begin, end;
+};
+
+// How the megakernel's queues are built (docs/architecture.md "Scheduling").
+enum class Scheduler : uint8_t {
+  kPhases,  // the op-by-op phase shares, concatenated (every wait is implied by a barrier)
+  kList,    // list scheduling over the whole program with the cost model below
 };
 
 struct PlanOptions {
@@ -156,6 +190,9 @@ struct PlanOptions {
   // Fixed cost of one instruction (dispatch, waits, signal) in bytes-equivalent, for the
   // scheduler's cost model.
   size_t instr_overhead_bytes = size_t{16} << 10;
+  // Latency of a dependency between two workers (counter and data cross cores), same units.
+  size_t sync_cost_bytes = size_t{16} << 10;
+  Scheduler scheduler = Scheduler::kPhases;
 };
 
 struct Plan {
@@ -163,8 +200,8 @@ struct Plan {
   ModelConfig cfg;
   PlanOptions options;
 
-  std::vector<Instr> instrs;        // the whole program in a global topological order
-  std::vector<Stage> stages;        // instrs split by (op, layer), in order
+  std::vector<Instr> instrs;  // the whole program in a global topological order
+  std::vector<Stage> stages;  // instrs split by (op, layer), in order
   std::vector<CounterDesc> counters;
   std::vector<BufferDesc> buffers;
   std::vector<WeightRef> weights;
@@ -186,6 +223,10 @@ struct Plan {
   std::vector<uint32_t> router_ids_buffer;  // per layer: buffer-table index
 };
 
+// The schedulers' cost of one tile in bytes-equivalent (estimated bytes, scaled up for
+// compute-heavy tiles, plus PlanOptions::instr_overhead_bytes).
+double tile_cost(const Instr& in, const PlanOptions& o);
+
 // Compiles one decode step. `w` (optional) supplies the stored dtypes; without it matrices are
 // taken as bf16 and the router as fp32 (what make-model writes). Throws md::Error on options out
 // of range (batch 1..1024, workers 1..4096).
@@ -202,14 +243,14 @@ std::vector<std::string> validate_plan(const Plan& p);
 
 // Summary figures.
 struct PlanStats {
-  std::vector<int> instrs_per_op;         // [kNumOps]
-  std::vector<double> bytes_per_op;       // [kNumOps]
-  std::vector<double> bytes_per_worker;   // megakernel queues
+  std::vector<int> instrs_per_op;        // [kNumOps]
+  std::vector<double> bytes_per_op;      // [kNumOps]
+  std::vector<double> bytes_per_worker;  // megakernel queues
   std::vector<int> instrs_per_worker;
   double total_bytes = 0;
   // Longest chain of dependent instructions, weighted by estimated bytes.
   double critical_path_bytes = 0;
-  std::vector<uint32_t> critical_path;    // instruction ids, first to last
+  std::vector<uint32_t> critical_path;  // instruction ids, first to last
   // The scheduler's simulated makespan (bytes-equivalent incl. instruction overhead) and the
   // ideal total / W.
   double est_makespan = 0, est_ideal = 0;

@@ -10,17 +10,21 @@
 // worker's queue precedes i globally, so it is finished and i is at the head of that queue. Every
 // instruction i waits for (every signaller of its counters) also precedes i globally, so it is
 // finished and has signalled; i's waits are satisfied, so its worker runs it: a contradiction.
-// Hence every step completes, for any number of workers and any timing. The op-by-op executor
+// Hence every step completes, for any number of workers and any timing. The executor's
+// shortcuts keep the premises: a worker skips only waits that are met when reached (a repeat of
+// an earlier wait, or a counter only it signals, whose signals come earlier in its own queue),
+// and publishes every signal another worker waits for (PlanRuntime). The op-by-op executor
 // runs barrier phases in which no instruction waits on a counter signalled in its own phase
 // (again checked by validate_plan), so a phase only needs earlier phases, which the barriers
 // complete first.
 //
-// Memory ordering: a tile writes its outputs with plain stores, then increments its counter
-// with a release RMW; a consumer's acquire load that observes the target therefore happens
-// after every producer's writes (the RMWs of one counter form a release sequence). Chains of
-// waits compose (happens-before is transitive), which the plan relies on: a tile reads buffers
-// whose producers it reaches through several waits. Steps are separated by the thread pool's
-// fork-join, which orders one step's tiles before the next step's.
+// Memory ordering: a tile writes its outputs with plain stores, then publishes its signal with a
+// release store to its worker's slot of the counter (see PlanRuntime); a consumer's acquire load
+// that observes a producer worker's target synchronizes with the store that wrote it, which that
+// worker made after all its earlier tiles, so everything they wrote happens before the consumer
+// goes on. Chains of waits compose (happens-before is transitive), which the plan relies on: a
+// tile reads buffers whose producers it reaches through several waits. Steps are separated by the
+// thread pool's fork-join, which orders one step's tiles before the next step's.
 #include "megadecode/exec/executor.h"
 
 #include <fmt/format.h>
@@ -58,17 +62,15 @@ ExecutorKind parse_executor_kind(std::string_view name) {
 
 namespace {
 
-inline bool reached(uint32_t value, uint32_t target) { return int32_t(value - target) >= 0; }
+inline bool reached(uint32_t value, uint32_t target) {
+  return int32_t(value - target) >= 0;
+}
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
 }
-
-struct alignas(64) Counter {
-  std::atomic<uint32_t> v{0};
-};
 
 enum WorkerState : uint32_t { kIdle, kRunning, kWaiting, kAtBarrier, kStalled, kFinished };
 
@@ -80,20 +82,94 @@ struct alignas(64) WorkerStatus {
   std::atomic<uint32_t> instr{kNone};
   std::atomic<uint32_t> counter{kNone};
   std::atomic<uint32_t> target{0};
+  std::atomic<uint32_t> from{kNone};  // the worker whose signals it waits for (kNone: unreachable)
   std::atomic<uint32_t> phase{0};
+  // Written by the worker only, read by the host after the step.
+  double wait_s = 0;
+  std::array<double, plan::kNumOps> wait_by_op{};
+  std::array<double, plan::kNumOps> run_by_op{};
 };
 
 struct AlignedFree {
   void operator()(void* p) const { std::free(p); }
 };
 
+// A plan bound to this executor, with its counters. The counters are sharded by worker:
+// worker u counts its own signals of counter c in slot (u, c), which only u writes (a plain
+// release store: no locked read-modify-write, and signallers do not bounce one line between
+// them). A wait on c by worker v is satisfied when every other worker u that signals c has
+// published its n(u, c) signals of the step: slot(u, c) = (epoch + 1) * n(u, c). v's own
+// signals of c need no check: all of c's signallers precede its waiters in the global order, so
+// v's come earlier in v's own queue. The counter in the plan's sense is the sum of its slots; a
+// worker does not publish signals that no other worker waits for.
 struct PlanRuntime {
   plan::Plan plan;
   std::vector<exec::WeightView> weights;
-  std::unique_ptr<Counter[]> counters;
   uint32_t epoch = 0;
+  int W = 0;
+  size_t C = 0, stride = 0;
+  std::unique_ptr<std::atomic<uint32_t>[]> slots;                // [W][stride]
+  std::vector<uint8_t> publish;                                  // [W][C]
+  std::vector<std::vector<std::pair<int, uint32_t>>> producers;  // per counter: (u, n(u, c))
+  // Per megakernel queue position, the waits to check (bit k: wait[k]). A wait is skipped when
+  // the worker already waited for the same counter earlier in its queue, or when no other worker
+  // signals the counter.
+  std::vector<std::vector<uint8_t>> wait_mask;
+
+  std::atomic<uint32_t>& slot(int u, uint32_t c) { return slots[size_t(u) * stride + c]; }
+  uint32_t value(uint32_t c) {
+    uint32_t v = 0;
+    for (int u = 0; u < W; ++u) v += slot(u, c).load(std::memory_order_relaxed);
+    return v;
+  }
+
+  void prepare() {
+    W = plan.workers;
+    C = plan.counters.size();
+    stride = (C + 15) / 16 * 16;
+    slots = std::make_unique<std::atomic<uint32_t>[]>(size_t(W) * stride);
+    analyze();
+  }
+
+  void analyze() {
+    std::vector<uint32_t> n(size_t(W) * C, 0);
+    for (int w = 0; w < W; ++w)
+      for (const Instr& in : plan.queues[size_t(w)])
+        if (in.signal != kNone) ++n[size_t(w) * C + in.signal];
+    producers.assign(C, {});
+    for (size_t c = 0; c < C; ++c)
+      for (int u = 0; u < W; ++u)
+        if (n[size_t(u) * C + c]) producers[c].emplace_back(u, n[size_t(u) * C + c]);
+    publish.assign(size_t(W) * C, 0);
+    wait_mask.assign(size_t(W), {});
+    std::vector<char> seen(C);
+    for (int w = 0; w < W; ++w) {
+      std::fill(seen.begin(), seen.end(), 0);
+      for (const Instr& in : plan.queues[size_t(w)]) {
+        uint8_t m = 0;
+        for (int k = 0; k < 2; ++k) {
+          const Wait& wt = in.wait[k];
+          if (wt.counter == kNone) continue;
+          const uint32_t c = wt.counter;
+          if (wt.target > plan.counters[c].per_step) {  // unreachable: reported by the watchdog
+            m |= uint8_t(1u << k);
+            continue;
+          }
+          bool remote = false;
+          for (auto [u, cnt] : producers[c]) remote |= u != w;
+          if (seen[c] || !remote) continue;
+          seen[c] = 1;
+          m |= uint8_t(1u << k);
+          for (auto [u, cnt] : producers[c])
+            if (u != w) publish[size_t(u) * C + c] = 1;
+        }
+        wait_mask[size_t(w)].push_back(m);
+      }
+    }
+  }
+
   void reset_counters() {
-    for (size_t c = 0; c < plan.counters.size(); ++c) counters[c].v.store(0, std::memory_order_relaxed);
+    for (size_t i = 0; i < size_t(W) * stride; ++i) slots[i].store(0, std::memory_order_relaxed);
     epoch = 0;
   }
 };
@@ -138,54 +214,6 @@ struct DecodeExecutor::Impl {
 
   // ---- plans --------------------------------------------------------------------------------
 
-  static exec::WeightView bind(const ModelWeights& w, const plan::WeightRef& r) {
-    using plan::WeightKind;
-    auto mat = [](const Mat& m) { return exec::WeightView{m.data, m.dtype, m.rows, m.cols}; };
-    auto vec = [](const std::vector<float>& v) {
-      return exec::WeightView{v.data(), DType::F32, 1, int64_t(v.size())};
-    };
-    const LayerWeights* L = r.layer != plan::kNoLayer ? &w.layers[r.layer] : nullptr;
-    switch (r.kind) {
-      case WeightKind::kEmbed: return mat(w.embed);
-      case WeightKind::kLmHead: return mat(w.lm_head);
-      case WeightKind::kFinalNorm: return vec(w.final_norm);
-      case WeightKind::kInputNorm: return vec(L->input_norm);
-      case WeightKind::kPostAttnNorm: return vec(L->post_attn_norm);
-      case WeightKind::kKdaQ: return mat(L->kda.q);
-      case WeightKind::kKdaK: return mat(L->kda.k);
-      case WeightKind::kKdaV: return mat(L->kda.v);
-      case WeightKind::kKdaFA: return mat(L->kda.f_a);
-      case WeightKind::kKdaFB: return mat(L->kda.f_b);
-      case WeightKind::kKdaB: return mat(L->kda.b);
-      case WeightKind::kKdaGA: return mat(L->kda.g_a);
-      case WeightKind::kKdaGB: return mat(L->kda.g_b);
-      case WeightKind::kKdaO: return mat(L->kda.o);
-      case WeightKind::kKdaQConv: return vec(L->kda.q_conv);
-      case WeightKind::kKdaKConv: return vec(L->kda.k_conv);
-      case WeightKind::kKdaVConv: return vec(L->kda.v_conv);
-      case WeightKind::kKdaALog: return vec(L->kda.A_log);
-      case WeightKind::kKdaDtBias: return vec(L->kda.dt_bias);
-      case WeightKind::kKdaONorm: return vec(L->kda.o_norm);
-      case WeightKind::kMlaQ: return mat(L->mla.q);
-      case WeightKind::kMlaKvA: return mat(L->mla.kv_a);
-      case WeightKind::kMlaKvANorm: return vec(L->mla.kv_a_norm);
-      case WeightKind::kMlaKvB: return mat(L->mla.kv_b);
-      case WeightKind::kMlaO: return mat(L->mla.o);
-      case WeightKind::kDenseGate: return mat(L->dense.gate);
-      case WeightKind::kDenseUp: return mat(L->dense.up);
-      case WeightKind::kDenseDown: return mat(L->dense.down);
-      case WeightKind::kRouter: return mat(L->moe.router);
-      case WeightKind::kRouterBias: return vec(L->moe.router_bias);
-      case WeightKind::kSharedGate: return mat(L->moe.shared.gate);
-      case WeightKind::kSharedUp: return mat(L->moe.shared.up);
-      case WeightKind::kSharedDown: return mat(L->moe.shared.down);
-      case WeightKind::kExpertGate: return mat(L->moe.experts[r.expert].gate);
-      case WeightKind::kExpertUp: return mat(L->moe.experts[r.expert].up);
-      case WeightKind::kExpertDown: return mat(L->moe.experts[r.expert].down);
-    }
-    fail("decode plan: unknown weight kind {}", int(r.kind));
-  }
-
   PlanRuntime& runtime(int batch) {
     auto it = plans.find(batch);
     if (it != plans.end()) return *it->second;
@@ -195,11 +223,11 @@ struct DecodeExecutor::Impl {
     po.workers = W;
     rt->plan = plan::compile_decode_plan(model.config(), &model.weights(), po);
     for (const plan::WeightRef& r : rt->plan.weights) {
-      rt->weights.push_back(bind(model.weights(), r));
+      rt->weights.push_back(exec::bind_weight(model.weights(), r));
       MD_CHECK(rt->weights.back().data != nullptr, "decode plan: weight {} of layer {} is absent",
                plan::weight_kind_name(r.kind), r.layer);
     }
-    rt->counters = std::make_unique<Counter[]>(rt->plan.counters.size());
+    rt->prepare();
     const size_t nf = exec::scratch_floats(rt->plan), ni = exec::scratch_ints(rt->plan);
     for (exec::Scratch& s : scratch) {
       if (s.f.size() < nf) s.f.resize(nf);
@@ -227,12 +255,16 @@ struct DecodeExecutor::Impl {
   // Waits until pred(): spins (pause), then yields, then sleeps while nothing progresses.
   // Returns false on abort, or when no worker completed an instruction for the watchdog
   // timeout (the first worker to notice records the report and raises the abort flag).
+  // While waiting, the worker streams the weights of the tile it waits to run (pf).
   template <class Pred>
-  bool wait_until(const PlanRuntime& rt, Pred pred) {
+  bool wait_until(PlanRuntime& rt, Pred pred, exec::Prefetcher* pf = nullptr) {
     if (pred()) return true;
     const double t0 = now_seconds();
     for (int i = 1;; ++i) {
-      cpu_relax();
+      if (pf && !pf->done())
+        pf->step(4);
+      else
+        cpu_relax();
       if (pred()) return true;
       if ((i & 63) == 0) {
         if (abort.load(std::memory_order_relaxed)) return false;
@@ -244,6 +276,7 @@ struct DecodeExecutor::Impl {
     for (int idle = 0;; ++idle) {
       if (pred()) return true;
       if (abort.load(std::memory_order_relaxed)) return false;
+      if (pf && pf->step(64)) continue;
       if (idle < 2000)
         sched_yield();
       else
@@ -261,7 +294,7 @@ struct DecodeExecutor::Impl {
     }
   }
 
-  void report_stuck(const PlanRuntime& rt, double idle_s) {
+  void report_stuck(PlanRuntime& rt, double idle_s) {
     const plan::Plan& p = rt.plan;
     std::string m = fmt::format(
         "decode step stuck: no instruction completed for {:.1f} s ({}, batch {}, {} workers)",
@@ -277,16 +310,23 @@ struct DecodeExecutor::Impl {
         case kWaiting: {
           const uint32_t c = s.counter.load(std::memory_order_relaxed);
           const uint32_t tgt = s.target.load(std::memory_order_relaxed);
+          const uint32_t from = s.from.load(std::memory_order_relaxed);
           if (c >= p.counters.size()) {
             m += fmt::format("waits in instruction {}", where);
             break;
           }
           const plan::CounterDesc& cd = p.counters[c];
           m += fmt::format(
-              "waits in instruction {} for counter c{} ({} {} group {}) = {} < target {}", where,
-              c, plan::op_name(cd.op),
+              "waits in instruction {} for counter c{} ({} {} group {}, {} signals per "
+              "step)",
+              where, c, plan::op_name(cd.op),
               cd.layer == plan::kNoLayer ? std::string("--") : fmt::format("L{}", cd.layer),
-              cd.group, rt.counters[c].v.load(std::memory_order_relaxed), tgt);
+              cd.group, cd.per_step);
+          if (from == kNone)
+            m += fmt::format(" to reach {} at epoch {}: unreachable", tgt, rt.epoch);
+          else
+            m += fmt::format(": worker {} has published {} of {}", from,
+                             rt.slot(int(from), c).load(std::memory_order_relaxed), tgt);
           break;
         }
         case kAtBarrier:
@@ -319,52 +359,94 @@ struct DecodeExecutor::Impl {
   }
 
   // A tile flagged by the test hook: waits for something that never happens.
-  void stall(const PlanRuntime& rt, WorkerStatus& st) {
+  void stall(PlanRuntime& rt, WorkerStatus& st) {
     st.state.store(kStalled, std::memory_order_relaxed);
     wait_until(rt, [] { return false; });
   }
 
   // ---- the two executors --------------------------------------------------------------------
 
+  void run_tile(const exec::StepCtx& ctx, const Instr& in, exec::Scratch& sc, WorkerStatus& st) {
+    if (!opt.profile) return exec::run_instr(ctx, in, sc);
+    const double t0 = now_seconds();
+    exec::run_instr(ctx, in, sc);
+    st.run_by_op[size_t(in.op)] += now_seconds() - t0;
+  }
+
   void run_megakernel(const exec::StepCtx& ctx, PlanRuntime& rt, int w) {
     const std::vector<Instr>& q = rt.plan.queues[size_t(w)];
     exec::Scratch& sc = scratch[size_t(w)];
     WorkerStatus& st = status[w];
+    exec::Prefetcher pf;
     uint64_t done = st.progress.load(std::memory_order_relaxed);
+    if (!q.empty()) pf.start(ctx, q[0]);
+    const std::vector<uint8_t>& mask = rt.wait_mask[size_t(w)];
     for (size_t i = 0; i < q.size(); ++i) {
       const Instr& in = q[i];
       st.instr.store(in.id, std::memory_order_relaxed);
-      for (const Wait& wt : in.wait) {
-        if (wt.counter == kNone) continue;
-        const std::atomic<uint32_t>& c = rt.counters[wt.counter].v;
-        const uint32_t target = wt.target + rt.epoch * rt.plan.counters[wt.counter].per_step;
-        if (reached(c.load(std::memory_order_acquire), target)) continue;
-        st.counter.store(wt.counter, std::memory_order_relaxed);
-        st.target.store(target, std::memory_order_relaxed);
-        st.state.store(kWaiting, std::memory_order_relaxed);
-        const bool ok =
-            wait_until(rt, [&] { return reached(c.load(std::memory_order_acquire), target); });
-        st.state.store(kRunning, std::memory_order_relaxed);
-        if (!ok) return;
+      for (int k = 0; k < 2; ++k) {
+        if (!(mask[i] & (1u << k))) continue;
+        const Wait& wt = in.wait[k];
+        const uint32_t c = wt.counter;
+        if (wt.target > rt.plan.counters[c].per_step) {  // can never be met: let the watchdog tell
+          st.counter.store(c, std::memory_order_relaxed);
+          st.target.store(wt.target + rt.epoch * rt.plan.counters[c].per_step,
+                          std::memory_order_relaxed);
+          st.from.store(kNone, std::memory_order_relaxed);
+          st.state.store(kWaiting, std::memory_order_relaxed);
+          wait_until(
+              rt, [] { return false; }, &pf);
+          return;
+        }
+        for (auto [u, n] : rt.producers[c]) {
+          if (u == w) continue;
+          const std::atomic<uint32_t>& sl = rt.slot(u, c);
+          const uint32_t target = (rt.epoch + 1) * n;
+          if (reached(sl.load(std::memory_order_acquire), target)) continue;
+          st.counter.store(c, std::memory_order_relaxed);
+          st.target.store(target, std::memory_order_relaxed);
+          st.from.store(uint32_t(u), std::memory_order_relaxed);
+          st.state.store(kWaiting, std::memory_order_relaxed);
+          const double t0 = now_seconds();
+          const bool ok = wait_until(
+              rt, [&] { return reached(sl.load(std::memory_order_acquire), target); }, &pf);
+          const double dt = now_seconds() - t0;
+          st.wait_s += dt;
+          st.wait_by_op[size_t(in.op)] += dt;
+          st.state.store(kRunning, std::memory_order_relaxed);
+          if (!ok) return;
+        }
       }
       if (in.flags & plan::kFlagTestStall) return stall(rt, st);
-      exec::run_instr(ctx, in, sc);
-      if (in.signal != kNone) rt.counters[in.signal].v.fetch_add(1, std::memory_order_release);
+      run_tile(ctx, in, sc, st);
+      if (in.signal != kNone && rt.publish[size_t(w) * rt.C + in.signal]) {
+        std::atomic<uint32_t>& sl = rt.slot(w, in.signal);
+        sl.store(sl.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+      }
       st.progress.store(++done, std::memory_order_relaxed);
-      if (i + 1 < q.size()) exec::prefetch_instr(ctx, q[i + 1]);
+      if (i + 1 < q.size()) {
+        pf.start(ctx, q[i + 1]);
+        pf.step(32);
+      }
     }
     st.state.store(kFinished, std::memory_order_relaxed);
   }
 
-  bool barrier(const PlanRuntime& rt, WorkerStatus& st, uint32_t phase) {
+  bool barrier(PlanRuntime& rt, WorkerStatus& st, uint32_t phase, exec::Prefetcher& pf) {
     st.phase.store(phase, std::memory_order_relaxed);
     st.state.store(kAtBarrier, std::memory_order_relaxed);
     const uint32_t g = bar_gen.load(std::memory_order_acquire);
     if (bar_count.fetch_add(1, std::memory_order_acq_rel) == uint32_t(W - 1)) {
       bar_count.store(0, std::memory_order_relaxed);
       bar_gen.store(g + 1, std::memory_order_release);
-    } else if (!wait_until(rt, [&] { return bar_gen.load(std::memory_order_acquire) != g; })) {
-      return false;
+    } else {
+      const double t0 = now_seconds();
+      const bool ok = wait_until(
+          rt, [&] { return bar_gen.load(std::memory_order_acquire) != g; }, &pf);
+      const double dt = now_seconds() - t0;
+      st.wait_s += dt;
+      st.wait_by_op[size_t(rt.plan.stages[rt.plan.phases[phase].second - 1].op)] += dt;
+      if (!ok) return false;
     }
     st.state.store(kRunning, std::memory_order_relaxed);
     return true;
@@ -376,25 +458,31 @@ struct DecodeExecutor::Impl {
     WorkerStatus& st = status[w];
     uint64_t done = st.progress.load(std::memory_order_relaxed);
     const size_t nph = p.phase_instrs.size();
+    exec::Prefetcher pf;
+    // My next tile after position j of phase ph (in this phase or a later one), if any.
+    auto next_tile = [&](size_t ph, size_t j) -> const Instr* {
+      if (j + 1 < p.phase_instrs[ph][size_t(w)].size())
+        return &p.instrs[p.phase_instrs[ph][size_t(w)][j + 1]];
+      for (size_t nx = ph + 1; nx < nph; ++nx)
+        if (!p.phase_instrs[nx][size_t(w)].empty())
+          return &p.instrs[p.phase_instrs[nx][size_t(w)][0]];
+      return nullptr;
+    };
+    if (const Instr* first = next_tile(0, size_t(-1))) pf.start(ctx, *first);
     for (size_t ph = 0; ph < nph; ++ph) {
       const std::vector<uint32_t>& mine = p.phase_instrs[ph][size_t(w)];
       for (size_t j = 0; j < mine.size(); ++j) {
         const Instr& in = p.instrs[mine[j]];
         st.instr.store(in.id, std::memory_order_relaxed);
         if (in.flags & plan::kFlagTestStall) return stall(rt, st);
-        exec::run_instr(ctx, in, sc);
+        run_tile(ctx, in, sc, st);
         st.progress.store(++done, std::memory_order_relaxed);
-        if (j + 1 < mine.size()) {
-          exec::prefetch_instr(ctx, p.instrs[mine[j + 1]]);
-        } else {
-          for (size_t nx = ph + 1; nx < nph; ++nx)
-            if (!p.phase_instrs[nx][size_t(w)].empty()) {
-              exec::prefetch_instr(ctx, p.instrs[p.phase_instrs[nx][size_t(w)][0]]);
-              break;
-            }
+        if (const Instr* nx = next_tile(ph, j)) {
+          pf.start(ctx, *nx);
+          pf.step(32);
         }
       }
-      if (ph + 1 < nph && W > 1 && !barrier(rt, st, uint32_t(ph))) return;
+      if (ph + 1 < nph && W > 1 && !barrier(rt, st, uint32_t(ph), pf)) return;
     }
     st.state.store(kFinished, std::memory_order_relaxed);
   }
@@ -407,8 +495,8 @@ struct DecodeExecutor::Impl {
     const int B = int(seqs.size());
     MD_CHECK(B >= 1 && B <= max_batch, "decode step: batch of {} sequences is outside 1..{}", B,
              max_batch);
-    MD_CHECK(tokens.size() == seqs.size(), "decode step: {} tokens for {} sequences",
-             tokens.size(), seqs.size());
+    MD_CHECK(tokens.size() == seqs.size(), "decode step: {} tokens for {} sequences", tokens.size(),
+             seqs.size());
     MD_CHECK(logits != nullptr, "decode step: no logits buffer");
     const size_t state = size_t(c.kda_num_heads) * c.kda_head_dim * c.kda_head_dim;
     const size_t conv = size_t(3) * size_t(c.kda_conv_size - 1) * size_t(c.kda_dim());
@@ -426,9 +514,9 @@ struct DecodeExecutor::Impl {
                "decode step: sequence {} was not made by this model", b);
       for (int l = 0; l < c.num_layers; ++l) {
         if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
-          MD_CHECK(s->kda_state[size_t(l)].size() == state &&
-                       s->conv_cache[size_t(l)].size() == conv,
-                   "decode step: sequence {} has a KDA state of the wrong size in layer {}", b, l);
+          MD_CHECK(
+              s->kda_state[size_t(l)].size() == state && s->conv_cache[size_t(l)].size() == conv,
+              "decode step: sequence {} has a KDA state of the wrong size in layer {}", b, l);
         } else {
           MD_CHECK(s->mla_cache[size_t(l)].size() == size_t(s->pos) * size_t(c.mla_cache_width()),
                    "decode step: sequence {} has {} latent-cache values in layer {} for position "
@@ -489,7 +577,11 @@ struct DecodeExecutor::Impl {
     for (int w = 0; w < W; ++w) {
       status[w].state.store(kIdle, std::memory_order_relaxed);
       status[w].instr.store(kNone, std::memory_order_relaxed);
+      status[w].wait_s = 0;
+      status[w].wait_by_op.fill(0.0);
+      status[w].run_by_op.fill(0.0);
     }
+    const double t_start = now_seconds();
     try {
       pool->run([&](int w, int) {
         try {
@@ -510,9 +602,18 @@ struct DecodeExecutor::Impl {
       bar_count.store(0, std::memory_order_relaxed);
       throw Error(err.empty() ? std::string("decode step failed") : err);
     }
+    const double t_run = now_seconds() - t_start;
     ++rt.epoch;
     for (SequenceState* s : seqs) ++s->pos;
     compute_stats(rt, seqs);
+    stats.seconds = t_run;
+    for (int w = 0; w < W; ++w) {
+      stats.wait_seconds += status[w].wait_s;
+      for (int op = 0; op < plan::kNumOps; ++op) {
+        stats.wait_by_op[size_t(op)] += status[w].wait_by_op[size_t(op)];
+        stats.run_by_op[size_t(op)] += status[w].run_by_op[size_t(op)];
+      }
+    }
   }
 
   void compute_stats(const PlanRuntime& rt, std::span<SequenceState* const> seqs) {
@@ -541,44 +642,6 @@ struct DecodeExecutor::Impl {
   }
 };
 
-StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
-                            int distinct_experts) {
-  const ModelConfig& c = m.config();
-  const ModelWeights& w = m.weights();
-  // Every matrix but the experts and the embedding table (one row per sequence).
-  double fixed = double(w.lm_head.bytes()), expert = 0;
-  for (int l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& L = w.layers[size_t(l)];
-    if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
-      const KdaWeights& k = L.kda;
-      for (const Mat* x : {&k.q, &k.k, &k.v, &k.f_a, &k.f_b, &k.b, &k.g_a, &k.g_b, &k.o})
-        fixed += double(x->bytes());
-    } else {
-      for (const Mat* x : {&L.mla.q, &L.mla.kv_a, &L.mla.kv_b, &L.mla.o}) fixed += double(x->bytes());
-    }
-    if (c.ffn_kind[size_t(l)] == FfnKind::Dense) {
-      fixed += double(L.dense.bytes());
-    } else {
-      fixed += double(L.moe.router.bytes());
-      if (L.moe.has_shared) fixed += double(L.moe.shared.bytes());
-      expert = double(L.moe.experts[0].bytes());
-    }
-  }
-  StepStats s;
-  s.batch = int(positions.size());
-  s.distinct_experts = distinct_experts;
-  s.weight_bytes = fixed + double(s.batch) * double(c.hidden_size) * 2 +
-                   double(distinct_experts) * expert;
-  const double per_seq_state =
-      double(c.num_kda_layers()) *
-      (2.0 * 4 * double(c.kda_num_heads) * c.kda_head_dim * c.kda_head_dim +
-       2.0 * 4 * 3 * double(c.kda_dim()) * (c.kda_conv_size - 1));
-  s.state_bytes = per_seq_state * s.batch;
-  for (int64_t p : positions)
-    s.cache_bytes += double(c.num_mla_layers()) * double(p + 1) * double(c.mla_cache_width()) * 4;
-  return s;
-}
-
 DecodeExecutor::DecodeExecutor(Model& model, int max_batch, int workers, ExecutorKind kind)
     : DecodeExecutor(model, max_batch, kind, [&] {
         ExecutorOptions o;
@@ -603,10 +666,18 @@ const plan::Plan& DecodeExecutor::plan(int batch) {
   return impl_->runtime(batch).plan;
 }
 
-int DecodeExecutor::workers() const { return impl_->W; }
-int DecodeExecutor::max_batch() const { return impl_->max_batch; }
-ExecutorKind DecodeExecutor::kind() const { return impl_->kind; }
-const StepStats& DecodeExecutor::last_step_stats() const { return impl_->stats; }
+int DecodeExecutor::workers() const {
+  return impl_->W;
+}
+int DecodeExecutor::max_batch() const {
+  return impl_->max_batch;
+}
+ExecutorKind DecodeExecutor::kind() const {
+  return impl_->kind;
+}
+const StepStats& DecodeExecutor::last_step_stats() const {
+  return impl_->stats;
+}
 void DecodeExecutor::set_watchdog_seconds(double s) {
   MD_CHECK(s > 0, "executor: the watchdog timeout must be positive");
   impl_->opt.watchdog_seconds = s;
@@ -620,8 +691,12 @@ void DecodeExecutor::edit_instr_for_testing(int batch, uint32_t id,
   for (auto& q : rt.plan.queues)
     for (Instr& in : q)
       if (in.id == id) in = rt.plan.instrs[id];
+  rt.analyze();
+  rt.reset_counters();
 }
 
-void DecodeExecutor::drop_plans() { impl_->plans.clear(); }
+void DecodeExecutor::drop_plans() {
+  impl_->plans.clear();
+}
 
 }  // namespace md

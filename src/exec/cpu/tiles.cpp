@@ -116,8 +116,7 @@ void gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc)
 }
 
 // [tokens, embed, x0, norm, h0]
-void embed_tile(const StepCtx& s, const Instr& in, const Args& a) {
-  const int b = in.seq;
+void embed_seq(const StepCtx& s, const Args& a, int b) {
   const int64_t D = s.cfg->hidden_size;
   const WeightView& e = a.w(1);
   const int32_t tok = s.tokens[b];
@@ -132,25 +131,31 @@ void embed_tile(const StepCtx& s, const Instr& in, const Args& a) {
   cpu::rmsnorm(x, a.vec(3), D, s.eps, a.f(4, b), s.rnd);
 }
 
+// [tokens, embed, x0, norm, h0]; sequences [r0, r1).
+void embed_tile(const StepCtx& s, const Instr& in, const Args& a) {
+  for (int b = int(in.r0); b < int(in.r1); ++b) embed_seq(s, a, b);
+}
+
 // [q, k, v, fa, ga, braw, o, f_b, g_b, q_conv, k_conv, v_conv, A_log, dt_bias, o_norm,
-//  kda_state, conv_cache]: head r0 of sequence seq (Impl::kda for T == 1).
+//  kda_state, conv_cache]: heads [r0, r1) of sequence seq (Impl::kda for T == 1; every step is
+// per channel or per head, so a head range computes exactly what the whole layer does there).
 void kda_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
   const ModelConfig& c = *s.cfg;
-  const int b = in.seq, h = int(in.r0);
+  const int b = in.seq, h0 = int(in.r0), h1 = int(in.r1);
   const int K = c.kda_head_dim, Wc = c.kda_conv_size;
-  const int64_t C = c.kda_dim(), c0 = int64_t(h) * K, c1 = c0 + K;
+  const int64_t C = c.kda_dim(), c0 = int64_t(h0) * K, c1 = int64_t(h1) * K, n = c1 - c0;
   // Channel-indexed scratch (the kernels take absolute channel indices).
   float* f = sc.f.data();
   float* gate = f + C;
   float* qc = gate + C;
   float* kc = qc + C;
   float* vc = kc + C;
-  // f = round(f_b fa), gate = round(g_b ga), rows of this head.
-  gemv_rows(a.w(7), c0, c1, a.f(3, b), 1, a.ld(3), f + c0, K, s.rnd);
-  gemv_rows(a.w(8), c0, c1, a.f(4, b), 1, a.ld(4), gate + c0, K, s.rnd);
-  maybe_round(f + c0, K, s.rnd);
-  maybe_round(gate + c0, K, s.rnd);
-  // Short convolutions + SiLU on this head's channels, then the decay gate.
+  // f = round(f_b fa), gate = round(g_b ga) on these heads' rows.
+  gemv_rows(a.w(7), c0, c1, a.f(3, b), 1, a.ld(3), f + c0, n, s.rnd);
+  gemv_rows(a.w(8), c0, c1, a.f(4, b), 1, a.ld(4), gate + c0, n, s.rnd);
+  maybe_round(f + c0, n, s.rnd);
+  maybe_round(gate + c0, n, s.rnd);
+  // Short convolutions + SiLU on these channels, then the decay gate.
   const SeqView& sv = a.seq(b);
   const int64_t cstride = int64_t(Wc - 1) * C;
   cpu::short_conv_decode(a.f(0, b), sv.conv_cache, a.vec(9), Wc, C, c0, c1, qc, s.rnd);
@@ -158,27 +163,31 @@ void kda_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
   cpu::short_conv_decode(a.f(2, b), sv.conv_cache + 2 * cstride, a.vec(11), Wc, C, c0, c1, vc,
                          s.rnd);
   cpu::kda_decay_gate(f, a.vec(12), a.vec(13), K, c0, c1);
-  float beta = cpu::sigmoidf(a.f(5, b)[h]);
-  if (s.rnd) beta = round_bf16(beta);
-  // Delta rule, then round(o), gated norm, round(o).
+  // Delta rule per head, then round(o), gated norm, round(o).
   float* o = a.f(6, b);
-  cpu::kda_decode_head(sv.kda_state + int64_t(h) * K * K, qc + c0, kc + c0, vc + c0, f + c0, beta,
-                       K, o + c0);
-  maybe_round(o + c0, K, s.rnd);
-  cpu::kda_gated_norm(o, gate, a.vec(14), K, h, h + 1, s.eps);
-  maybe_round(o + c0, K, s.rnd);
+  const float* braw = a.f(5, b);
+  for (int h = h0; h < h1; ++h) {
+    float beta = cpu::sigmoidf(braw[h]);
+    if (s.rnd) beta = round_bf16(beta);
+    const int64_t ch = int64_t(h) * K;
+    cpu::kda_decode_head(sv.kda_state + ch * K, qc + ch, kc + ch, vc + ch, f + ch, beta, K, o + ch);
+  }
+  maybe_round(o + c0, n, s.rnd);
+  cpu::kda_gated_norm(o, gate, a.vec(14), K, h0, h1, s.eps);
+  maybe_round(o + c0, n, s.rnd);
 }
 
 // [a, kv_a_norm, mla_cache]: the new cache row of sequence seq.
 void mla_latent_tile(const StepCtx& s, const Instr& in, const Args& a) {
   const ModelConfig& c = *s.cfg;
-  const int b = in.seq;
   const int R = c.kv_lora_rank;
   const int64_t CW = c.mla_cache_width();
-  float* row = a.seq(b).mla_cache + s.pos[b] * CW;
-  const float* x = a.f(0, b);
-  cpu::rmsnorm(x, a.vec(1), R, s.latent_eps, row, s.rnd);
-  std::copy(x + R, x + CW, row + R);
+  for (int b = int(in.r0); b < int(in.r1); ++b) {
+    float* row = a.seq(b).mla_cache + s.pos[b] * CW;
+    const float* x = a.f(0, b);
+    cpu::rmsnorm(x, a.vec(1), R, s.latent_eps, row, s.rnd);
+    std::copy(x + R, x + CW, row + R);
+  }
 }
 
 // [q, kv_b, mla_cache, att]: heads [r0, r1) of sequence seq over its cache rows [0, pos].
@@ -188,24 +197,26 @@ void mla_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
   const cpu::MlaDims d{c.mla_num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
                        c.kv_lora_rank};
   float* att = a.f(3, b);
-  cpu::mla_decode_absorbed(a.f(0, b), a.seq(b).mla_cache, c.mla_cache_width(),
-                           int(s.pos[b] + 1), static_cast<const bf16*>(a.w(1).data), d,
-                           int(in.r0), int(in.r1), att, sc.f.data());
+  cpu::mla_decode_absorbed(a.f(0, b), a.seq(b).mla_cache, c.mla_cache_width(), int(s.pos[b] + 1),
+                           static_cast<const bf16*>(a.w(1).data), d, int(in.r0), int(in.r1), att,
+                           sc.f.data());
   maybe_round(att + int64_t(in.r0) * d.V, int64_t(in.r1 - in.r0) * d.V, s.rnd);
 }
 
 // [x_mid, norm, h2]
 void ffn_norm_tile(const StepCtx& s, const Instr& in, const Args& a) {
-  cpu::rmsnorm(a.f(0, in.seq), a.vec(1), s.cfg->hidden_size, s.eps, a.f(2, in.seq), s.rnd);
+  for (int b = int(in.r0); b < int(in.r1); ++b)
+    cpu::rmsnorm(a.f(0, b), a.vec(1), s.cfg->hidden_size, s.eps, a.f(2, b), s.rnd);
 }
 
 // [h2, router, bias, ids, wts]
 void router_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
-  const int b = in.seq;
   const int E = s.cfg->num_experts;
-  float* logits = sc.f.data();
-  gemv_rows(a.w(1), 0, E, a.f(0, b), 1, a.ld(0), logits, E, s.rnd);
-  cpu::route_topk(logits, a.vec(2), s.router, a.ints(3, b), a.f(4, b));
+  const int b0 = int(in.r0), n = int(in.r1) - b0;
+  float* logits = sc.f.data();  // [n][E]
+  gemv_rows(a.w(1), 0, E, a.f(0, b0), n, a.ld(0), logits, E, s.rnd);
+  for (int i = 0; i < n; ++i)
+    cpu::route_topk(logits + int64_t(i) * E, a.vec(2), s.router, a.ints(3, b0 + i), a.f(4, b0 + i));
 }
 
 // The u-th distinct expert chosen by the batch (ascending id) and the (sequence, slot) pairs
@@ -295,8 +306,7 @@ void expert_down_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch&
 // MoE: [x_mid, wts, dn, shared_out, x_next, norm, h_next]; dense: [x_mid, out, x_next, norm,
 // h_next]. The routed sum runs over the sequence's experts in ascending id with a rounding
 // after each product and each add (Impl::moe), then the shared expert, then the residual.
-void combine_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
-  const int b = in.seq;
+void combine_seq(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc, int b) {
   const int64_t D = s.cfg->hidden_size;
   const bool moe = in.flags & plan::kFlagMoeCombine;
   const int xn = moe ? 4 : 2, nn = moe ? 5 : 3, hn = moe ? 6 : 4;
@@ -323,6 +333,10 @@ void combine_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc)
   cpu::rmsnorm(x, a.vec(nn), D, s.eps, a.f(hn, b), s.rnd);
 }
 
+void combine_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  for (int b = int(in.r0); b < int(in.r1); ++b) combine_seq(s, in, a, sc, b);
+}
+
 }  // namespace
 
 size_t scratch_floats(const plan::Plan& p) {
@@ -330,12 +344,12 @@ size_t scratch_floats(const plan::Plan& p) {
   const int64_t B = p.batch, D = c.hidden_size;
   const int64_t I = std::max({c.intermediate_size, c.moe_intermediate_size,
                               c.moe_intermediate_size * std::max(c.num_shared_experts, 1)});
-  int64_t n = 2 * D;                                   // combine
-  n = std::max<int64_t>(n, 5 * c.kda_dim());           // kda core
-  n = std::max<int64_t>(n, c.num_experts);             // router
-  n = std::max<int64_t>(n, 2 * B * I);                 // gate/up
-  n = std::max<int64_t>(n, B * D + 2 * B * I);         // expert gate/up (+ gathered inputs)
-  n = std::max<int64_t>(n, B * I + B * D);             // expert down
+  int64_t n = 2 * D;                            // combine
+  n = std::max<int64_t>(n, 5 * c.kda_dim());    // kda core
+  n = std::max<int64_t>(n, B * c.num_experts);  // router (a range of sequences)
+  n = std::max<int64_t>(n, 2 * B * I);          // gate/up
+  n = std::max<int64_t>(n, B * D + 2 * B * I);  // expert gate/up (+ gathered inputs)
+  n = std::max<int64_t>(n, B * I + B * D);      // expert down
   const int64_t mla = int64_t(c.mla_num_heads) * (2 * c.kv_lora_rank + c.qk_rope_head_dim + 2) + 64;
   n = std::max<int64_t>(n, mla);
   return size_t(n + 64);
@@ -348,30 +362,57 @@ size_t scratch_ints(const plan::Plan& p) {
 void run_instr(const StepCtx& s, const Instr& in, Scratch& sc) {
   const Args a{s, s.plan->buffers.data() + in.args, in.layer};
   switch (in.op) {
-    case Op::kEmbed: return embed_tile(s, in, a);
+    case Op::kEmbed:
+      return embed_tile(s, in, a);
     case Op::kKdaProj:
     case Op::kMlaProj:
     case Op::kDenseDown:
     case Op::kSharedDown:
-    case Op::kLmHead: return gemv_tile(s, in, a);
-    case Op::kKdaCore: return kda_core_tile(s, in, a, sc);
-    case Op::kMlaLatent: return mla_latent_tile(s, in, a);
-    case Op::kMlaCore: return mla_core_tile(s, in, a, sc);
-    case Op::kAttnOut: return attn_out_tile(s, in, a);
-    case Op::kFfnNorm: return ffn_norm_tile(s, in, a);
-    case Op::kRouter: return router_tile(s, in, a, sc);
+    case Op::kLmHead:
+      return gemv_tile(s, in, a);
+    case Op::kKdaCore:
+      return kda_core_tile(s, in, a, sc);
+    case Op::kMlaLatent:
+      return mla_latent_tile(s, in, a);
+    case Op::kMlaCore:
+      return mla_core_tile(s, in, a, sc);
+    case Op::kAttnOut:
+      return attn_out_tile(s, in, a);
+    case Op::kFfnNorm:
+      return ffn_norm_tile(s, in, a);
+    case Op::kRouter:
+      return router_tile(s, in, a, sc);
     case Op::kDenseGateUp:
-    case Op::kSharedGateUp: return gate_up_tile(s, in, a, sc);
-    case Op::kExpertGateUp: return expert_gate_up_tile(s, in, a, sc);
-    case Op::kExpertDown: return expert_down_tile(s, in, a, sc);
-    case Op::kCombine: return combine_tile(s, in, a, sc);
-    case Op::kCount: break;
+    case Op::kSharedGateUp:
+      return gate_up_tile(s, in, a, sc);
+    case Op::kExpertGateUp:
+      return expert_gate_up_tile(s, in, a, sc);
+    case Op::kExpertDown:
+      return expert_down_tile(s, in, a, sc);
+    case Op::kCombine:
+      return combine_tile(s, in, a, sc);
+    case Op::kCount:
+      break;
   }
   fail("decode plan: instruction #{} has an unknown opcode {}", in.id, int(in.op));
 }
 
-void prefetch_instr(const StepCtx& s, const Instr& in) {
+void Prefetcher::add(const void* base, size_t row_bytes, uint32_t rows) {
+  if (n_ < 3 && base && row_bytes && rows)
+    r_[n_++] = Range{static_cast<const char*>(base), row_bytes, rows};
+}
+
+void Prefetcher::start(const StepCtx& s, const Instr& in) {
+  n_ = cur_ = 0;
+  group_ = row_ = 0;
+  col_ = 0;
+  budget_ = size_t{1} << 20;  // at most half a core's L2 ahead
   const BufferDesc* a = s.plan->buffers.data() + in.args;
+  auto rows_of = [&](int i, uint32_t r0, uint32_t r1) {
+    const WeightView& w = s.weights[a[i].offset];
+    const size_t rb = size_t(w.cols) * dtype_size(w.dtype);
+    add(static_cast<const char*>(w.data) + size_t(r0) * rb, rb, r1 - r0);
+  };
   switch (in.op) {
     case Op::kKdaProj:
     case Op::kMlaProj:
@@ -379,22 +420,53 @@ void prefetch_instr(const StepCtx& s, const Instr& in) {
     case Op::kSharedDown:
     case Op::kLmHead:
     case Op::kAttnOut:
+      rows_of(0, in.r0, in.r1);
+      break;
     case Op::kDenseGateUp:
-    case Op::kSharedGateUp: {
-      // The first lines of the tile's first rows: each row is one stream of the GEMV kernel.
-      const WeightView& w = s.weights[a[0].offset];
-      const size_t row_bytes = size_t(w.cols) * dtype_size(w.dtype);
-      const auto* base = static_cast<const char*>(w.data) + size_t(in.r0) * row_bytes;
-      const uint32_t rows = std::min<uint32_t>(in.r1 - in.r0, 16);
-      for (uint32_t r = 0; r < rows; ++r) {
-        __builtin_prefetch(base + size_t(r) * row_bytes, 0, 3);
-        __builtin_prefetch(base + size_t(r) * row_bytes + 64, 0, 3);
-      }
+    case Op::kSharedGateUp:
+      rows_of(0, in.r0, in.r1);
+      rows_of(1, in.r0, in.r1);
+      break;
+    case Op::kKdaCore: {
+      const int K = s.cfg->kda_head_dim;
+      rows_of(7, in.r0 * K, in.r1 * K);
+      rows_of(8, in.r0 * K, in.r1 * K);
+      // This sequence's state of these heads (contiguous).
+      const float* S = s.seqs[size_t(in.seq) * size_t(s.cfg->num_layers) + in.layer].kda_state;
+      add(S + size_t(in.r0) * K * K, size_t(K) * K * 4, in.r1 - in.r0);
+      break;
+    }
+    case Op::kMlaCore: {
+      const int NV = s.cfg->qk_nope_head_dim + s.cfg->v_head_dim;
+      rows_of(1, in.r0 * NV, in.r1 * NV);
       break;
     }
     default:
       break;  // expert ids are known only at run time; the other tiles are small
   }
+}
+
+bool Prefetcher::step(int lines) {
+  while (lines > 0 && cur_ < n_) {
+    const Range& r = r_[cur_];
+    const uint32_t g0 = group_ * 16, gn = std::min<uint32_t>(16, r.rows - g0);
+    __builtin_prefetch(r.base + size_t(g0 + row_) * r.row_bytes + col_, 0, 2);
+    --lines;
+    if (budget_ <= 64) {
+      cur_ = n_;
+      break;
+    }
+    budget_ -= 64;
+    if (++row_ < gn) continue;
+    row_ = 0;
+    col_ += 64;
+    if (col_ < r.row_bytes) continue;
+    col_ = 0;
+    if (++group_ * 16 < r.rows) continue;
+    group_ = 0;
+    ++cur_;
+  }
+  return cur_ < n_;
 }
 
 }  // namespace md::exec

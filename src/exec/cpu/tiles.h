@@ -6,6 +6,7 @@
 #include "megadecode/base/dtype.h"
 #include "megadecode/kernels/cpu/ops.h"
 #include "megadecode/model/config.h"
+#include "megadecode/model/weights.h"
 #include "megadecode/plan/plan.h"
 
 namespace md::exec {
@@ -49,7 +50,32 @@ size_t scratch_ints(const plan::Plan& p);
 
 void run_instr(const StepCtx& s, const plan::Instr& in, Scratch& sc);
 
-// Hints the first cache lines of the tile's weights (the tile after the current one).
-void prefetch_instr(const StepCtx& s, const plan::Instr& in);
+// The model memory a weight-table entry names (bind.cpp).
+WeightView bind_weight(const ModelWeights& w, const plan::WeightRef& r);
+
+// Streams a tile's weights towards the core (L2) ahead of the tile: set up when the previous
+// tile is done, advanced a few lines at a time while the worker waits for the tile's inputs, so
+// that waiting time becomes memory traffic. Lines come in the order the GEMV kernel reads them
+// (16-row groups, 64-byte column chunks, row by row), so a partial prefetch is the useful part.
+class Prefetcher {
+ public:
+  // The tile's weight ranges (none for tiles whose weights are chosen at run time).
+  void start(const StepCtx& s, const plan::Instr& in);
+  // Issues up to `lines` prefetches; false when the tile is covered (or the budget is spent).
+  bool step(int lines);
+  bool done() const { return cur_ >= n_; }
+
+ private:
+  struct Range {
+    const char* base = nullptr;
+    size_t row_bytes = 0;
+    uint32_t rows = 0;
+  };
+  void add(const void* base, size_t row_bytes, uint32_t rows);
+  Range r_[3];
+  int n_ = 0, cur_ = 0;
+  uint32_t group_ = 0, row_ = 0;
+  size_t col_ = 0, budget_ = 0;
+};
 
 }  // namespace md::exec

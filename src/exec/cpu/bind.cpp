@@ -1,0 +1,134 @@
+// Binding the plan's weight table to a loaded model, and the bytes a step moves.
+#include "megadecode/base/error.h"
+#include "megadecode/exec/executor.h"
+#include "tiles.h"
+
+namespace md {
+namespace exec {
+
+WeightView bind_weight(const ModelWeights& w, const plan::WeightRef& r) {
+  using plan::WeightKind;
+  auto mat = [](const Mat& m) { return WeightView{m.data, m.dtype, m.rows, m.cols}; };
+  auto vec = [](const std::vector<float>& v) {
+    return WeightView{v.data(), DType::F32, 1, int64_t(v.size())};
+  };
+  const LayerWeights* L = r.layer != plan::kNoLayer ? &w.layers[r.layer] : nullptr;
+  switch (r.kind) {
+    case WeightKind::kEmbed:
+      return mat(w.embed);
+    case WeightKind::kLmHead:
+      return mat(w.lm_head);
+    case WeightKind::kFinalNorm:
+      return vec(w.final_norm);
+    case WeightKind::kInputNorm:
+      return vec(L->input_norm);
+    case WeightKind::kPostAttnNorm:
+      return vec(L->post_attn_norm);
+    case WeightKind::kKdaQ:
+      return mat(L->kda.q);
+    case WeightKind::kKdaK:
+      return mat(L->kda.k);
+    case WeightKind::kKdaV:
+      return mat(L->kda.v);
+    case WeightKind::kKdaFA:
+      return mat(L->kda.f_a);
+    case WeightKind::kKdaFB:
+      return mat(L->kda.f_b);
+    case WeightKind::kKdaB:
+      return mat(L->kda.b);
+    case WeightKind::kKdaGA:
+      return mat(L->kda.g_a);
+    case WeightKind::kKdaGB:
+      return mat(L->kda.g_b);
+    case WeightKind::kKdaO:
+      return mat(L->kda.o);
+    case WeightKind::kKdaQConv:
+      return vec(L->kda.q_conv);
+    case WeightKind::kKdaKConv:
+      return vec(L->kda.k_conv);
+    case WeightKind::kKdaVConv:
+      return vec(L->kda.v_conv);
+    case WeightKind::kKdaALog:
+      return vec(L->kda.A_log);
+    case WeightKind::kKdaDtBias:
+      return vec(L->kda.dt_bias);
+    case WeightKind::kKdaONorm:
+      return vec(L->kda.o_norm);
+    case WeightKind::kMlaQ:
+      return mat(L->mla.q);
+    case WeightKind::kMlaKvA:
+      return mat(L->mla.kv_a);
+    case WeightKind::kMlaKvANorm:
+      return vec(L->mla.kv_a_norm);
+    case WeightKind::kMlaKvB:
+      return mat(L->mla.kv_b);
+    case WeightKind::kMlaO:
+      return mat(L->mla.o);
+    case WeightKind::kDenseGate:
+      return mat(L->dense.gate);
+    case WeightKind::kDenseUp:
+      return mat(L->dense.up);
+    case WeightKind::kDenseDown:
+      return mat(L->dense.down);
+    case WeightKind::kRouter:
+      return mat(L->moe.router);
+    case WeightKind::kRouterBias:
+      return vec(L->moe.router_bias);
+    case WeightKind::kSharedGate:
+      return mat(L->moe.shared.gate);
+    case WeightKind::kSharedUp:
+      return mat(L->moe.shared.up);
+    case WeightKind::kSharedDown:
+      return mat(L->moe.shared.down);
+    case WeightKind::kExpertGate:
+      return mat(L->moe.experts[r.expert].gate);
+    case WeightKind::kExpertUp:
+      return mat(L->moe.experts[r.expert].up);
+    case WeightKind::kExpertDown:
+      return mat(L->moe.experts[r.expert].down);
+  }
+  fail("decode plan: unknown weight kind {}", int(r.kind));
+}
+
+}  // namespace exec
+
+StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
+                            int distinct_experts) {
+  const ModelConfig& c = m.config();
+  const ModelWeights& w = m.weights();
+  // Every matrix but the experts and the embedding table (one row per sequence).
+  double fixed = double(w.lm_head.bytes()), expert = 0;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = w.layers[size_t(l)];
+    if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
+      const KdaWeights& k = L.kda;
+      for (const Mat* x : {&k.q, &k.k, &k.v, &k.f_a, &k.f_b, &k.b, &k.g_a, &k.g_b, &k.o})
+        fixed += double(x->bytes());
+    } else {
+      for (const Mat* x : {&L.mla.q, &L.mla.kv_a, &L.mla.kv_b, &L.mla.o})
+        fixed += double(x->bytes());
+    }
+    if (c.ffn_kind[size_t(l)] == FfnKind::Dense) {
+      fixed += double(L.dense.bytes());
+    } else {
+      fixed += double(L.moe.router.bytes());
+      if (L.moe.has_shared) fixed += double(L.moe.shared.bytes());
+      expert = double(L.moe.experts[0].bytes());
+    }
+  }
+  StepStats s;
+  s.batch = int(positions.size());
+  s.distinct_experts = distinct_experts;
+  s.weight_bytes =
+      fixed + double(s.batch) * double(c.hidden_size) * 2 + double(distinct_experts) * expert;
+  const double per_seq_state =
+      double(c.num_kda_layers()) *
+      (2.0 * 4 * double(c.kda_num_heads) * c.kda_head_dim * c.kda_head_dim +
+       2.0 * 4 * 3 * double(c.kda_dim()) * (c.kda_conv_size - 1));
+  s.state_bytes = per_seq_state * s.batch;
+  for (int64_t p : positions)
+    s.cache_bytes += double(c.num_mla_layers()) * double(p + 1) * double(c.mla_cache_width()) * 4;
+  return s;
+}
+
+}  // namespace md

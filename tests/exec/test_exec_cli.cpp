@@ -1,0 +1,85 @@
+// The executors from the command line: `logits --executor` (one sequence and --batch-ids) prints
+// exactly what the reference prints on the golden model, and `bench` writes its table, JSON and
+// SVG for a preset.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace md {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string join(const nlohmann::json& a) {
+  std::string s;
+  for (auto& v : a) s += (s.empty() ? "" : ",") + std::to_string(v.get<int>());
+  return s;
+}
+
+TEST(ExecutorCli, LogitsOfEveryExecutorEqualTheReferenceOnTheGolden) {
+  const std::string dir = test::data_dir() + "/data/golden/tiny";
+  std::ifstream f(dir + "/golden.json");
+  const nlohmann::json meta = nlohmann::json::parse(f);
+  const std::string ids = join(meta["prompt_ids"]) + "," + join(meta["decode_ids"]);
+  const std::string prefill = std::to_string(meta["prompt_ids"].size());
+  const std::string one =
+      "logits --model " + dir + " --ids " + ids + " --prefill " + prefill + " --threads 1";
+  const std::string many = "logits --model " + dir + " --batch-ids '" + ids +
+                           ";1,2,3,4,5,6;7,8' --prefill " + prefill + " --threads 1";
+  auto ref1 = test::run_cli(one + " --executor reference");
+  auto refn = test::run_cli(many + " --executor reference");
+  ASSERT_EQ(ref1.status, 0) << ref1.err;
+  ASSERT_EQ(refn.status, 0) << refn.err;
+  EXPECT_EQ(std::count(ref1.out.begin(), ref1.out.end(), '\n'),
+            int(meta["prompt_ids"].size() + meta["decode_ids"].size()));
+  EXPECT_THAT(refn.out, HasSubstr("{\"seq\": 2, \"pos\": 1, \"logits\": ["));
+  for (const char* ex : {"megakernel", "opbyop"}) {
+    auto r1 = test::run_cli(one + " --executor " + ex + " --workers 3");
+    ASSERT_EQ(r1.status, 0) << r1.err;
+    EXPECT_TRUE(r1.out == ref1.out) << ex << " differs from the reference (single sequence)";
+    auto rn = test::run_cli(many + " --executor " + ex + " --workers 2");
+    ASSERT_EQ(rn.status, 0) << rn.err;
+    EXPECT_TRUE(rn.out == refn.out) << ex << " differs from the reference (batch)";
+  }
+  auto bad = test::run_cli(one + " --executor fastest");
+  EXPECT_NE(bad.status, 0);
+}
+
+TEST(ExecutorCli, BenchWritesTableJsonAndPlot) {
+  test::TempDir d("bench");
+  auto r = test::run_cli(
+      "bench --preset tiny --batch 1,2 --steps 2 --reps 1 --workers 2 "
+      "--executor megakernel,opbyop,reference --json " +
+      (d / "b.json") + " --plot " + (d / "b.svg"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("megakernel / opbyop speed"));
+  EXPECT_THAT(r.out, HasSubstr("% bw"));
+  std::ifstream jf(d / "b.json");
+  const nlohmann::json j = nlohmann::json::parse(jf);
+  EXPECT_TRUE(j["machine"].contains("cpu_model"));
+  EXPECT_GT(j["read_bandwidth_gbps"].get<double>(), 0);
+  ASSERT_EQ(j["results"].size(), 6u);
+  for (const auto& row : j["results"])
+    for (const char* k : {"batch", "executor", "ms_per_step", "tokens_per_s", "bytes_per_step",
+                          "gbps", "pct_of_bandwidth"})
+      EXPECT_TRUE(row.contains(k)) << k;
+  EXPECT_TRUE(j["ratio_megakernel_over_opbyop"].contains("1"));
+  EXPECT_TRUE(j["ratio_megakernel_over_opbyop"].contains("2"));
+  std::ifstream sf(d / "b.svg");
+  std::string svg((std::istreambuf_iterator<char>(sf)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(svg, HasSubstr("<svg"));
+  EXPECT_THAT(svg, HasSubstr("tokens / s"));
+  EXPECT_THAT(svg, HasSubstr("megakernel"));
+  // The preset's temporary checkpoint is gone.
+  auto bad = test::run_cli("bench --preset tiny --batch 0");
+  EXPECT_NE(bad.status, 0);
+  bad = test::run_cli("bench --preset tiny --model x");
+  EXPECT_NE(bad.status, 0);
+}
+
+}  // namespace
+}  // namespace md

@@ -1,0 +1,320 @@
+// The CPU executors against the reference path, bit for bit: megakernel and op-by-op, batches of
+// 1, 2, 3 and 8 sequences at different positions (prefilled with different prompt lengths),
+// sequences leaving and joining between steps, 1, 2, 3 and 5 workers (more than the CPUs), both
+// precisions, random tiny/small checkpoints and the golden models. Then the watchdog and bad
+// input.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "megadecode/base/error.h"
+#include "megadecode/base/threads.h"
+#include "megadecode/base/util.h"
+#include "megadecode/engine/model.h"
+#include "megadecode/exec/executor.h"
+#include "megadecode/model/presets.h"
+#include "test_util.h"
+
+namespace md {
+namespace {
+
+using ::testing::HasSubstr;
+
+class Executor : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir("exec");
+    ThreadPool pool(2, false);
+    make_random_checkpoint(preset_config("tiny"), dir_->path() + "/tiny", 21, 1, pool);
+    make_random_checkpoint(preset_config("small"), dir_->path() + "/small", 22, 1, pool);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string model(const std::string& name) { return dir_->path() + "/" + name; }
+  static test::TempDir* dir_;
+};
+test::TempDir* Executor::dir_ = nullptr;
+
+// The reference runs on one thread: its results do not depend on the thread count
+// (ModelTest.ThreadCountDoesNotChangeBits), and a single thread keeps it fast on a loaded machine.
+ModelOptions opts(Precision p) {
+  ModelOptions o;
+  o.precision = p;
+  o.threads = 1;
+  o.pin_threads = false;
+  return o;
+}
+
+// Sequences prefilled through Model::forward with prompts of different lengths (0: fresh).
+std::vector<SequenceState> prefilled(Model& m, int n) {
+  const int64_t V = m.config().vocab_size;
+  std::vector<SequenceState> out;
+  for (int i = 0; i < n; ++i) {
+    SequenceState s = m.new_sequence();
+    const int len = (i * 7 + 3) % 19;  // 3, 10, 17, 5, 12, 0, 7, ...
+    std::vector<int32_t> ids(static_cast<size_t>(len));
+    for (int t = 0; t < len; ++t) ids[size_t(t)] = int32_t((i * 131 + t * 17 + 1) % (V - 1));
+    if (len > 0) m.forward(s, ids, nullptr, false);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+void expect_same_bits(const float* a, const float* b, size_t n, const std::string& what) {
+  if (std::memcmp(a, b, n * sizeof(float)) == 0) return;
+  size_t i = 0;
+  while (i < n && std::memcmp(a + i, b + i, sizeof(float)) == 0) ++i;
+  ADD_FAILURE() << what << ": first difference at " << i << ": " << a[i] << " vs " << b[i];
+}
+
+void expect_same_state(const SequenceState& a, const SequenceState& b, const std::string& what) {
+  EXPECT_EQ(a.pos, b.pos) << what;
+  for (auto member :
+       {&SequenceState::kda_state, &SequenceState::conv_cache, &SequenceState::mla_cache}) {
+    const auto& x = a.*member;
+    const auto& y = b.*member;
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t l = 0; l < x.size(); ++l) {
+      ASSERT_EQ(x[l].size(), y[l].size()) << what << " layer " << l;
+      expect_same_bits(x[l].data(), y[l].data(), x[l].size(),
+                       what + " state, layer " + std::to_string(l));
+    }
+  }
+}
+
+// Both executors step the same schedule of batches; every sequence's logits must equal, bit for
+// bit, Model::forward decoding that sequence alone, and so must the states at the end.
+void check_equivalence(Model& m, int workers, ExecutorOptions eo = {}) {
+  const int64_t V = m.config().vocab_size;
+  std::vector<SequenceState> ref = prefilled(m, 12);
+  std::vector<SequenceState> mk = ref, ob = ref;
+  eo.workers = workers;
+  DecodeExecutor emk(m, 8, ExecutorKind::kMegakernel, eo);
+  DecodeExecutor eob(m, 8, ExecutorKind::kOpByOp, eo);
+  const std::vector<std::vector<int>> batches = {
+      {0}, {0, 1},   {1, 2, 0}, {0, 1, 2, 3, 4, 5, 6, 7}, {2, 8, 5}, {9, 3, 10, 11, 4, 6, 7, 0},
+      {8}, {11, 10}, {5, 1, 9}};
+  std::vector<float> want(static_cast<size_t>(V));
+  for (size_t step = 0; step < batches.size(); ++step) {
+    const auto& ids = batches[step];
+    const int B = int(ids.size());
+    std::vector<int32_t> tokens;
+    std::vector<SequenceState*> pm, po;
+    for (int id : ids) {
+      tokens.push_back(int32_t((id * 37 + int(step) * 101 + 7) % (V - 1)));
+      pm.push_back(&mk[size_t(id)]);
+      po.push_back(&ob[size_t(id)]);
+    }
+    std::vector<float> lm(size_t(B) * size_t(V)), lo(size_t(B) * size_t(V));
+    emk.step(pm, tokens, lm.data());
+    eob.step(po, tokens, lo.data());
+    for (int b = 0; b < B; ++b) {
+      m.forward(ref[size_t(ids[size_t(b)])], std::span(&tokens[size_t(b)], 1), want.data(), false);
+      const std::string what = "W=" + std::to_string(workers) + " step " + std::to_string(step) +
+                               " seq " + std::to_string(ids[size_t(b)]);
+      expect_same_bits(lm.data() + size_t(b) * size_t(V), want.data(), size_t(V),
+                       "megakernel " + what);
+      expect_same_bits(lo.data() + size_t(b) * size_t(V), want.data(), size_t(V), "opbyop " + what);
+    }
+    const StepStats& st = emk.last_step_stats();
+    EXPECT_EQ(st.batch, B);
+    EXPECT_GT(st.weight_bytes, 0);
+  }
+  for (size_t i = 0; i < ref.size(); ++i) {
+    expect_same_state(mk[i], ref[i], "megakernel seq " + std::to_string(i));
+    expect_same_state(ob[i], ref[i], "opbyop seq " + std::to_string(i));
+  }
+}
+
+TEST_F(Executor, TinyBf16MatchesReferenceBitForBit) {
+  Model m(model("tiny"), opts(Precision::BF16));
+  for (int w : {1, 2, 3, 5}) check_equivalence(m, w);
+}
+
+TEST_F(Executor, TinyFp32MatchesReferenceBitForBit) {
+  Model m(model("tiny"), opts(Precision::FP32));
+  for (int w : {1, 2, 3, 5}) check_equivalence(m, w);
+}
+
+TEST_F(Executor, SmallBf16MatchesReferenceBitForBit) {
+  Model m(model("small"), opts(Precision::BF16));
+  for (int w : {1, 2, 3, 5}) check_equivalence(m, w);
+}
+
+TEST_F(Executor, SmallFp32MatchesReferenceBitForBit) {
+  Model m(model("small"), opts(Precision::FP32));
+  for (int w : {1, 2, 3, 5}) check_equivalence(m, w);
+}
+
+// Tiles far below the defaults: heads cut in parts, every matrix in many row blocks.
+TEST_F(Executor, FineTilesMatchReference) {
+  Model m(model("small"), opts(Precision::BF16));
+  ExecutorOptions eo;
+  eo.plan.tile_bytes = 2048;
+  eo.plan.min_tile_bytes = 0;
+  for (int w : {2, 3}) check_equivalence(m, w, eo);
+}
+
+// A geometry the presets do not cover: no shared expert, top-3 of 8 experts (B * k > E from
+// batch 3 on), wider heads.
+TEST_F(Executor, OtherGeometryMatchesReference) {
+  ModelConfig c = preset_config("tiny");
+  c.num_shared_experts = 0;
+  c.num_experts_per_token = 3;
+  c.kda_head_dim = 48;
+  c.v_head_dim = 24;
+  test::TempDir d("exec_geom");
+  {
+    ThreadPool pool(2, false);
+    make_random_checkpoint(c, d.path(), 5, 1, pool);
+  }
+  for (Precision p : {Precision::BF16, Precision::FP32}) {
+    Model m(d.path(), opts(p));
+    for (int w : {1, 3}) check_equivalence(m, w);
+  }
+}
+
+// The golden models (tests/data/golden, checked against the official implementation by
+// test_golden.cpp): the golden prompt is prefilled through Model::forward, then its decode ids
+// are teacher-forced through each executor in a batch with two other sequences; the golden
+// sequence's logits must equal Model::forward's decode bit for bit.
+TEST(ExecutorGolden, BitEqualToModelForward) {
+  for (const char* name : {"tiny", "small"})
+    for (Precision prec : {Precision::BF16, Precision::FP32}) {
+      const std::string dir = test::data_dir() + "/data/golden/" + name;
+      std::ifstream f(dir + "/golden.json");
+      ASSERT_TRUE(f.good()) << dir;
+      const nlohmann::json meta = nlohmann::json::parse(f);
+      std::vector<int32_t> prompt, decode;
+      for (auto& v : meta["prompt_ids"]) prompt.push_back(v.get<int32_t>());
+      for (auto& v : meta["decode_ids"]) decode.push_back(v.get<int32_t>());
+      ASSERT_FALSE(decode.empty());
+      Model m(dir, opts(prec));
+      const int64_t V = m.config().vocab_size;
+      // Reference: prefill, then one decode call per id.
+      std::vector<float> want(decode.size() * size_t(V));
+      {
+        SequenceState s = m.new_sequence();
+        m.forward(s, prompt, nullptr, false);
+        for (size_t i = 0; i < decode.size(); ++i)
+          m.forward(s, std::span(&decode[i], 1), want.data() + i * size_t(V), false);
+      }
+      for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
+        DecodeExecutor ex(m, 3, 3, kind);
+        SequenceState g = m.new_sequence(), a = m.new_sequence(), b = m.new_sequence();
+        m.forward(g, prompt, nullptr, false);
+        m.forward(a, std::span(prompt.data(), prompt.size() / 2), nullptr, false);
+        m.forward(b, std::span(prompt.data() + 3, 5), nullptr, false);
+        std::vector<float> out(3 * size_t(V));
+        for (size_t i = 0; i < decode.size(); ++i) {
+          std::vector<SequenceState*> seqs = {&a, &g, &b};
+          std::vector<int32_t> toks = {decode[(i + 1) % decode.size()], decode[i],
+                                       decode[(i + 2) % decode.size()]};
+          if (i % 3 == 2) {  // the golden sequence alone now and then
+            seqs = {&g};
+            toks = {decode[i]};
+          }
+          ex.step(seqs, toks, out.data());
+          const size_t at = seqs.size() == 1 ? 0 : 1;
+          expect_same_bits(out.data() + at * size_t(V), want.data() + i * size_t(V), size_t(V),
+                           std::string(name) + (prec == Precision::BF16 ? " bf16 " : " fp32 ") +
+                               std::string(executor_name(kind)) + " decode " + std::to_string(i));
+        }
+      }
+    }
+}
+
+// An instruction whose wait can never be met: the step ends with an md::Error naming the stuck
+// worker, instruction and counter within the watchdog timeout, and the executor recovers.
+TEST_F(Executor, WatchdogReportsAnUnreachableWait) {
+  Model m(model("tiny"), opts(Precision::BF16));
+  ExecutorOptions o;
+  o.workers = 2;
+  o.watchdog_seconds = 0.3;
+  DecodeExecutor ex(m, 4, ExecutorKind::kMegakernel, o);
+  uint32_t victim = plan::kNone;
+  for (const plan::Instr& in : ex.plan(2).instrs)
+    if (in.op == plan::Op::kKdaCore && in.layer == 2) {
+      victim = in.id;
+      break;
+    }
+  ASSERT_NE(victim, plan::kNone);
+  ex.edit_instr_for_testing(2, victim, [](plan::Instr& in) { in.wait[0].target += 1000; });
+  SequenceState s0 = m.new_sequence(), s1 = m.new_sequence();
+  std::vector<SequenceState*> seqs = {&s0, &s1};
+  std::vector<int32_t> toks = {5, 9};
+  std::vector<float> logits(2 * size_t(m.config().vocab_size));
+  const double t0 = now_seconds();
+  try {
+    ex.step(seqs, toks, logits.data());
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_THAT(msg, HasSubstr("decode step stuck"));
+    EXPECT_THAT(msg, HasSubstr("#" + std::to_string(victim) + " kda_core L2"));
+    EXPECT_THAT(msg, HasSubstr("for counter c"));
+    EXPECT_THAT(msg, HasSubstr("worker "));
+  }
+  EXPECT_LT(now_seconds() - t0, 5.0);
+  // Recompiled plans and fresh sequences work again.
+  ex.drop_plans();
+  SequenceState r0 = m.new_sequence(), r1 = m.new_sequence(), q0 = m.new_sequence();
+  seqs = {&r0, &r1};
+  ex.step(seqs, toks, logits.data());
+  std::vector<float> want(size_t(m.config().vocab_size));
+  m.forward(q0, std::span(&toks[0], 1), want.data(), false);
+  expect_same_bits(logits.data(), want.data(), want.size(), "after recovery");
+}
+
+TEST_F(Executor, WatchdogReportsAStalledTileInBothExecutors) {
+  Model m(model("tiny"), opts(Precision::BF16));
+  for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp})
+    for (int workers : {1, 3}) {
+      ExecutorOptions o;
+      o.workers = workers;
+      o.watchdog_seconds = 0.2;
+      DecodeExecutor ex(m, 2, kind, o);
+      const uint32_t victim = uint32_t(ex.plan(1).instrs.size() / 2);
+      ex.edit_instr_for_testing(1, victim,
+                                [](plan::Instr& in) { in.flags |= plan::kFlagTestStall; });
+      SequenceState s = m.new_sequence();
+      SequenceState* sp = &s;
+      int32_t tok = 3;
+      std::vector<float> logits(size_t(m.config().vocab_size));
+      try {
+        ex.step(std::span(&sp, 1), std::span(&tok, 1), logits.data());
+        ADD_FAILURE() << "no error";
+      } catch (const Error& e) {
+        EXPECT_THAT(e.what(), HasSubstr("stalled in instruction #" + std::to_string(victim)))
+            << executor_name(kind) << " W=" << workers;
+      }
+    }
+}
+
+TEST_F(Executor, BadInputIsAnErrorAndChangesNothing) {
+  Model m(model("tiny"), opts(Precision::BF16));
+  Model other(model("small"), opts(Precision::BF16));
+  DecodeExecutor ex(m, 2, 2, ExecutorKind::kMegakernel);
+  SequenceState a = m.new_sequence(), b = m.new_sequence(), c = m.new_sequence();
+  SequenceState foreign = other.new_sequence();
+  std::vector<float> logits(3 * size_t(m.config().vocab_size));
+  auto run = [&](std::vector<SequenceState*> s, std::vector<int32_t> t) {
+    ex.step(s, t, logits.data());
+  };
+  EXPECT_THROW(run({&a, &b, &c}, {1, 2, 3}), Error);  // over max_batch
+  EXPECT_THROW(run({}, {}), Error);                   // empty
+  EXPECT_THROW(run({&a, &a}, {1, 2}), Error);         // the same state twice
+  EXPECT_THROW(run({&a, &b}, {1, 5000}), Error);      // token outside the vocabulary
+  EXPECT_THROW(run({&a, &b}, {1}), Error);            // token count
+  EXPECT_THROW(run({&a, &foreign}, {1, 2}), Error);   // another model's state
+  EXPECT_THROW(run({&a, nullptr}, {1, 2}), Error);
+  EXPECT_EQ(a.pos, 0);
+  EXPECT_EQ(b.pos, 0);
+  EXPECT_THROW(parse_executor_kind("fast"), Error);
+  EXPECT_THROW(DecodeExecutor(m, 0, 1, ExecutorKind::kOpByOp), Error);
+}
+
+}  // namespace
+}  // namespace md

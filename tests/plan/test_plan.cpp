@@ -1,0 +1,225 @@
+// The decode plan's structure: validity for many geometries, batches and worker counts; the
+// validator catches broken plans; no host pointer reaches the plan; random interleavings of the
+// queues always complete (the deadlock argument, model-checked); the CLI summary.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <tuple>
+#include <type_traits>
+
+#include "megadecode/base/threads.h"
+#include "megadecode/base/util.h"
+#include "megadecode/engine/model.h"
+#include "megadecode/model/presets.h"
+#include "megadecode/plan/plan.h"
+#include "test_util.h"
+
+namespace md {
+namespace {
+
+using namespace md::plan;
+using ::testing::HasSubstr;
+
+static_assert(sizeof(Instr) == 64);
+static_assert(std::is_trivially_copyable_v<Instr>);
+static_assert(std::is_trivially_copyable_v<BufferDesc>);
+static_assert(std::is_trivially_copyable_v<WeightRef>);
+static_assert(std::is_trivially_copyable_v<CounterDesc>);
+
+Plan compile(const std::string& preset, int batch, int workers) {
+  PlanOptions o;
+  o.batch = batch;
+  o.workers = workers;
+  return compile_decode_plan(preset_config(preset), nullptr, o);
+}
+
+TEST(Plan, ValidForPresetsBatchesAndWorkers) {
+  for (const char* preset : {"tiny", "small", "kl48-e32"})
+    for (int batch : {1, 2, 3, 8, 64})
+      for (int workers : {1, 2, 3, 5, 16}) {
+        if (std::string(preset) == "kl48-e32" && batch > 8 && workers > 3) continue;
+        Plan p = compile(preset, batch, workers);
+        auto errs = validate_plan(p);
+        EXPECT_TRUE(errs.empty()) << preset << " B=" << batch << " W=" << workers << ": "
+                                  << errs.front();
+      }
+}
+
+TEST(Plan, CountsMatchTheModel) {
+  const ModelConfig c = preset_config("small");
+  Plan p = compile("small", 3, 2);
+  PlanStats s = plan_stats(p);
+  auto n = [&](Op op) { return s.instrs_per_op[size_t(op)]; };
+  EXPECT_EQ(n(Op::kEmbed), 3);
+  // KDA and MLA cores: for every layer and sequence, the head ranges cover each head once.
+  std::map<std::tuple<int, int, int>, int> heads;  // (layer, seq, head) -> count
+  for (const Instr& in : p.instrs)
+    if (in.op == Op::kKdaCore || in.op == Op::kMlaCore)
+      for (uint32_t h = in.r0; h < in.r1; ++h) ++heads[{in.layer, in.seq, int(h)}];
+  EXPECT_EQ(heads.size(), size_t(3 * (c.num_kda_layers() * c.kda_num_heads +
+                                      c.num_mla_layers() * c.mla_num_heads)));
+  for (auto& [key, count] : heads) EXPECT_EQ(count, 1);
+  EXPECT_EQ(n(Op::kMlaLatent), c.num_mla_layers() * 3);
+  EXPECT_EQ(n(Op::kRouter), (c.num_layers - 1) * 3);
+  EXPECT_EQ(n(Op::kCombine), c.num_layers * 3);
+  EXPECT_EQ(n(Op::kFfnNorm), c.num_layers * 3);
+  // Expert slots: min(B * k, E) per MoE layer, each with gate/up and down row blocks.
+  std::set<std::pair<int, int>> slots;
+  for (const Instr& in : p.instrs)
+    if (in.op == Op::kExpertGateUp) slots.insert({in.layer, in.slot});
+  EXPECT_EQ(int(slots.size()),
+            (c.num_layers - 1) * std::min(3 * c.num_experts_per_token, c.num_experts));
+  // Every GEMV row block covers its matrix exactly once: rows of lm_head.
+  std::vector<int> covered(size_t(c.vocab_size), 0);
+  for (const Instr& in : p.instrs)
+    if (in.op == Op::kLmHead)
+      for (uint32_t r = in.r0; r < in.r1; ++r) ++covered[r];
+  EXPECT_EQ(std::count(covered.begin(), covered.end(), 1), c.vocab_size);
+  // Byte balance of the megakernel queues.
+  const double total = s.total_bytes;
+  for (double b : s.bytes_per_worker) EXPECT_NEAR(b / total, 0.5, 0.15);
+  EXPECT_GT(s.critical_path.size(), size_t(c.num_layers * 4));
+  EXPECT_LE(s.critical_path_bytes, total);
+}
+
+TEST(Plan, ValidatorCatchesBrokenPlans) {
+  const Plan good = compile("tiny", 2, 3);
+  ASSERT_TRUE(validate_plan(good).empty());
+  // Find an instruction with a wait.
+  uint32_t w = kNone;
+  for (const Instr& in : good.instrs)
+    if (in.wait[0].counter != kNone && in.op == Op::kKdaCore) {
+      w = in.id;
+      break;
+    }
+  ASSERT_NE(w, kNone);
+  {
+    Plan p = good;  // unreachable target
+    p.instrs[w].wait[0].target += 1;
+    EXPECT_THAT(validate_plan(p).front(), HasSubstr("unreachable"));
+  }
+  {
+    Plan p = good;  // waits on a counter signalled later
+    p.instrs[w].wait[0].counter = p.instrs.back().signal;
+    p.instrs[w].wait[0].target = 1;
+    auto e = validate_plan(p);
+    ASSERT_FALSE(e.empty());
+    EXPECT_THAT(e.front(), HasSubstr("not earlier in the global order"));
+  }
+  {
+    Plan p = good;  // per-step increment disagrees with the signallers
+    ++p.counters[0].per_step;
+    EXPECT_THAT(validate_plan(p).front(), HasSubstr("per_step"));
+  }
+  {
+    Plan p = good;  // a queue out of topological order
+    auto& q = p.queue_ids[0];
+    ASSERT_GE(q.size(), 2u);
+    std::swap(q[0], q[1]);
+    std::swap(p.queues[0][0], p.queues[0][1]);
+    EXPECT_FALSE(validate_plan(p).empty());
+  }
+  {
+    Plan p = good;  // an instruction in two queues
+    p.queue_ids[1].push_back(p.queue_ids[0].back());
+    p.queues[1].push_back(p.queues[0].back());
+    EXPECT_FALSE(validate_plan(p).empty());
+  }
+  {
+    Plan p = good;  // op-by-op: two dependent stages in one phase
+    ASSERT_GE(p.phase_instrs.size(), 2u);
+    for (auto& s : p.phase_instrs[1])
+      p.phase_instrs[0][0].insert(p.phase_instrs[0][0].end(), s.begin(), s.end());
+    for (auto& s : p.phase_instrs[1]) s.clear();
+    std::sort(p.phase_instrs[0][0].begin(), p.phase_instrs[0][0].end());
+    EXPECT_FALSE(validate_plan(p).empty());
+  }
+}
+
+// The plan is a function of the geometry and the stored dtypes only: compiling against loaded
+// weights (with their mapped addresses) gives the same bytes as compiling from the config.
+TEST(Plan, HoldsNoHostPointers) {
+  test::TempDir dir("plan_ptr");
+  ThreadPool pool(2, false);
+  make_random_checkpoint(preset_config("tiny"), dir.path(), 3, 1, pool);
+  Model m(dir.path(), ModelOptions{Precision::BF16, 1, false, false});
+  PlanOptions o;
+  o.batch = 3;
+  o.workers = 2;
+  Plan a = compile_decode_plan(m.config(), &m.weights(), o);
+  Plan b = compile_decode_plan(m.config(), nullptr, o);
+  ASSERT_EQ(a.instrs.size(), b.instrs.size());
+  EXPECT_EQ(0, std::memcmp(a.instrs.data(), b.instrs.data(), a.instrs.size() * sizeof(Instr)));
+  ASSERT_EQ(a.buffers.size(), b.buffers.size());
+  EXPECT_EQ(0,
+            std::memcmp(a.buffers.data(), b.buffers.data(), a.buffers.size() * sizeof(BufferDesc)));
+  ASSERT_EQ(a.weights.size(), b.weights.size());
+  EXPECT_EQ(0,
+            std::memcmp(a.weights.data(), b.weights.data(), a.weights.size() * sizeof(WeightRef)));
+  for (size_t w = 0; w < a.queues.size(); ++w)
+    EXPECT_EQ(
+        0, std::memcmp(a.queues[w].data(), b.queues[w].data(), a.queues[w].size() * sizeof(Instr)));
+}
+
+// Model check of the deadlock argument: run the queues under random interleavings (at every
+// point any worker whose head instruction's waits are met may go) for several epochs; every
+// run must finish every queue.
+TEST(Plan, RandomInterleavingsAlwaysComplete) {
+  for (const char* preset : {"tiny", "small"})
+    for (int workers : {1, 2, 3, 5, 7})
+      for (int batch : {1, 3, 8}) {
+        const Plan p = compile(preset, batch, workers);
+        Rng rng(uint64_t(workers * 131 + batch));
+        std::vector<uint32_t> ctr(p.counters.size(), 0);
+        for (uint32_t epoch = 0; epoch < 3; ++epoch) {
+          std::vector<size_t> head(size_t(workers), 0);
+          size_t left = p.instrs.size();
+          while (left > 0) {
+            std::vector<int> ready;
+            for (int w = 0; w < workers; ++w) {
+              const auto& q = p.queues[size_t(w)];
+              if (head[size_t(w)] >= q.size()) continue;
+              const Instr& in = q[head[size_t(w)]];
+              bool ok = true;
+              for (const Wait& wt : in.wait)
+                if (wt.counter != kNone &&
+                    int32_t(ctr[wt.counter] -
+                            (wt.target + epoch * p.counters[wt.counter].per_step)) < 0)
+                  ok = false;
+              if (ok) ready.push_back(w);
+            }
+            ASSERT_FALSE(ready.empty())
+                << "deadlock: " << preset << " W=" << workers << " B=" << batch;
+            const int w = ready[rng.next() % ready.size()];
+            const Instr& in = p.queues[size_t(w)][head[size_t(w)]++];
+            if (in.signal != kNone) ++ctr[in.signal];
+            --left;
+          }
+        }
+      }
+}
+
+TEST(Plan, CliSummaryAndDump) {
+  auto r = test::run_cli("plan --preset small --batch 2 --workers 3");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("decode plan: batch 2, 3 workers"));
+  EXPECT_THAT(r.out, HasSubstr("kda_core"));
+  EXPECT_THAT(r.out, HasSubstr("critical path:"));
+  EXPECT_THAT(r.out, HasSubstr("worker"));
+  r = test::run_cli("plan --preset tiny --batch 1 --workers 2 --dump");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("== queue 1"));
+  EXPECT_THAT(r.out, HasSubstr("#0 embed"));
+  r = test::run_cli("plan --preset tiny --batch 0");
+  EXPECT_NE(r.status, 0);
+  r = test::run_cli("plan --batch 2");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, HasSubstr("--model"));
+}
+
+}  // namespace
+}  // namespace md
