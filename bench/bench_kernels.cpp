@@ -189,3 +189,76 @@ BENCHMARK(BM_MatmulF32)
 }  // namespace md::cpu
 
 BENCHMARK_MAIN();
+
+// ---- MXFP4 (Kimi K3 routed experts) ----------------------------------------------------------
+// Registered after BENCHMARK_MAIN so that this block is a pure append; registration is static
+// initialisation, so its position in the file does not matter.
+#include "megadecode/kernels/cpu/mxfp4.h"
+
+namespace md::cpu {
+namespace {
+
+// A second 1 GiB pool for MXFP4 matrices (each slot is packed [rows, K/2] then scales
+// [rows, K/32]). Every byte is in [118, 127]: as codes that is a valid pair of e2m1 values, as a
+// scale 2^-9..2^0, so no slot has NaN or subnormal arithmetic whatever the shape.
+uint8_t* mxfp4_pool() {
+  static uint8_t* p = [] {
+    void* m = std::aligned_alloc(size_t{2} << 20, kPoolBytes);
+    if (!m) std::abort();
+    madvise(m, kPoolBytes, MADV_HUGEPAGE);
+    uint8_t* w = static_cast<uint8_t*>(m);
+    pool(2).parallel_for(kPoolBytes, [&](size_t b, size_t e) {
+      for (size_t i = b; i < e; ++i) w[i] = static_cast<uint8_t>(118 + (i * 2654435761u >> 7) % 10);
+    });
+    return w;
+  }();
+  return p;
+}
+
+// Args: rows, K, threads, B, x_is_bf16, portable. Bytes are the packed codes plus the scales
+// (4.25 bits per weight); Gweights_per_s compares with the bf16 GEMV at the same shape.
+void BM_MatmulMxfp4(benchmark::State& state) {
+  const int64_t rows = state.range(0), K = state.range(1);
+  const int threads = static_cast<int>(state.range(2)), B = static_cast<int>(state.range(3));
+  const bool x_bf16 = state.range(4) != 0;
+  set_matmul_isa_portable(state.range(5) != 0);
+  const size_t packed_bytes = static_cast<size_t>(rows * K / 2);
+  const size_t bytes = packed_bytes + static_cast<size_t>(rows * K / 32);
+  const auto x = make_x(B, K);
+  std::vector<float> y(static_cast<size_t>(B * rows));
+  uint8_t* wp = mxfp4_pool();
+  ThreadPool& tp = pool(threads);
+  run_timed(state, threads, bytes, [&](size_t slot) {
+    const uint8_t* P = wp + slot * bytes;
+    const uint8_t* S = P + packed_bytes;
+    split_rows(tp, rows, [&](int64_t r0, int64_t r1) {
+      matmul_mxfp4(P, S, K, r0, r1, x.data(), B, K, y.data(), rows, x_bf16);
+    });
+    benchmark::DoNotOptimize(y.data());
+  });
+  state.counters["Gweights_per_s"] = benchmark::Counter(
+      static_cast<double>(rows * K) * static_cast<double>(state.iterations()) * 1e-9,
+      benchmark::Counter::kIsRate);
+  state.SetLabel(matmul_mxfp4_isa());
+  set_matmul_isa_portable(false);
+}
+
+// Kimi K3 routed expert shapes in the 3584-wide latent: gate/up [3072 x 3584] and down
+// [3584 x 3072] as (rows, K); MXFP4 against bf16 in the same run.
+void k3_expert_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "K", "thr", "B", "xbf16", "port"});
+  for (int threads : {1, 2}) {
+    for (auto [rows, K] : {std::pair{3072, 3584}, {3584, 3072}}) {
+      b->Args({rows, K, threads, 1, 1, 0});
+    }
+  }
+  b->Args({3072, 3584, 1, 1, 0, 0});  // fp32 activations
+  b->Args({3072, 3584, 1, 4, 1, 0});  // a small decode batch
+  b->Args({3072, 3584, 1, 1, 1, 1});  // portable path
+}
+
+BENCHMARK(BM_MatmulMxfp4)->Name("K3ExpertMxfp4")->Apply(k3_expert_args)->UseRealTime();
+BENCHMARK(BM_MatmulBf16)->Name("K3ExpertBf16")->Apply(k3_expert_args)->UseRealTime();
+
+}  // namespace
+}  // namespace md::cpu

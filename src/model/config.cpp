@@ -1,8 +1,10 @@
 #include "megadecode/model/config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 
 #include "megadecode/base/error.h"
@@ -90,13 +92,120 @@ int ModelConfig::num_mla_layers() const {
   return static_cast<int>(std::count(attn_kind.begin(), attn_kind.end(), AttnKind::MLA));
 }
 
-ModelConfig parse_config(const json& root) {
-  MD_CHECK(root.is_object(), "config.json: top level must be a JSON object");
-  const std::string p;  // path prefix for messages
-  ModelConfig c;
-  c.model_type = get_str_or(root, p, "model_type", "");
-  MD_CHECK(c.model_type == "kimi_linear",
-           "config.json: unsupported model_type '{}' (supported: kimi_linear)", c.model_type);
+namespace {
+
+// compressed-tensors `quantization_config`. Supported: MXFP4 (`mxfp4-pack-quantized`: 4-bit float
+// e2m1 codes, one E8M0 scale per 32 inputs, symmetric, static) on the routed experts only; every
+// other weight must be excluded by `ignore`. Call after the rest of the config is parsed.
+bool ignored_by(const json& ignore, const std::string& module) {
+  for (const auto& e : ignore) {
+    const std::string s = e.get<std::string>();
+    if (s.rfind("re:", 0) == 0) {
+      // compressed-tensors matches with Python's re.match: anchored at the start.
+      if (std::regex_search(module, std::regex(s.substr(3)),
+                            std::regex_constants::match_continuous))
+        return true;
+    } else if (s == module || s == "Linear") {
+      return true;
+    }
+  }
+  return false;
+}
+
+void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
+  const std::string self = p.substr(0, p.size() - 1);
+  MD_CHECK(q.is_object(), "config.json: field '{}' must be an object", self);
+  const std::string method = get_str_or(q, p, "quant_method", "");
+  MD_CHECK(method == "compressed-tensors",
+           "config.json: unsupported {}quant_method '{}' (supported: compressed-tensors)", p,
+           method);
+  const std::string format = get_str_or(q, p, "format", "");
+  MD_CHECK(format == "mxfp4-pack-quantized",
+           "config.json: unsupported {}format '{}' (supported: mxfp4-pack-quantized)", p, format);
+  const std::string status = get_str_or(q, p, "quantization_status", "compressed");
+  MD_CHECK(status == "compressed",
+           "config.json: {}quantization_status '{}': only compressed checkpoints are supported", p,
+           status);
+  const json& groups = field(q, p, "config_groups");
+  MD_CHECK(groups.is_object() && !groups.empty(),
+           "config.json: field '{}config_groups' must be a non-empty object", p);
+  for (const auto& [name, g] : groups.items()) {
+    const std::string gp = p + "config_groups." + name + ".";
+    MD_CHECK(g.is_object(), "config.json: field '{}' must be an object",
+             gp.substr(0, gp.size() - 1));
+    const std::string gf = get_str_or(g, gp, "format", format);
+    MD_CHECK(gf == "mxfp4-pack-quantized",
+             "config.json: unsupported {}format '{}' (supported: mxfp4-pack-quantized)", gp, gf);
+    const json& targets = field(g, gp, "targets");
+    MD_CHECK(targets == json::array({"Linear"}),
+             "config.json: field '{}targets' must be [\"Linear\"], got {}", gp, targets.dump());
+    for (const char* k : {"input_activations", "output_activations"})
+      MD_CHECK(!g.contains(k) || g[k].is_null(),
+               "config.json: {}{} is set: activation quantization is not supported", gp, k);
+    const json& w = field(g, gp, "weights");
+    const std::string wp = gp + "weights.";
+    MD_CHECK(w.is_object(), "config.json: field '{}weights' must be an object", gp);
+    const int64_t bits = get_int(w, wp, "num_bits");
+    MD_CHECK(bits == 4, "config.json: field '{}num_bits' must be 4 for MXFP4, got {}", wp, bits);
+    const std::string type = get_str_or(w, wp, "type", "");
+    MD_CHECK(type == "float", "config.json: field '{}type' must be \"float\" for MXFP4, got '{}'",
+             wp, type);
+    const int64_t gs = get_int(w, wp, "group_size");
+    MD_CHECK(gs == 32, "config.json: field '{}group_size' must be 32 for MXFP4, got {}", wp, gs);
+    const std::string strategy = get_str_or(w, wp, "strategy", "group");
+    MD_CHECK(strategy == "group",
+             "config.json: field '{}strategy' must be \"group\" for MXFP4, got '{}'", wp,
+             strategy);
+    MD_CHECK(get_bool_or(w, wp, "symmetric", true),
+             "config.json: field '{}symmetric' must be true for MXFP4", wp);
+    MD_CHECK(!get_bool_or(w, wp, "dynamic", false),
+             "config.json: field '{}dynamic' must be false (static weight scales)", wp);
+    const std::string sd = get_str_or(w, wp, "scale_dtype", "torch.uint8");
+    MD_CHECK(sd == "torch.uint8",
+             "config.json: field '{}scale_dtype' must be \"torch.uint8\" (E8M0), got '{}'", wp,
+             sd);
+  }
+  json ignore = json::array();
+  if (auto it = q.find("ignore"); it != q.end() && !it->is_null()) {
+    MD_CHECK(it->is_array(), "config.json: field '{}ignore' must be a list of strings", p);
+    for (const auto& e : *it) {
+      MD_CHECK(e.is_string(), "config.json: field '{}ignore' must be a list of strings, got {}",
+               p, e.dump());
+      const std::string s = e.get<std::string>();
+      if (s.rfind("re:", 0) == 0) {
+        try {
+          std::regex r(s.substr(3));
+        } catch (const std::regex_error&) {
+          fail("config.json: field '{}ignore' holds an invalid regular expression '{}'", p, s);
+        }
+      }
+    }
+    ignore = *it;
+  }
+  // Only the routed experts may be quantized: check representative module names.
+  const std::string m = c.tensor_prefix + "model.layers.1.";
+  MD_CHECK(!ignored_by(ignore, m + "block_sparse_moe.experts.0.w1"),
+           "config.json: {}ignore excludes the routed experts: nothing would be MXFP4 (only "
+           "routed-expert MXFP4 is supported)",
+           p);
+  for (const std::string& kept :
+       {m + "self_attn.q_proj", m + "block_sparse_moe.shared_experts.gate_proj",
+        c.tensor_prefix + "model.layers.0.mlp.gate_proj", c.tensor_prefix + "lm_head"})
+    MD_CHECK(ignored_by(ignore, kept),
+             "config.json: {}ignore does not exclude '{}': only the routed experts may be MXFP4",
+             p, kept);
+  MD_CHECK(c.num_experts > 0,
+           "config.json: {} quantizes routed experts but the model has no MoE layers", self);
+  MD_CHECK(c.expert_dim() % 32 == 0 && c.moe_intermediate_size % 32 == 0,
+           "config.json: MXFP4 experts need the expert input width ({}) and moe_intermediate_size "
+           "({}) to be multiples of the group size 32",
+           c.expert_dim(), c.moe_intermediate_size);
+  c.experts_mxfp4 = true;
+}
+
+// The kimi_linear schema: the whole file for Kimi Linear, `text_config` for K3. `p` is the JSON
+// path prefix used in messages ("" or "text_config.").
+void parse_text(const json& root, const std::string& p, ModelConfig& c) {
 
   c.vocab_size = positive(get_int(root, p, "vocab_size"), p, "vocab_size");
   c.hidden_size = positive(get_int(root, p, "hidden_size"), p, "hidden_size", 1 << 20);
@@ -106,13 +215,25 @@ ModelConfig parse_config(const json& root) {
            "config.json: field 'rms_norm_eps' must be in (0, 1), got {}", c.rms_norm_eps);
   c.tie_word_embeddings = get_bool_or(root, p, "tie_word_embeddings", false);
   c.hidden_act = get_str_or(root, p, "hidden_act", "silu");
-  MD_CHECK(c.hidden_act == "silu", "config.json: unsupported hidden_act '{}' (supported: silu)",
-           c.hidden_act);
+  MD_CHECK(c.hidden_act == "silu" || c.hidden_act == "situ",
+           "config.json: unsupported {}hidden_act '{}' (supported: silu, situ)", p, c.hidden_act);
+  if (c.uses_situ()) {
+    // The official code uses `beta or 1.0` and applies the linear soft cap only when set.
+    c.situ_beta = get_num_or(root, p, "activation_situ_beta", 1.0);
+    MD_CHECK(c.situ_beta > 0 && std::isfinite(c.situ_beta),
+             "config.json: field '{}activation_situ_beta' must be a positive number, got {}", p,
+             c.situ_beta);
+    c.situ_linear_beta = get_num_or(root, p, "activation_situ_linear_beta", 0.0);
+    MD_CHECK(c.situ_linear_beta >= 0 && std::isfinite(c.situ_linear_beta),
+             "config.json: field '{}activation_situ_linear_beta' must be null or a positive "
+             "number, got {}",
+             p, c.situ_linear_beta);
+  }
 
   // Linear attention block. Layer lists are 1-indexed in the released config.
   const json& la = field(root, p, "linear_attn_config");
   MD_CHECK(la.is_object(), "config.json: field 'linear_attn_config' must be an object");
-  const std::string lp = "linear_attn_config.";
+  const std::string lp = p + "linear_attn_config.";
   c.kda_num_heads = positive(get_int(la, lp, "num_heads"), lp, "num_heads", 4096);
   c.kda_head_dim = positive(get_int(la, lp, "head_dim"), lp, "head_dim", 4096);
   c.kda_conv_size = positive(get_int_or(la, lp, "short_conv_kernel_size", 4), lp,
@@ -139,6 +260,14 @@ ModelConfig parse_config(const json& root) {
   for (int l = 0; l < c.num_layers; ++l)
     MD_CHECK(seen[l], "config.json: layer {} (1-indexed) is in neither full_attn_layers nor "
              "kda_layers", l + 1);
+  c.kda_full_rank_gate = get_bool_or(la, lp, "use_full_rank_gate", false);
+  if (auto it = la.find("gate_lower_bound"); it != la.end() && !it->is_null()) {
+    c.kda_bounded_decay = true;
+    c.kda_gate_lower_bound = get_num(la, lp, "gate_lower_bound");
+    MD_CHECK(c.kda_gate_lower_bound < 0 && c.kda_gate_lower_bound >= -1e4,
+             "config.json: field '{}gate_lower_bound' must be negative (a log-decay bound), got {}",
+             lp, c.kda_gate_lower_bound);
+  }
 
   // MLA.
   c.mla_num_heads = positive(get_int(root, p, "num_attention_heads"), p, "num_attention_heads",
@@ -147,14 +276,17 @@ ModelConfig parse_config(const json& root) {
   MD_CHECK(kvh == c.mla_num_heads,
            "config.json: num_key_value_heads ({}) must equal num_attention_heads ({}) for MLA",
            kvh, c.mla_num_heads);
-  c.q_lora_rank = static_cast<int>(get_int_or(root, p, "q_lora_rank", 0));
-  MD_CHECK(c.q_lora_rank >= 0, "config.json: field 'q_lora_rank' must be null or positive");
+  const int64_t qlr = get_int_or(root, p, "q_lora_rank", 0);
+  MD_CHECK(qlr >= 0 && qlr <= (1 << 20), "config.json: field '{}q_lora_rank' must be null or "
+           "positive, got {}", p, qlr);
+  c.q_lora_rank = static_cast<int>(qlr);
   c.kv_lora_rank = positive(get_int(root, p, "kv_lora_rank"), p, "kv_lora_rank", 1 << 16);
   c.qk_nope_head_dim = positive(get_int(root, p, "qk_nope_head_dim"), p, "qk_nope_head_dim", 4096);
   c.qk_rope_head_dim = positive(get_int(root, p, "qk_rope_head_dim"), p, "qk_rope_head_dim", 4096);
   c.v_head_dim = positive(get_int(root, p, "v_head_dim"), p, "v_head_dim", 4096);
   MD_CHECK(get_bool_or(root, p, "mla_use_nope", true),
            "config.json: mla_use_nope=false (rotary MLA) is not supported; Kimi Linear uses NoPE");
+  c.mla_output_gate = get_bool_or(root, p, "mla_use_output_gate", false);
 
   // FFN / MoE.
   c.intermediate_size = positive(get_int(root, p, "intermediate_size"), p, "intermediate_size");
@@ -204,7 +336,18 @@ ModelConfig parse_config(const json& root) {
                "config.json: num_experts_per_token ({}) exceeds the experts in topk_group groups",
                c.num_experts_per_token);
     }
+    // Present (not null) switches the latent MoE on, as in the official code.
+    if (auto it = root.find("routed_expert_hidden_size"); it != root.end() && !it->is_null())
+      c.latent_size = positive(get_int(root, p, "routed_expert_hidden_size"), p,
+                               "routed_expert_hidden_size", 1 << 20);
+    c.latent_norm = get_bool_or(root, p, "latent_moe_use_norm", false);
+    MD_CHECK(!c.latent_norm || c.latent_size > 0,
+             "config.json: {}latent_moe_use_norm is true but routed_expert_hidden_size is not set",
+             p);
   }
+  if (auto it = root.find("attn_res_block_size"); it != root.end() && !it->is_null())
+    c.attn_res_block_size =
+        positive(get_int(root, p, "attn_res_block_size"), p, "attn_res_block_size", 1 << 20);
 
   c.bos_token_id = get_int_or(root, p, "bos_token_id", -1);
   c.pad_token_id = get_int_or(root, p, "pad_token_id", -1);
@@ -220,7 +363,49 @@ ModelConfig parse_config(const json& root) {
              id);
   MD_CHECK(c.bos_token_id < c.vocab_size, "config.json: bos_token_id {} is outside the vocabulary",
            c.bos_token_id);
+}
+
+}  // namespace
+
+ModelConfig parse_config(const json& root) {
+  MD_CHECK(root.is_object(), "config.json: top level must be a JSON object");
+  ModelConfig c;
+  c.model_type = get_str_or(root, "", "model_type", "");
+  if (c.model_type == "kimi_linear") {
+    parse_text(root, "", c);
+    if (auto it = root.find("quantization_config"); it != root.end() && !it->is_null())
+      parse_quantization(*it, "quantization_config.", c);
+    return c;
+  }
+  MD_CHECK(c.model_type == "kimi_k3",
+           "config.json: unsupported model_type '{}' (supported: kimi_linear, kimi_k3)",
+           c.model_type);
+  // K3: a multimodal wrapper whose language model is a kimi_linear config under text_config.
+  const json& text = field(root, "", "text_config");
+  MD_CHECK(text.is_object(), "config.json: field 'text_config' must be an object");
+  const std::string inner = get_str_or(text, "text_config.", "model_type", "kimi_linear");
+  MD_CHECK(inner == "kimi_linear",
+           "config.json: unsupported text_config.model_type '{}' (a kimi_k3 file holds a "
+           "kimi_linear text_config)",
+           inner);
+  json t = text;
+  // Token ids and tie_word_embeddings may be given only at the top level.
+  for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"})
+    if ((!t.contains(k) || t[k].is_null()) && root.contains(k)) t[k] = root[k];
+  parse_text(t, "text_config.", c);
+  c.tensor_prefix = "language_model.";
+  // The released file has quantization_config inside text_config; accept it at the top too.
+  if (auto it = text.find("quantization_config"); it != text.end() && !it->is_null())
+    parse_quantization(*it, "text_config.quantization_config.", c);
+  else if (auto it2 = root.find("quantization_config"); it2 != root.end() && !it2->is_null())
+    parse_quantization(*it2, "quantization_config.", c);
   return c;
+}
+
+bool ModelConfig::has_k3_extensions() const {
+  return !tensor_prefix.empty() || kda_full_rank_gate || kda_bounded_decay || mla_output_gate ||
+         latent_size > 0 || latent_norm || uses_situ() || attn_res_block_size > 0 ||
+         experts_mxfp4 || q_lora_rank > 0;
 }
 
 ModelConfig load_config_file(const std::string& path) {
@@ -249,6 +434,8 @@ json config_to_json(const ModelConfig& c) {
   la["num_heads"] = c.kda_num_heads;
   la["head_dim"] = c.kda_head_dim;
   la["short_conv_kernel_size"] = c.kda_conv_size;
+  if (c.kda_full_rank_gate) la["use_full_rank_gate"] = true;
+  if (c.kda_bounded_decay) la["gate_lower_bound"] = c.kda_gate_lower_bound;
   int first_dense = 0;
   while (first_dense < c.num_layers && c.ffn_kind[first_dense] == FfnKind::Dense) ++first_dense;
   json j = {
@@ -291,7 +478,58 @@ json config_to_json(const ModelConfig& c) {
     j["eos_token_id"] = c.eos_token_ids[0];
   else
     j["eos_token_id"] = c.eos_token_ids;
-  return j;
+  // K3 extensions, written only when on (a Kimi Linear config stays byte-identical).
+  if (c.uses_situ()) {
+    j["activation_situ_beta"] = c.situ_beta;
+    j["activation_situ_linear_beta"] =
+        c.situ_linear_beta > 0 ? json(c.situ_linear_beta) : json(nullptr);
+  }
+  if (c.mla_output_gate) j["mla_use_output_gate"] = true;
+  if (c.latent_size > 0) {
+    j["routed_expert_hidden_size"] = c.latent_size;
+    j["latent_moe_use_norm"] = c.latent_norm;
+  }
+  if (c.attn_res_block_size > 0) j["attn_res_block_size"] = c.attn_res_block_size;
+  if (c.experts_mxfp4) {
+    // The released K3 quantization_config (compressed-tensors, MXFP4 routed experts).
+    j["quantization_config"] = {
+        {"config_groups",
+         {{"group_0",
+           {{"format", "mxfp4-pack-quantized"},
+            {"input_activations", nullptr},
+            {"output_activations", nullptr},
+            {"targets", {"Linear"}},
+            {"weights",
+             {{"actorder", nullptr},
+              {"block_structure", nullptr},
+              {"dynamic", false},
+              {"group_size", 32},
+              {"num_bits", 4},
+              {"observer", "minmax"},
+              {"observer_kwargs", json::object()},
+              {"scale_dtype", "torch.uint8"},
+              {"strategy", "group"},
+              {"symmetric", true},
+              {"type", "float"},
+              {"zp_dtype", nullptr}}}}}}},
+        {"format", "mxfp4-pack-quantized"},
+        {"ignore",
+         {"re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*",
+          "re:.*lm_head.*", "re:.*vision_tower.*", "re:.*mm_projector.*"}},
+        {"kv_cache_scheme", nullptr},
+        {"quant_method", "compressed-tensors"},
+        {"quantization_status", "compressed"}};
+  }
+  if (c.model_type != "kimi_k3") return j;
+  json top = {{"architectures", {"KimiK3ForConditionalGeneration"}},
+              {"model_type", "kimi_k3"},
+              {"bos_token_id", c.bos_token_id},
+              {"pad_token_id", c.pad_token_id},
+              {"tie_word_embeddings", c.tie_word_embeddings},
+              {"dtype", "bfloat16"},
+              {"text_config", j}};
+  top["eos_token_id"] = j["eos_token_id"];
+  return top;
 }
 
 }  // namespace md

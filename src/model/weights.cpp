@@ -16,7 +16,10 @@ namespace {
 // one it only records the expected specs (so make-model and the loader cannot disagree).
 class Binder {
  public:
-  Binder(const Checkpoint* ck, std::vector<TensorSpec>* specs) : ck_(ck), specs_(specs) {}
+  // language_prefix: tensors outside it are not the language model's (K3's vision tower): they are
+  // skipped, not reported as unexpected. Empty: every tensor must be used.
+  Binder(const Checkpoint* ck, std::vector<TensorSpec>* specs, std::string language_prefix = "")
+      : ck_(ck), specs_(specs), language_prefix_(std::move(language_prefix)) {}
 
   Mat mat(const std::string& name, int64_t rows, int64_t cols, bool allow_f32 = false,
           DType write_dtype = DType::BF16) {
@@ -31,6 +34,54 @@ class Binder {
     m.data = t->data;
     m.dtype = t->dtype;
     return m;
+  }
+
+  // An MXFP4 matrix [rows, cols]: `base`.weight_packed U8 [rows, cols/2] and `base`.weight_scale
+  // U8 [rows, cols/32] (compressed-tensors mxfp4-pack-quantized).
+  Mat mxfp4(const std::string& base, int64_t rows, int64_t cols) {
+    Mat m;
+    m.rows = rows;
+    m.cols = cols;
+    m.dtype = DType::U8;
+    const TensorInfo* p = lookup(base + ".weight_packed", {rows, cols / 2}, DType::U8);
+    const TensorInfo* s = lookup(base + ".weight_scale", {rows, cols / 32}, DType::U8);
+    if (!p) return m;
+    for (const TensorInfo* t : {p, s})
+      MD_CHECK(t->dtype == DType::U8,
+               "tensor {} in {}: dtype {} is not supported for an MXFP4 expert weight (expected "
+               "U8)",
+               t->name, t->file, dtype_name(t->dtype));
+    // E8M0 255 is NaN (OCP MX): reject the checkpoint rather than compute NaNs.
+    const auto* sc = static_cast<const uint8_t*>(s->data);
+    for (size_t i = 0; i < s->nbytes; ++i)
+      MD_CHECK(sc[i] != 255, "tensor {} in {}: scale byte {} is 255 (NaN in E8M0)", s->name,
+               s->file, i);
+    m.data = p->data;
+    m.scales = sc;
+    return m;
+  }
+
+  // A vector of which only the first `n` entries are used, stored with any shape whose dimensions
+  // are all 1 but one of at least n (K3 ships A_log with more entries than heads); the specs
+  // record `write_shape`.
+  std::vector<float> vec_prefix(const std::string& name, int64_t n,
+                                std::vector<int64_t> write_shape, DType write_dtype) {
+    if (!ck_) {
+      specs_->push_back(TensorSpec{name, write_dtype, write_shape});
+      return {};
+    }
+    const TensorInfo* t = ck_->find(name);
+    MD_CHECK(t, "checkpoint {}: missing tensor {} (expected at least {} entries)", ck_->dir(), name,
+             n);
+    int big = 0;
+    for (int64_t d : t->shape) big += d != 1;
+    MD_CHECK(big <= 1 && t->numel() >= n,
+             "tensor {} in {}: shape {} does not match the config (expected a vector of at least "
+             "{} entries)",
+             name, t->file, t->shape_str(), n);
+    std::vector<float> v = vec(name, t->shape, write_dtype);
+    v.resize(size_t(n));
+    return v;
   }
 
   // A small tensor read into fp32 (any float dtype); `shape` is the exact expected shape.
@@ -62,16 +113,25 @@ class Binder {
     return out;
   }
 
-  void check_no_extra() const {
-    if (!ck_) return;
+  // Returns the number of tensors skipped as outside the language model.
+  int check_no_extra() {
+    if (!ck_) return 0;
     std::vector<std::string> extra;
-    for (const auto& [name, t] : ck_->tensors())
-      if (!used_.count(name)) extra.push_back(name);
+    int skipped = 0;
+    for (const auto& [name, t] : ck_->tensors()) {
+      if (used_.count(name)) continue;
+      if (!language_prefix_.empty() && name.rfind(language_prefix_, 0) != 0) {
+        if (skipped++ == 0) first_skipped_ = name;
+        continue;
+      }
+      extra.push_back(name);
+    }
     if (!extra.empty()) {
       if (extra.size() > 5) extra.resize(5), extra.push_back("...");
       fail("checkpoint {}: unexpected tensor(s) not used by the architecture: {}", ck_->dir(),
            fmt::join(extra, ", "));
     }
+    return skipped;
   }
 
  private:
@@ -92,78 +152,139 @@ class Binder {
 
   const Checkpoint* ck_;
   std::vector<TensorSpec>* specs_;
+  std::string language_prefix_;
   std::set<std::string> used_;
+  std::string first_skipped_;
+
+ public:
+  const std::string& first_skipped() const { return first_skipped_; }
 };
 
 FfnWeights bind_ffn(Binder& b, const std::string& p, const char* g, const char* u, const char* d,
-                    int64_t D, int64_t I) {
+                    int64_t D, int64_t I, bool mxfp4 = false) {
   FfnWeights f;
+  if (mxfp4) {
+    f.gate = b.mxfp4(p + g, I, D);
+    f.up = b.mxfp4(p + u, I, D);
+    f.down = b.mxfp4(p + d, D, I);
+    return f;
+  }
   f.gate = b.mat(p + g + ".weight", I, D);
   f.up = b.mat(p + u + ".weight", I, D);
   f.down = b.mat(p + d + ".weight", D, I);
   return f;
 }
 
+// Block attention residual score weight: *_res_norm.weight [D] times *_res_proj.weight [1, D].
+std::vector<float> bind_res(Binder& b, const std::string& stem, int64_t D) {
+  std::vector<float> norm = b.vec(stem + "_norm.weight", {D});
+  std::vector<float> proj = b.vec(stem + "_proj.weight", {1, D});
+  for (size_t i = 0; i < norm.size(); ++i) norm[i] *= proj[i];
+  return norm;
+}
+
+void bind_kda(Binder& b, const ModelConfig& c, const std::string& a, KdaWeights& k) {
+  const int64_t H = c.kda_num_heads, K = c.kda_head_dim, C = H * K, W = c.kda_conv_size,
+                D = c.hidden_size;
+  const bool k3 = !c.tensor_prefix.empty();
+  // What make-model writes: the released K3 checkpoint keeps conv taps and o_norm in F32.
+  const DType small = k3 ? DType::F32 : DType::BF16;
+  k.q = b.mat(a + "q_proj.weight", C, D);
+  k.k = b.mat(a + "k_proj.weight", C, D);
+  k.v = b.mat(a + "v_proj.weight", C, D);
+  k.q_conv = b.vec(a + "q_conv1d.weight", {C, 1, W}, small);
+  k.k_conv = b.vec(a + "k_conv1d.weight", {C, 1, W}, small);
+  k.v_conv = b.vec(a + "v_conv1d.weight", {C, 1, W}, small);
+  k.f_a = b.mat(a + "f_a_proj.weight", K, D);
+  k.f_b = b.mat(a + "f_b_proj.weight", C, K);
+  k.dt_bias = b.vec(a + "dt_bias", {C}, DType::F32);
+  if (!k3) {
+    k.A_log = b.vec(a + "A_log", {1, 1, H, 1}, DType::F32);
+  } else {
+    // K3 stores more entries than heads ([128] for 96 heads); the first H are the heads'. We
+    // write the next power of two above H, like the release.
+    int64_t n = 1;
+    while (n <= H) n *= 2;
+    k.A_log = b.vec_prefix(a + "A_log", H, {n}, DType::F32);
+  }
+  k.b = b.mat(a + "b_proj.weight", H, D);
+  if (c.kda_full_rank_gate) {
+    k.g = b.mat(a + "g_proj.weight", C, D);
+  } else {
+    k.g_a = b.mat(a + "g_a_proj.weight", K, D);
+    k.g_b = b.mat(a + "g_b_proj.weight", C, K);
+  }
+  k.o_norm = b.vec(a + "o_norm.weight", {K}, small);
+  k.o = b.mat(a + "o_proj.weight", D, C);
+}
+
+void bind_mla(Binder& b, const ModelConfig& c, const std::string& a, MlaWeights& m) {
+  const int64_t H = c.mla_num_heads, N = c.qk_nope_head_dim, P = c.qk_rope_head_dim,
+                V = c.v_head_dim, R = c.kv_lora_rank, D = c.hidden_size, Q = c.q_lora_rank;
+  if (Q > 0) {
+    m.q_a = b.mat(a + "q_a_proj.weight", Q, D);
+    m.q_a_norm = b.vec(a + "q_a_layernorm.weight", {Q});
+    m.q_b = b.mat(a + "q_b_proj.weight", H * (N + P), Q);
+  } else {
+    m.q = b.mat(a + "q_proj.weight", H * (N + P), D);
+  }
+  m.kv_a = b.mat(a + "kv_a_proj_with_mqa.weight", R + P, D);
+  m.kv_a_norm = b.vec(a + "kv_a_layernorm.weight", {R});
+  m.kv_b = b.mat(a + "kv_b_proj.weight", H * (N + V), R);
+  if (c.mla_output_gate) m.g = b.mat(a + "g_proj.weight", H * V, D);
+  m.o = b.mat(a + "o_proj.weight", D, H * V);
+}
+
+void bind_moe(Binder& b, const ModelConfig& c, const std::string& m, MoeWeights& e) {
+  const int64_t D = c.hidden_size, X = c.expert_dim(), I = c.moe_intermediate_size;
+  // Kimi Linear's release stores the router in F32, K3's in BF16; both are accepted.
+  e.router = b.mat(m + "gate.weight", c.num_experts, D, /*allow_f32=*/true,
+                   c.tensor_prefix.empty() ? DType::F32 : DType::BF16);
+  e.router_bias = b.vec(m + "gate.e_score_correction_bias", {c.num_experts}, DType::F32);
+  if (c.latent_size > 0) {
+    e.latent_down = b.mat(m + "routed_expert_down_proj.weight", X, D);
+    if (c.latent_norm) e.latent_norm = b.vec(m + "routed_expert_norm.weight", {X});
+    e.latent_up = b.mat(m + "routed_expert_up_proj.weight", D, X);
+  }
+  e.experts.resize(c.num_experts);
+  for (int x = 0; x < c.num_experts; ++x)
+    e.experts[x] = bind_ffn(b, fmt::format("{}experts.{}.", m, x), "w1", "w3", "w2", X, I,
+                            c.experts_mxfp4);
+  e.has_shared = c.num_shared_experts > 0;
+  if (e.has_shared)
+    e.shared = bind_ffn(b, m + "shared_experts.", "gate_proj", "up_proj", "down_proj", D,
+                        I * c.num_shared_experts);
+}
+
 ModelWeights walk(const ModelConfig& c, Binder& b) {
   ModelWeights w;
   const int64_t D = c.hidden_size;
-  w.embed = b.mat("model.embed_tokens.weight", c.vocab_size, D);
-  w.final_norm = b.vec("model.norm.weight", {D});
-  w.lm_head = c.tie_word_embeddings ? w.embed : b.mat("lm_head.weight", c.vocab_size, D);
+  const std::string model = c.tensor_prefix + "model.";
+  const bool res = c.attn_res_block_size > 0;
+  w.embed = b.mat(model + "embed_tokens.weight", c.vocab_size, D);
+  w.final_norm = b.vec(model + "norm.weight", {D});
+  if (res) w.output_res_w = bind_res(b, model + "output_attn_res", D);
+  w.lm_head = c.tie_word_embeddings ? w.embed
+                                    : b.mat(c.tensor_prefix + "lm_head.weight", c.vocab_size, D);
   w.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& L = w.layers[l];
-    const std::string p = fmt::format("model.layers.{}.", l);
+    const std::string p = fmt::format("{}layers.{}.", model, l);
     L.input_norm = b.vec(p + "input_layernorm.weight", {D});
     L.post_attn_norm = b.vec(p + "post_attention_layernorm.weight", {D});
-    const std::string a = p + "self_attn.";
-    if (c.attn_kind[l] == AttnKind::KDA) {
-      const int64_t H = c.kda_num_heads, K = c.kda_head_dim, C = H * K, W = c.kda_conv_size;
-      KdaWeights& k = L.kda;
-      k.q = b.mat(a + "q_proj.weight", C, D);
-      k.k = b.mat(a + "k_proj.weight", C, D);
-      k.v = b.mat(a + "v_proj.weight", C, D);
-      k.q_conv = b.vec(a + "q_conv1d.weight", {C, 1, W});
-      k.k_conv = b.vec(a + "k_conv1d.weight", {C, 1, W});
-      k.v_conv = b.vec(a + "v_conv1d.weight", {C, 1, W});
-      k.f_a = b.mat(a + "f_a_proj.weight", K, D);
-      k.f_b = b.mat(a + "f_b_proj.weight", C, K);
-      k.dt_bias = b.vec(a + "dt_bias", {C}, DType::F32);
-      k.A_log = b.vec(a + "A_log", {1, 1, H, 1}, DType::F32);
-      k.b = b.mat(a + "b_proj.weight", H, D);
-      k.g_a = b.mat(a + "g_a_proj.weight", K, D);
-      k.g_b = b.mat(a + "g_b_proj.weight", C, K);
-      k.o_norm = b.vec(a + "o_norm.weight", {K});
-      k.o = b.mat(a + "o_proj.weight", D, C);
-    } else {
-      const int64_t H = c.mla_num_heads, N = c.qk_nope_head_dim, P = c.qk_rope_head_dim,
-                    V = c.v_head_dim, R = c.kv_lora_rank;
-      MD_CHECK(c.q_lora_rank == 0,
-               "config: q_lora_rank is set but Kimi Linear MLA uses a plain q_proj");
-      MlaWeights& m = L.mla;
-      m.q = b.mat(a + "q_proj.weight", H * (N + P), D);
-      m.kv_a = b.mat(a + "kv_a_proj_with_mqa.weight", R + P, D);
-      m.kv_a_norm = b.vec(a + "kv_a_layernorm.weight", {R});
-      m.kv_b = b.mat(a + "kv_b_proj.weight", H * (N + V), R);
-      m.o = b.mat(a + "o_proj.weight", D, H * V);
+    if (res) {
+      L.attn_res_w = bind_res(b, p + "self_attention_res", D);
+      L.mlp_res_w = bind_res(b, p + "mlp_res", D);
     }
-    if (c.ffn_kind[l] == FfnKind::Dense) {
+    if (c.attn_kind[l] == AttnKind::KDA)
+      bind_kda(b, c, p + "self_attn.", L.kda);
+    else
+      bind_mla(b, c, p + "self_attn.", L.mla);
+    if (c.ffn_kind[l] == FfnKind::Dense)
       L.dense = bind_ffn(b, p + "mlp.", "gate_proj", "up_proj", "down_proj", D,
                          c.intermediate_size);
-    } else {
-      const std::string m = p + "block_sparse_moe.";
-      MoeWeights& e = L.moe;
-      e.router = b.mat(m + "gate.weight", c.num_experts, D, /*allow_f32=*/true, DType::F32);
-      e.router_bias = b.vec(m + "gate.e_score_correction_bias", {c.num_experts}, DType::F32);
-      e.experts.resize(c.num_experts);
-      for (int x = 0; x < c.num_experts; ++x)
-        e.experts[x] = bind_ffn(b, fmt::format("{}experts.{}.", m, x), "w1", "w3", "w2", D,
-                                c.moe_intermediate_size);
-      e.has_shared = c.num_shared_experts > 0;
-      if (e.has_shared)
-        e.shared = bind_ffn(b, m + "shared_experts.", "gate_proj", "up_proj", "down_proj", D,
-                            c.moe_intermediate_size * c.num_shared_experts);
-    }
+    else
+      bind_moe(b, c, p + "block_sparse_moe.", L.moe);
   }
   return w;
 }
@@ -171,9 +292,12 @@ ModelWeights walk(const ModelConfig& c, Binder& b) {
 }  // namespace
 
 ModelWeights bind_weights(const ModelConfig& cfg, const Checkpoint& ckpt) {
-  Binder b(&ckpt, nullptr);
+  Binder b(&ckpt, nullptr, cfg.tensor_prefix);
   ModelWeights w = walk(cfg, b);
-  b.check_no_extra();
+  w.ignored_tensors = b.check_no_extra();
+  if (w.ignored_tensors > 0)
+    w.note = fmt::format("note: ignored {} tensor(s) outside the language model ({}*), e.g. {}",
+                         w.ignored_tensors, cfg.tensor_prefix, b.first_skipped());
   return w;
 }
 
@@ -186,14 +310,23 @@ std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg) {
 
 ModelSizes model_sizes(const ModelConfig& c) {
   ModelSizes s;
-  const double expert_params = 3.0 * double(c.hidden_size) * double(c.moe_intermediate_size);
+  const double expert_params = 3.0 * double(c.expert_dim()) * double(c.moe_intermediate_size);
+  const std::string embed_name = c.tensor_prefix + "model.embed_tokens.weight";
+  auto ends_with = [](const std::string& n, const char* suf) {
+    const size_t k = std::char_traits<char>::length(suf);
+    return n.size() >= k && n.compare(n.size() - k, k, suf) == 0;
+  };
   for (const TensorSpec& t : expected_tensors(c)) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
+    // MXFP4: weight_packed holds two weights per byte; weight_scale holds no weights (its bytes
+    // count, so an MXFP4 weight costs 4 + 8/32 = 4.25 bits).
+    if (ends_with(t.name, ".weight_packed")) n *= 2;
+    if (ends_with(t.name, ".weight_scale")) n = 0;
     s.total_params += n;
     s.total_bytes += double(t.nbytes());
     bool routed = t.name.find(".experts.") != std::string::npos;
-    bool embed = t.name == "model.embed_tokens.weight";
+    bool embed = t.name == embed_name;
     if (!routed) {
       s.active_params += embed ? c.hidden_size : n;
       // An embedding lookup reads one row, not the table.
@@ -202,7 +335,7 @@ ModelSizes model_sizes(const ModelConfig& c) {
   }
   int moe_layers = 0;
   for (FfnKind f : c.ffn_kind) moe_layers += f == FfnKind::MoE;
-  s.expert_bytes = expert_params * 2;
+  s.expert_bytes = c.experts_mxfp4 ? expert_params * 4.25 / 8 : expert_params * 2;
   s.active_params += int64_t(expert_params) * c.num_experts_per_token * moe_layers;
   s.active_bytes += s.expert_bytes * c.num_experts_per_token * moe_layers;
   s.kda_state_bytes = double(c.num_kda_layers()) * c.kda_num_heads * c.kda_head_dim *

@@ -25,6 +25,8 @@ std::string_view op_name(Op op) {
       return "mla_latent";
     case Op::kMlaCore:
       return "mla_core";
+    case Op::kMlaMerge:
+      return "mla_merge";
     case Op::kAttnOut:
       return "attn_out";
     case Op::kFfnNorm:
@@ -94,7 +96,12 @@ std::string describe_instr(const Plan& p, const Instr& in) {
       break;
     case Op::kKdaCore:
     case Op::kMlaCore:
+    case Op::kMlaMerge:
       s += fmt::format(" seq {} heads [{}, {})", in.seq, in.r0, in.r1);
+      if (in.op == Op::kMlaCore && in.splits > 1)
+        s += fmt::format(" kv split {}/{}", in.slot, in.splits);
+      else if (in.op == Op::kMlaMerge)
+        s += fmt::format(" of {} kv splits", in.splits);
       break;
     case Op::kExpertGateUp:
     case Op::kExpertDown:

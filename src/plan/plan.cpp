@@ -391,21 +391,68 @@ class Builder {
     }
 
     // Attention by head range per sequence: enough tiles to occupy the workers at small batch,
-    // few enough that the latent cache is not re-read more than needed.
+    // few enough that the latent cache is not re-read more than needed. When the batch's head
+    // ranges still cannot occupy the workers (few heads, many workers: a GPU), each range is
+    // also split over the cache rows, and a merge per range combines the splits.
     const int tiles = int(std::clamp<int64_t>(ceil_div(2 * int64_t(W_), B_), 1, H));
     const int per = int(ceil_div(H, tiles));
-    const uint32_t core_done = counter(Op::kMlaCore, l);
-    auto a = args({q, weight(WeightKind::kMlaKvB, l), state(StateKind::kMlaCache, l), att});
+    const int ranges = int(ceil_div(H, per));
+    int S = p_.options.mla_kv_splits;
+    if (S <= 0) {
+      // Automatic: split only when the head ranges would leave most workers idle (at least 4
+      // workers per range: wide GPUs). On a few CPU cores the merge costs more than it gains.
+      const int64_t units = int64_t(B_) * ranges;
+      S = 4 * units <= W_ ? int(std::clamp<int64_t>(ceil_div(W_, units), 1, 16)) : 1;
+    }
     const size_t e = elt(L ? &L->mla.kv_b : nullptr);
+    if (S == 1) {
+      const uint32_t core_done = counter(Op::kMlaCore, l);
+      auto a = args({q, weight(WeightKind::kMlaKvB, l), state(StateKind::kMlaCache, l), att});
+      for (int b = 0; b < B_; ++b)
+        for (int h0 = 0; h0 < H; h0 += per) {
+          Instr in = make(Op::kMlaCore, l, {all_of(q_done), all_of(latent[size_t(b)])}, core_done);
+          in.seq = uint16_t(b);
+          in.r0 = uint32_t(h0);
+          in.r1 = uint32_t(std::min(H, h0 + per));
+          emit(in, a, uint64_t(in.r1 - in.r0) * uint64_t(N + V) * uint64_t(R) * e);
+        }
+      return {att, core_done, int64_t(H) * V, L ? &L->mla.o : nullptr};
+    }
+    // Partials [S][H][R + 2] per sequence: split i of head h at (i * H + h) * (R + 2).
+    BufferDesc parts = arena(int64_t(S) * H * (R + 2));
+    auto a = args({q, weight(WeightKind::kMlaKvB, l), state(StateKind::kMlaCache, l), parts});
+    std::vector<uint32_t> range_ctr;
     for (int b = 0; b < B_; ++b)
       for (int h0 = 0; h0 < H; h0 += per) {
-        Instr in = make(Op::kMlaCore, l, {all_of(q_done), all_of(latent[size_t(b)])}, core_done);
+        const uint32_t ctr = counter(Op::kMlaCore, l, uint32_t(b * ranges + h0 / per));
+        range_ctr.push_back(ctr);
+        for (int i = 0; i < S; ++i) {
+          Instr in = make(Op::kMlaCore, l, {all_of(q_done), all_of(latent[size_t(b)])}, ctr);
+          in.seq = uint16_t(b);
+          in.slot = uint16_t(i);
+          in.splits = uint32_t(S);
+          in.r0 = uint32_t(h0);
+          in.r1 = uint32_t(std::min(H, h0 + per));
+          // The absorbed query is recomputed by every split (N x R per head); the cache rows
+          // are the split's share (counted in the step's bytes, not here: unknown at compile).
+          emit(in, a, uint64_t(in.r1 - in.r0) * uint64_t(N) * uint64_t(R) * e);
+        }
+      }
+    const uint32_t merge_done = counter(Op::kMlaMerge, l);
+    auto am = args({parts, weight(WeightKind::kMlaKvB, l), att});
+    size_t r = 0;
+    for (int b = 0; b < B_; ++b)
+      for (int h0 = 0; h0 < H; h0 += per) {
+        Instr in = make(Op::kMlaMerge, l, {all_of(range_ctr[r++])}, merge_done);
         in.seq = uint16_t(b);
+        in.splits = uint32_t(S);
         in.r0 = uint32_t(h0);
         in.r1 = uint32_t(std::min(H, h0 + per));
-        emit(in, a, uint64_t(in.r1 - in.r0) * uint64_t(N + V) * uint64_t(R) * e);
+        emit(in, am,
+             uint64_t(in.r1 - in.r0) * (uint64_t(V) * uint64_t(R) * e +
+                                        uint64_t(S) * uint64_t(R + 2) * 4));
       }
-    return {att, core_done, int64_t(H) * V, L ? &L->mla.o : nullptr};
+    return {att, merge_done, int64_t(H) * V, L ? &L->mla.o : nullptr};
   }
 
   void dense_ffn(int l, const BufferDesc& x_mid, const BufferDesc& h2, uint32_t norm_done,
@@ -548,7 +595,7 @@ class Builder {
 double tile_cost(const Instr& in, const PlanOptions& o) {
   double f = 1.0;
   if (in.op == Op::kKdaCore) f = 3.0;
-  if (in.op == Op::kMlaCore) f = 2.0;
+  if (in.op == Op::kMlaCore || in.op == Op::kMlaMerge) f = 2.0;
   return double(in.est_bytes) * f + double(o.instr_overhead_bytes);
 }
 
@@ -655,6 +702,12 @@ Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const Pl
   MD_CHECK(opt.tile_bytes >= 1024 && opt.min_tile_bytes <= opt.tile_bytes,
            "plan: tile_bytes {} / min_tile_bytes {} out of range", opt.tile_bytes,
            opt.min_tile_bytes);
+  MD_CHECK(opt.mla_kv_splits >= 0 && opt.mla_kv_splits <= 256,
+           "plan: mla_kv_splits {} is outside 0..256", opt.mla_kv_splits);
+  MD_CHECK(!cfg.has_k3_extensions(),
+           "plan: the decode plan does not yet cover Kimi K3's ops (model_type '{}'); use the "
+           "reference path (--executor reference)",
+           cfg.model_type);
   Plan p;
   p.batch = opt.batch;
   p.workers = opt.workers;

@@ -1,6 +1,8 @@
 // make-model, logits, generate, inspect.
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -47,7 +49,10 @@ void register_make_model(CLI::App& app) {
   };
   auto o = std::make_shared<Opts>();
   auto* c = app.add_subcommand("make-model", "write a random-weight checkpoint of a preset");
-  c->add_option("--preset", o->preset, "tiny | small | kl48-e32 | kl48")->required();
+  c->add_option("--preset", o->preset,
+                 "tiny | small | kl48-e32 | kl48 (Kimi Linear) | k3-tiny | k3-small | k3-slice "
+                 "(Kimi K3)")
+      ->required();
   c->add_option("--seed", o->seed, "random seed (same seed, same bytes)");
   c->add_option("--out", o->out, "output directory")->required();
   c->add_option("--shards", o->shards, "number of safetensors shards")->check(CLI::Range(1, 999));
@@ -116,6 +121,7 @@ void register_run_commands(CLI::App& app) {
       }
       MD_CHECK(o->prefill >= -1, "--prefill {} must not be negative", o->prefill);
       Model m(o->f.model, o->f.options());
+      if (!m.weights().note.empty()) std::fprintf(stderr, "%s\n", m.weights().note.c_str());
       const int64_t V = m.config().vocab_size;
       const size_t S = lists.size();
       std::unique_ptr<DecodeExecutor> ex;
@@ -183,6 +189,7 @@ void register_run_commands(CLI::App& app) {
     c->callback([o] {
       std::vector<int32_t> ids = parse_ids(o->ids);
       Model m(o->f.model, o->f.options());
+      if (!m.weights().note.empty()) std::fprintf(stderr, "%s\n", m.weights().note.c_str());
       const ModelConfig& cfg = m.config();
       SequenceState s = m.new_sequence();
       std::vector<float> logits(size_t(cfg.vocab_size));
@@ -216,7 +223,8 @@ void register_run_commands(CLI::App& app) {
       namespace fs = std::filesystem;
       ModelConfig cfg = load_config_file((fs::path(*o) / "config.json").string());
       Checkpoint ck(*o);
-      bind_weights(cfg, ck);  // validates every tensor
+      ModelWeights w = bind_weights(cfg, ck);  // validates every tensor
+      if (!w.note.empty()) std::fprintf(stderr, "%s\n", w.note.c_str());
       ModelSizes s = model_sizes(cfg);
       std::string pattern;
       for (int l = 0; l < cfg.num_layers; ++l)
@@ -228,12 +236,38 @@ void register_run_commands(CLI::App& app) {
                   (long long)cfg.vocab_size, cfg.rms_norm_eps);
       std::printf("KDA            %d heads x %d, conv %d\n", cfg.kda_num_heads, cfg.kda_head_dim,
                   cfg.kda_conv_size);
-      std::printf("MLA            %d heads, kv_lora %d, nope %d, rope %d (NoPE), v %d\n",
-                  cfg.mla_num_heads, cfg.kv_lora_rank, cfg.qk_nope_head_dim,
-                  cfg.qk_rope_head_dim, cfg.v_head_dim);
+      if (cfg.kda_full_rank_gate || cfg.kda_bounded_decay)
+        std::printf("KDA gates      output %s; decay %s\n",
+                    cfg.kda_full_rank_gate ? "full-rank g_proj" : "low-rank g_a/g_b",
+                    cfg.kda_bounded_decay
+                        ? fmt::format("lower-bounded ({})", cfg.kda_gate_lower_bound).c_str()
+                        : "softplus");
+      std::printf("MLA            %d heads, %s, kv_lora %d, nope %d, rope %d (NoPE), v %d%s\n",
+                  cfg.mla_num_heads,
+                  cfg.q_lora_rank > 0 ? fmt::format("q_lora {}", cfg.q_lora_rank).c_str()
+                                      : "plain q_proj",
+                  cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim,
+                  cfg.mla_output_gate ? ", output gate" : "");
       std::printf("MoE            %d experts, top-%d, %d shared, intermediate %lld, scale %g\n",
                   cfg.num_experts, cfg.num_experts_per_token, cfg.num_shared_experts,
                   (long long)cfg.moe_intermediate_size, cfg.routed_scaling_factor);
+      if (cfg.latent_size > 0 || cfg.experts_mxfp4)
+        std::printf("experts        %s%s%s\n",
+                    cfg.latent_size > 0
+                        ? fmt::format("latent {}{}", cfg.latent_size,
+                                      cfg.latent_norm ? " (normed)" : "")
+                              .c_str()
+                        : "hidden width",
+                    cfg.experts_mxfp4 ? ", MXFP4 (4.25 bits per weight)" : ", bf16", "");
+      std::printf("activation     %s\n",
+                  cfg.uses_situ() ? fmt::format("SiTU (beta {}, linear beta {})", cfg.situ_beta,
+                                                cfg.situ_linear_beta)
+                                        .c_str()
+                                  : "SiLU");
+      if (cfg.attn_res_block_size > 0)
+        std::printf("residuals      block attention residuals, block size %d (%d blocks)\n",
+                    cfg.attn_res_block_size,
+                    (cfg.num_layers + cfg.attn_res_block_size - 1) / cfg.attn_res_block_size);
       std::printf("parameters     %.3f B total, %.3f B active per token\n",
                   double(s.total_params) / 1e9, double(s.active_params) / 1e9);
       std::printf("weights        %s on disk (%s in checkpoint files)\n",

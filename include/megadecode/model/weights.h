@@ -15,19 +15,28 @@ namespace md {
 class Checkpoint;
 
 // A [rows, cols] row-major matrix in the mapping (Hugging Face Linear layout [out, in]).
+// dtype BF16 or F32; or U8 for an MXFP4 matrix (compressed-tensors mxfp4-pack-quantized): `data`
+// is weight_packed [rows, cols/2] (two e2m1 codes per byte, low nibble first) and `scales` is
+// weight_scale [rows, cols/32] (E8M0, 2^(s-127)).
 struct Mat {
   const void* data = nullptr;
   DType dtype = DType::BF16;
   int64_t rows = 0, cols = 0;
+  const uint8_t* scales = nullptr;  // MXFP4 only
+  bool mxfp4() const { return dtype == DType::U8; }
   const bf16* bf16_data() const { return static_cast<const bf16*>(data); }
   const float* f32_data() const { return static_cast<const float*>(data); }
-  size_t bytes() const { return size_t(rows) * size_t(cols) * dtype_size(dtype); }
+  const uint8_t* packed_data() const { return static_cast<const uint8_t*>(data); }
+  size_t bytes() const {
+    if (mxfp4()) return size_t(rows) * size_t(cols) / 2 + size_t(rows) * size_t(cols) / 32;
+    return size_t(rows) * size_t(cols) * dtype_size(dtype);
+  }
   const void* row(int64_t r) const {
     return static_cast<const uint8_t*>(data) + size_t(r) * size_t(cols) * dtype_size(dtype);
   }
 };
 
-struct FfnWeights {  // SwiGLU MLP: down(silu(gate x) * up x)
+struct FfnWeights {  // gated MLP: down(act(gate x, up x)), act SiLU-GLU or SiTU (K3)
   Mat gate, up, down;
   size_t bytes() const { return gate.bytes() + up.bytes() + down.bytes(); }
 };
@@ -39,13 +48,18 @@ struct KdaWeights {
   std::vector<float> dt_bias;                  // [C]
   std::vector<float> A_log;                    // [H]
   Mat b;                                       // [H, D]
-  Mat g_a, g_b;                                // [K, D], [C, K]
+  Mat g_a, g_b;                                // [K, D], [C, K] (low-rank output gate)
+  Mat g;                                       // [C, D] full-rank output gate (K3)
   std::vector<float> o_norm;                   // [K]
   Mat o;                                       // [D, C]
 };
 
 struct MlaWeights {
-  Mat q;                        // [H*(N+P), D]
+  Mat q;                        // [H*(N+P), D] (no q LoRA)
+  Mat q_a;                      // [Q, D] q LoRA (K3): q = q_b(RMSNorm(q_a x, q_a_norm))
+  std::vector<float> q_a_norm;  // [Q]
+  Mat q_b;                      // [H*(N+P), Q]
+  Mat g;                        // [H*V, D] output gate (K3)
   Mat kv_a;                     // [R+P, D]
   std::vector<float> kv_a_norm; // [R]
   Mat kv_b;                     // [H*(N+V), R]
@@ -58,6 +72,11 @@ struct MoeWeights {
   std::vector<FfnWeights> experts;     // w1 = gate, w3 = up, w2 = down
   FfnWeights shared;                   // intermediate = moe_intermediate_size * num_shared
   bool has_shared = false;
+  // Latent MoE (K3): experts read latent_down x [L] and their sum goes back through
+  // latent_up(RMSNorm(sum, latent_norm)).
+  Mat latent_down;                     // [L, D]
+  Mat latent_up;                       // [D, L]
+  std::vector<float> latent_norm;      // [L] (when latent_moe_use_norm)
 };
 
 struct LayerWeights {
@@ -66,6 +85,9 @@ struct LayerWeights {
   MlaWeights mla;  // when the layer is MLA
   FfnWeights dense;  // when the FFN is dense
   MoeWeights moe;    // when the FFN is MoE
+  // Block attention residuals (K3): score weights w = *_res_norm.weight * *_res_proj.weight
+  // (fp32; the product of two bf16 values is exact in fp32), before attention and the FFN.
+  std::vector<float> attn_res_w, mlp_res_w;  // [D]
 };
 
 struct ModelWeights {
@@ -73,6 +95,11 @@ struct ModelWeights {
   std::vector<float> final_norm;  // [D]
   Mat lm_head;                    // [vocab, D]
   std::vector<LayerWeights> layers;
+  std::vector<float> output_res_w;  // [D] block attention residuals before the final norm (K3)
+  // Tensors outside the language model (a K3 file's vision_tower, mm_projector) are not errors:
+  // they are skipped and counted here, with a one-line note for the user (empty when none).
+  int ignored_tensors = 0;
+  std::string note;
 };
 
 // Binds every tensor the architecture needs; a missing tensor, a wrong shape or dtype, or a tensor
@@ -90,7 +117,8 @@ struct ModelSizes {
   int64_t active_params = 0;    // per token: non-expert + top-k routed experts
   double total_bytes = 0;
   double active_bytes = 0;      // weights read per decode token at batch 1
-  double expert_bytes = 0;      // one routed expert (all layers have the same shape)
+  double expert_bytes = 0;      // one routed expert (all layers have the same shape); MXFP4
+                                // experts count 4.25 bits per weight (codes + E8M0 scales)
   double kda_state_bytes = 0;   // per sequence
   double mla_cache_bytes_per_token = 0;  // all MLA layers, at the storage width of the cache
 };

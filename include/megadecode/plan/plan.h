@@ -33,6 +33,8 @@ enum class Op : uint8_t {
   kMlaProj,       // row block of q or kv_a
   kMlaLatent,     // per sequence: cache row = [RMSNorm(a[:R], kv_a_norm) ; a[R:]]
   kMlaCore,       // head range of one sequence: weight-absorbed attention over the latent cache
+                  // (with KV splits: over split `slot`'s cache rows, into partials)
+  kMlaMerge,      // head range of one sequence: merges the KV splits' partials, applies W_UV
   kAttnOut,       // row block of o_proj plus the residual: x_mid = round(x + round(W o))
   kFfnNorm,       // per sequence: h2 = RMSNorm(x_mid, post_attention_layernorm)
   kRouter,        // per sequence: router logits, sigmoid top-k -> expert ids and weights
@@ -75,7 +77,7 @@ struct alignas(64) Instr {
   uint8_t flags = 0;
   uint16_t layer = kNoLayer;
   uint16_t seq = 0;         // sequence index within the batch (per-sequence tiles)
-  uint16_t slot = 0;        // expert slot (kExpertGateUp / kExpertDown)
+  uint16_t slot = 0;        // expert slot (kExpertGateUp / kExpertDown); KV split (kMlaCore)
   uint32_t r0 = 0, r1 = 0;  // tile range: rows, heads or channels (op-specific)
   Wait wait[2];
   uint32_t signal = kNone;  // counter incremented (release) when the tile is done
@@ -83,7 +85,8 @@ struct alignas(64) Instr {
   uint32_t nargs = 0;
   uint32_t id = 0;         // index in Plan::instrs (the global topological order)
   uint32_t est_bytes = 0;  // bytes the tile is expected to move (weights, state, activations)
-  uint32_t reserved[3] = {0, 0, 0};
+  uint32_t splits = 0;     // kMlaCore / kMlaMerge: KV splits of the attention (0: unsplit)
+  uint32_t reserved[2] = {0, 0};
 };
 static_assert(sizeof(Instr) == 64, "an instruction is one 64-byte line");
 
@@ -193,6 +196,12 @@ struct PlanOptions {
   // Latency of a dependency between two workers (counter and data cross cores), same units.
   size_t sync_cost_bytes = size_t{16} << 10;
   Scheduler scheduler = Scheduler::kPhases;
+  // MLA attention split over the cache rows (flash-decoding: a partial per split, then a merge
+  // per head range). 0: automatic (split only when there are at least 4 workers per head range
+  // of the batch, i.e. wide GPUs; never on a few CPU cores); 1: never; n: n splits. The merge changes the fp32 summation order, so a split plan
+  // agrees with Model::forward within fp32 rounding, not bitwise (both executors still agree
+  // bitwise with each other).
+  int mla_kv_splits = 0;
 };
 
 struct Plan {

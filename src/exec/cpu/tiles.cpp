@@ -196,10 +196,36 @@ void mla_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
   const int b = in.seq;
   const cpu::MlaDims d{c.mla_num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
                        c.kv_lora_rank};
+  const int T = int(s.pos[b] + 1);
+  if (in.splits > 1) {
+    // [q, kv_b, cache, parts]: split `slot`'s partials of heads [r0, r1).
+    int t0 = 0, t1 = 0;
+    cpu::mla_split_rows(T, int(in.splits), in.slot, &t0, &t1);
+    float* part = a.f(3, b) + (int64_t(in.slot) * d.H + in.r0) * (d.R + 2);
+    cpu::mla_decode_partial(a.f(0, b), a.seq(b).mla_cache, c.mla_cache_width(), t0, t1,
+                            static_cast<const bf16*>(a.w(1).data), d, int(in.r0), int(in.r1), part,
+                            sc.f.data());
+    return;
+  }
+  // [q, kv_b, cache, att]; the scratch holds the unsplit decode's workspace (scratch_floats).
   float* att = a.f(3, b);
-  cpu::mla_decode_absorbed(a.f(0, b), a.seq(b).mla_cache, c.mla_cache_width(), int(s.pos[b] + 1),
+  cpu::mla_decode_absorbed(a.f(0, b), a.seq(b).mla_cache, c.mla_cache_width(), T,
                            static_cast<const bf16*>(a.w(1).data), d, int(in.r0), int(in.r1), att,
                            sc.f.data());
+  maybe_round(att + int64_t(in.r0) * d.V, int64_t(in.r1 - in.r0) * d.V, s.rnd);
+}
+
+// [parts, kv_b, att]: heads [r0, r1) of one sequence, splits merged in ascending order.
+void mla_merge_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  const ModelConfig& c = *s.cfg;
+  const int b = in.seq;
+  const cpu::MlaDims d{c.mla_num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
+                       c.kv_lora_rank};
+  const float* part = a.f(0, b) + int64_t(in.r0) * (d.R + 2);
+  float* att = a.f(2, b);
+  cpu::mla_decode_merge(part, int64_t(d.H) * (d.R + 2), int(in.splits),
+                        static_cast<const bf16*>(a.w(1).data), d, int(in.r0), int(in.r1), att,
+                        sc.f.data());
   maybe_round(att + int64_t(in.r0) * d.V, int64_t(in.r1 - in.r0) * d.V, s.rnd);
 }
 
@@ -350,7 +376,9 @@ size_t scratch_floats(const plan::Plan& p) {
   n = std::max<int64_t>(n, 2 * B * I);          // gate/up
   n = std::max<int64_t>(n, B * D + 2 * B * I);  // expert gate/up (+ gathered inputs)
   n = std::max<int64_t>(n, B * I + B * D);      // expert down
-  const int64_t mla = int64_t(c.mla_num_heads) * (2 * c.kv_lora_rank + c.qk_rope_head_dim + 2) + 64;
+  // MLA decode (mla_decode_absorbed: partials, absorbed queries, block scores, merge accumulator).
+  const int64_t mla = int64_t(c.mla_num_heads) * (2 * c.kv_lora_rank + c.qk_rope_head_dim + 2) +
+                      c.kv_lora_rank + 64;
   n = std::max<int64_t>(n, mla);
   return size_t(n + 64);
 }
@@ -376,6 +404,8 @@ void run_instr(const StepCtx& s, const Instr& in, Scratch& sc) {
       return mla_latent_tile(s, in, a);
     case Op::kMlaCore:
       return mla_core_tile(s, in, a, sc);
+    case Op::kMlaMerge:
+      return mla_merge_tile(s, in, a, sc);
     case Op::kAttnOut:
       return attn_out_tile(s, in, a);
     case Op::kFfnNorm:
@@ -439,6 +469,11 @@ void Prefetcher::start(const StepCtx& s, const Instr& in) {
     case Op::kMlaCore: {
       const int NV = s.cfg->qk_nope_head_dim + s.cfg->v_head_dim;
       rows_of(1, in.r0 * NV, in.r1 * NV);
+      break;
+    }
+    case Op::kMlaMerge: {  // the W_UV rows of the heads
+      const int N = s.cfg->qk_nope_head_dim, NV = N + s.cfg->v_head_dim;
+      for (uint32_t h = in.r0; h < in.r1 && h < in.r0 + 3; ++h) rows_of(1, h * NV + N, (h + 1) * NV);
       break;
     }
     default:

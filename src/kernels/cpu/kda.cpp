@@ -363,6 +363,14 @@ void kda_decay_gate(float* f, const float* A_log, const float* dt_bias, int K, i
   }
 }
 
+void kda_decay_gate_bounded(float* f, const float* A_log, const float* dt_bias, int K,
+                            float lower_bound, int64_t c0, int64_t c1) {
+  for (int64_t c = c0; c < c1; ++c) {
+    const float rate = std::exp(A_log[c / K]);
+    f[c] = lower_bound * sigmoid(rate * (f[c] + dt_bias[c]));
+  }
+}
+
 void kda_gated_norm(float* o, const float* gate, const float* w, int K, int h0, int h1, float eps) {
   for (int h = h0; h < h1; ++h) {
     float* x = o + int64_t{h} * K;

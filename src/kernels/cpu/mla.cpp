@@ -283,19 +283,20 @@ float* thread_workspace(size_t n) {
   return ws.data();
 }
 
-// Decode for heads [h0, h1) with the workspace laid out by mla_decode_absorbed.
+// The partial attention of heads [h0, h1) over cache rows [t0, t1), written to part[hh] =
+// {ol[R] (unnormalised sum of p_t c_t), running max, running denominator} (see mla.h).
+// ws holds nh * (R + P) + kBlockT floats.
 template <int W>
-MD_INLINE void decode_body(const float* q, const float* cache, int64_t ldc, int T, const bf16* kv_b,
-                           const MlaDims& d, int h0, int h1, float* out, float* ws) {
+MD_INLINE void partial_body(const float* q, const float* cache, int64_t ldc, int t0, int t1,
+                            const bf16* kv_b, const MlaDims& d, int h0, int h1, float* part,
+                            float* ws) {
   const int nh = h1 - h0;
   const int N = d.N, P = d.P, V = d.V, R = d.R;
   const int RP = R + P;  // a cache row and an absorbed query: [latent ; k_pe]
+  const int PS = R + 2;  // one head's partial: ol[R], max, sum
   const float scale = 1.0f / std::sqrt(static_cast<float>(N + P));
-  float* qa = ws;                                     // [nh][RP]: W_UK^T q_nope ; q_pe
-  float* ol = qa + static_cast<size_t>(nh) * RP;      // [nh][R]: unnormalised sum p_t c_t
-  float* run_max = ol + static_cast<size_t>(nh) * R;  // [nh]
-  float* run_sum = run_max + nh;                      // [nh]: softmax denominator
-  float* s = run_sum + nh;                            // [kBlockT]: one head's block scores
+  float* qa = ws;                                 // [nh][RP]: W_UK^T q_nope ; q_pe
+  float* s = qa + static_cast<size_t>(nh) * RP;  // [kBlockT]: one head's block scores
 
   for (int hh = 0; hh < nh; ++hh) {
     const int h = h0 + hh;
@@ -307,45 +308,74 @@ MD_INLINE void decode_body(const float* q, const float* cache, int64_t ldc, int 
     std::fill(qah, qah + R, 0.0f);
     for (int n = 0; n < N; ++n) axpy_bf16<W>(qah, wuk + static_cast<size_t>(n) * R, qh[n], R);
     std::copy(qh + N, qh + N + P, qah + R);
-    std::fill(ol + static_cast<size_t>(hh) * R, ol + static_cast<size_t>(hh + 1) * R, 0.0f);
-    run_max[hh] = -std::numeric_limits<float>::infinity();
-    run_sum[hh] = 0.0f;
+    float* ph = part + static_cast<size_t>(hh) * PS;
+    std::fill(ph, ph + R, 0.0f);
+    ph[R] = -std::numeric_limits<float>::infinity();
+    ph[R + 1] = 0.0f;
   }
 
-  for (int t0 = 0; t0 < T; t0 += kBlockT) {
-    const int nt = std::min(kBlockT, T - t0);
-    const float* rows = cache + static_cast<int64_t>(t0) * ldc;
+  for (int b0 = t0; b0 < t1; b0 += kBlockT) {
+    const int nt = std::min(kBlockT, t1 - b0);
+    const float* rows = cache + static_cast<int64_t>(b0) * ldc;
     for (int hh = 0; hh < nh; ++hh) {
-      float* olh = ol + static_cast<size_t>(hh) * R;
+      float* olh = part + static_cast<size_t>(hh) * PS;
+      float& run_max = olh[R];
+      float& run_sum = olh[R + 1];
       score_rows<W>(qa + static_cast<size_t>(hh) * RP, rows, ldc, nt, RP, scale, s);
       float bmax = s[0];
       for (int k = 1; k < nt; ++k) bmax = std::max(bmax, s[k]);
-      if (bmax > run_max[hh]) {
+      if (bmax > run_max) {
         // A larger max rescales what was accumulated under the old one; on the first block the
         // old sums are zero and exp(-inf) = 0 leaves them so.
-        const float alpha = std::exp(run_max[hh] - bmax);
-        run_sum[hh] *= alpha;
+        const float alpha = std::exp(run_max - bmax);
+        run_sum *= alpha;
         scale_vec<W>(olh, alpha, R);
-        run_max[hh] = bmax;
+        run_max = bmax;
       }
       float sum = 0.0f;
       for (int k = 0; k < nt; ++k) {
-        s[k] = std::exp(s[k] - run_max[hh]);
+        s[k] = std::exp(s[k] - run_max);
         sum += s[k];
       }
-      run_sum[hh] += sum;
+      run_sum += sum;
       accumulate_rows<W>(olh, rows, ldc, nt, s, R);
     }
   }
+}
 
-  for (int hh = 0; hh < nh; ++hh) {
-    const int h = h0 + hh;
-    const bf16* wuv = kv_b + (static_cast<size_t>(h) * (N + V) + N) * R;
-    const float* olh = ol + static_cast<size_t>(hh) * R;
-    const float inv = 1.0f / run_sum[hh];
+// Merges the S partials of heads [h0, h1) in ascending split order and applies W_UV (see mla.h).
+// acc holds R floats.
+template <int W>
+MD_INLINE void merge_body(const float* part, int64_t split_stride, int S, const bf16* kv_b,
+                          const MlaDims& d, int h0, int h1, float* out, float* acc) {
+  const int N = d.N, V = d.V, R = d.R;
+  const int PS = R + 2;
+  for (int h = h0; h < h1; ++h) {
+    const int64_t off = static_cast<int64_t>(h - h0) * PS;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int i = 0; i < S; ++i) {
+      const float* pi = part + i * split_stride + off;
+      if (pi[R + 1] > 0.0f) m = std::max(m, pi[R]);
+    }
     float* oh = out + static_cast<size_t>(h) * V;
+    if (!(m > -std::numeric_limits<float>::infinity())) {  // no row attended: zero, as T = 0
+      std::fill(oh, oh + V, 0.0f);
+      continue;
+    }
+    std::fill(acc, acc + R, 0.0f);
+    float sum = 0.0f;
+    for (int i = 0; i < S; ++i) {
+      const float* pi = part + i * split_stride + off;
+      if (!(pi[R + 1] > 0.0f)) continue;  // an empty split
+      // With one split f = exp(0) = 1 and acc = 0 + 1 * ol: the merge is exact.
+      const float f = std::exp(pi[R] - m);
+      axpy<W>(acc, pi, f, R);
+      sum += f * pi[R + 1];
+    }
+    const bf16* wuv = kv_b + (static_cast<size_t>(h) * (N + V) + N) * R;
+    const float inv = 1.0f / sum;
     // Normalising after the W_UV product costs V multiplies instead of R.
-    for (int v = 0; v < V; ++v) oh[v] = dot_bf16<W>(wuv + static_cast<size_t>(v) * R, olh, R) * inv;
+    for (int v = 0; v < V; ++v) oh[v] = dot_bf16<W>(wuv + static_cast<size_t>(v) * R, acc, R) * inv;
   }
 }
 
@@ -455,10 +485,14 @@ bool use_avx2() {
 #endif
 // clang-format on
 
-MD_MLA_VERSIONS(decode,
-                (const float* q, const float* cache, int64_t ldc, int T, const bf16* kv_b,
-                 const MlaDims& d, int h0, int h1, float* out, float* ws),
-                (q, cache, ldc, T, kv_b, d, h0, h1, out, ws))
+MD_MLA_VERSIONS(partial,
+                (const float* q, const float* cache, int64_t ldc, int t0, int t1, const bf16* kv_b,
+                 const MlaDims& d, int h0, int h1, float* part, float* ws),
+                (q, cache, ldc, t0, t1, kv_b, d, h0, h1, part, ws))
+MD_MLA_VERSIONS(merge,
+                (const float* part, int64_t split_stride, int S, const bf16* kv_b,
+                 const MlaDims& d, int h0, int h1, float* out, float* acc),
+                (part, split_stride, S, kv_b, d, h0, h1, out, acc))
 MD_MLA_VERSIONS(expand_kv,
                 (const float* cache, int64_t ldc, int Tk, const float* w, int NV, int R, float* kv),
                 (cache, ldc, Tk, w, NV, R, kv))
@@ -478,9 +512,39 @@ void mla_decode_absorbed(const float* q, const float* cache, int64_t ldc, int T,
     std::fill(out + static_cast<size_t>(h0) * d.V, out + static_cast<size_t>(h1) * d.V, 0.0f);
     return;
   }
-  const size_t need = static_cast<size_t>(nh) * (d.R + d.P + d.R + 2) + kBlockT;
+  // Workspace: the partials [nh][R + 2], the absorbed queries [nh][R + P], block scores, and the
+  // merge accumulator [R].
+  const size_t npart = static_cast<size_t>(nh) * (d.R + 2);
+  const size_t need = npart + mla_partial_scratch_floats(d, nh) + static_cast<size_t>(d.R);
   const size_t have = static_cast<size_t>(T) + 2 * static_cast<size_t>(d.R);
-  decode(q, cache, ldc, T, kv_b, d, h0, h1, out, need <= have ? scratch : thread_workspace(need));
+  float* ws = need <= have ? scratch : thread_workspace(need);
+  partial(q, cache, ldc, 0, T, kv_b, d, h0, h1, ws, ws + npart);
+  merge(ws, 0, 1, kv_b, d, h0, h1, out, ws + npart + mla_partial_scratch_floats(d, nh));
+}
+
+size_t mla_partial_scratch_floats(const MlaDims& d, int heads) {
+  return static_cast<size_t>(heads) * (d.R + d.P) + kBlockT;
+}
+
+void mla_split_rows(int T, int S, int i, int* t0, int* t1) {
+  // Whole kBlockT blocks per split, so a split walks the same blocks the unsplit decode would.
+  const int64_t nb = (static_cast<int64_t>(T) + kBlockT - 1) / kBlockT;
+  const int64_t b0 = nb * i / S, b1 = nb * (i + 1) / S;
+  *t0 = static_cast<int>(std::min<int64_t>(T, b0 * kBlockT));
+  *t1 = static_cast<int>(std::min<int64_t>(T, b1 * kBlockT));
+}
+
+void mla_decode_partial(const float* q, const float* cache, int64_t ldc, int t0, int t1,
+                        const bf16* kv_b, const MlaDims& d, int h0, int h1, float* part,
+                        float* scratch) {
+  if (h1 <= h0) return;
+  partial(q, cache, ldc, t0, std::max(t0, t1), kv_b, d, h0, h1, part, scratch);
+}
+
+void mla_decode_merge(const float* part, int64_t split_stride, int S, const bf16* kv_b,
+                      const MlaDims& d, int h0, int h1, float* out, float* scratch) {
+  if (h1 <= h0) return;
+  merge(part, split_stride, S, kv_b, d, h0, h1, out, scratch);
 }
 
 void mla_prefill(const float* q, int64_t ldq, int Tq, int T0, const float* cache, int64_t ldc,

@@ -35,6 +35,26 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out, bool ro
   }
 }
 
+void situ_mul(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
+              float* out, bool round) {
+  const float ib = 1.0f / beta, il = linear_beta > 0 ? 1.0f / linear_beta : 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    float u = up[i];
+    if (linear_beta > 0) u = linear_beta * std::tanh(u * il);
+    const float v = beta * std::tanh(g * ib) * sigmoidf(g) * u;
+    out[i] = round ? round_bf16(v) : v;
+  }
+}
+
+void sigmoid_gate_inplace(float* x, const float* gate, int64_t n, bool round) {
+  if (round) {
+    for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i] * round_bf16(sigmoidf(gate[i])));
+  } else {
+    for (int64_t i = 0; i < n; ++i) x[i] *= sigmoidf(gate[i]);
+  }
+}
+
 void route_topk(const float* logits, const float* bias, const RouterParams& p, int* ids,
                 float* weights) {
   const int E = p.num_experts;

@@ -26,6 +26,12 @@ void short_conv_prefill(const float* x, int T, int64_t ldx, float* cache, const 
 void kda_decay_gate(float* f, const float* A_log, const float* dt_bias, int K, int64_t c0,
                     int64_t c1);
 
+// Kimi K3's lower-bounded ("safe") decay gate, in place on channels [c0, c1):
+// f[c] <- lower_bound * sigmoid(exp(A_log[c / K]) * (f[c] + dt_bias[c])), all fp32. The result
+// lies in (lower_bound, 0), so every decay exp(g) is in (exp(lower_bound), 1).
+void kda_decay_gate_bounded(float* f, const float* A_log, const float* dt_bias, int K,
+                            float lower_bound, int64_t c0, int64_t c1);
+
 // One decode step of one head: q, k, v, g are that head's K values (g = log decay, <= 0), beta its
 // scalar write strength. q and k are L2-normalised here (x / sqrt(sum x^2 + 1e-6)), q scaled by
 // K^-0.5; then S = diag(exp(g)) S; u = v - S^T k; S += k (beta u)^T; o = S^T q.

@@ -3,6 +3,7 @@
 // (P = qk_rope_head_dim): row width R + P. kv_b_proj [H*(N+V), R] holds per head N "nope" key rows
 // then V value rows. Scores use scale 1/sqrt(N + P).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "megadecode/base/bf16.h"
@@ -27,6 +28,28 @@ struct MlaDims {
 void mla_decode_absorbed(const float* q, const float* cache, int64_t ldc, int T,
                          const bf16* kv_b, const MlaDims& d, int h0, int h1, float* out,
                          float* scratch);
+
+// The same decode split over the cache rows (flash-decoding): a partial per (head, split) and a
+// merge. mla_decode_absorbed(T) is exactly mla_decode_partial over [0, T) followed by
+// mla_decode_merge with S = 1 (same operations, same bits).
+//
+// mla_decode_partial: heads [h0, h1) over cache rows [t0, t1) (t0 == t1: an empty split).
+// part[(h - h0) * (R + 2) + ...] = {ol[R] = sum_t exp(s_t - m) c_t, m = max_t s_t, sum_t exp(s_t - m)}
+// (an empty split writes zeros, m = -inf, sum 0). scratch: mla_partial_scratch_floats(d, h1 - h0).
+//
+// mla_decode_merge: for heads [h0, h1), the S partials at part + i * split_stride (each laid out
+// as above, relative to h0) are combined in ascending i (skipping empty ones) and out_h = W_UV_h
+// ol / sum is written to out[h * V ..]. scratch: R floats.
+//
+// mla_split_rows: the rows [t0, t1) of split i of S over T rows: whole 16-row blocks, contiguous,
+// ascending, covering [0, T).
+size_t mla_partial_scratch_floats(const MlaDims& d, int heads);
+void mla_split_rows(int T, int S, int i, int* t0, int* t1);
+void mla_decode_partial(const float* q, const float* cache, int64_t ldc, int t0, int t1,
+                        const bf16* kv_b, const MlaDims& d, int h0, int h1, float* part,
+                        float* scratch);
+void mla_decode_merge(const float* part, int64_t split_stride, int S, const bf16* kv_b,
+                      const MlaDims& d, int h0, int h1, float* out, float* scratch);
 
 // Prefill with explicit keys and values (the reference's formulation): for heads [h0, h1) and the
 // new tokens i in [0, Tq) at absolute positions T0 + i, attending causally to cache rows

@@ -17,6 +17,17 @@ void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* y, boo
 // bf16 (the reference computes both in bf16).
 void silu_mul(const float* gate, const float* up, int64_t n, float* out, bool round_bf16);
 
+// SiTU-GLU (Kimi K3's hidden_act "situ"): out[i] = beta * tanh(g / beta) * sigmoid(g) * u', with
+// u' = linear_beta * tanh(u / linear_beta) when linear_beta > 0, else u (g = gate[i], u = up[i]).
+// Computed in fp32 from the (bf16-valued) inputs; with round_bf16 the result alone is rounded, as
+// the official SituAndMul computes in fp32 and casts back once.
+void situ_mul(const float* gate, const float* up, int64_t n, float beta, float linear_beta,
+              float* out, bool round_bf16);
+
+// Sigmoid output gate: x[i] <- x[i] * sigmoid(gate[i]). With round_bf16 the sigmoid and the
+// product are rounded to bf16 (a bf16 sigmoid, then a bf16 multiply), as K3's MLA output gate.
+void sigmoid_gate_inplace(float* x, const float* gate, int64_t n, bool round_bf16);
+
 inline float sigmoidf(float x) {
   return 1.0f / (1.0f + __builtin_expf(-x));
 }
