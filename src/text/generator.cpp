@@ -11,14 +11,60 @@ double GenerationResult::decode_tokens_per_second() const {
   return decode_seconds > 0 && tokens.size() > 1 ? double(tokens.size() - 1) / decode_seconds : 0;
 }
 
+XtmlChannels::XtmlChannels(const Tokenizer& tokenizer) : tok_(tokenizer) {
+  auto o = tok_.special_id("<|open|>"), c = tok_.special_id("<|close|>"),
+       s = tok_.special_id("<|sep|>");
+  enabled_ = o && c && s;
+  if (!enabled_) return;
+  open_ = *o;
+  close_ = *c;
+  sep_ = *s;
+  end_ = tok_.special_id(kKimiK3EndOfMessage).value_or(-1);
+}
+
+bool XtmlChannels::feed(int32_t id, std::string& shown) {
+  if (!enabled_) return false;
+  if (id == open_ || id == close_) {
+    in_tag_ = true;
+    opening_ = id == open_;
+    tag_.clear();
+    return true;
+  }
+  if (id == end_) {
+    in_tag_ = false;
+    channel_ = Channel::kNone;
+    return true;
+  }
+  if (!in_tag_) return id == sep_;  // a stray <|sep|> is markup too
+  if (id != sep_) {
+    tag_ += tok_.token_bytes(id);
+    return true;
+  }
+  in_tag_ = false;
+  const std::string name = tag_.substr(0, tag_.find(' '));
+  if (name == "think" || name == "response") {
+    channel_ = !opening_ ? Channel::kNone : name == "think" ? Channel::kThink : Channel::kResponse;
+  } else if (name == "message") {
+    channel_ = Channel::kNone;
+  } else {
+    shown += opening_ ? "<|open|>" : "<|close|>";
+    shown += tag_;
+    shown += "<|sep|>";
+  }
+  return true;
+}
+
 Generator::Generator(Model& model, const Tokenizer& tokenizer, std::string chat_template)
     : model_(model), tok_(tokenizer), seq_(model.new_sequence()) {
   MD_CHECK(tok_.vocab_size() <= model.config().vocab_size,
            "tokenizer has {} ids but the model's vocabulary is {}", tok_.vocab_size(),
            model.config().vocab_size);
   try {
-    kind_ = chat_template.empty() ? detect_template(tok_.chat_template())
-                                  : template_from_name(chat_template);
+    // A checkpoint without a template whose tokenizer has Kimi K3's structure tokens is K3.
+    kind_ = chat_template.empty()
+                ? detect_template(tok_.chat_template(),
+                                  [this](std::string_view t) { return tok_.special_id(t).has_value(); })
+                : template_from_name(chat_template);
   } catch (const Error& e) {
     kind_error_ = e.what();  // reported when a chat is rendered, not for raw prompts
   }
@@ -29,15 +75,32 @@ std::vector<int32_t> Generator::default_stop_ids() const {
   for (int64_t e : model_.config().eos_token_ids) ids.push_back(int32_t(e));
   if (auto e = tok_.eos_id()) ids.push_back(*e);
   if (auto e = tok_.special_id("<|im_end|>")) ids.push_back(*e);
+  if (auto e = tok_.special_id(kKimiK3EndOfMessage)) ids.push_back(*e);
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   return ids;
 }
 
-std::string Generator::render(const std::vector<ChatMessage>& messages,
-                              bool add_generation_prompt) const {
+TemplateKind Generator::template_kind() const {
   MD_CHECK(kind_.has_value(), "{}", kind_error_);
-  return render_chat(*kind_, messages, add_generation_prompt);
+  return *kind_;
+}
+
+std::string Generator::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                              const ChatOptions& options) const {
+  return render_chat(template_kind(), messages, add_generation_prompt, {}, options);
+}
+
+std::vector<int32_t> Generator::encode_chat(const std::vector<ChatMessage>& messages,
+                                            bool add_generation_prompt,
+                                            const ChatOptions& options) const {
+  std::vector<int32_t> ids;
+  for (const ChatSegment& s :
+       render_chat_segments(template_kind(), messages, add_generation_prompt, {}, options)) {
+    std::vector<int32_t> part = tok_.encode(s.text, s.allow_special);
+    ids.insert(ids.end(), part.begin(), part.end());
+  }
+  return ids;
 }
 
 void Generator::reset() {
@@ -47,7 +110,8 @@ void Generator::reset() {
 
 GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
                                      const SamplingParams& params,
-                                     const std::function<bool(std::string_view)>& on_text) {
+                                     const std::function<bool(std::string_view)>& on_text,
+                                     const std::function<bool(std::string_view)>& on_reasoning) {
   params.validate();
   MD_CHECK(!prompt.empty(), "the prompt is empty (no tokens to start from)");
   const int64_t V = model_.config().vocab_size;
@@ -75,11 +139,29 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
   sampler.set_prompt_length(history.size());
   StreamDecoder dec(tok_, /*skip_special=*/true);
   StopMatcher stops(params.stop_strings);
+  // Kimi K3 output: the channel the prompt left open (the generation prompt opens think or
+  // response) decides where the first generated text goes.
+  XtmlChannels xtml(tok_);
+  std::string shown;
+  for (int32_t id : prompt) xtml.feed(id, shown);
+  bool stop_hit = false;
   auto emit = [&](const std::string& piece) {
     if (piece.empty()) return true;
     r.text += piece;
     return on_text ? on_text(piece) : true;
   };
+  // Routes decoded text to a channel's output; false cancels.
+  auto route_to = [&](XtmlChannels::Channel channel, const std::string& piece) {
+    if (piece.empty()) return true;
+    if (channel == XtmlChannels::Channel::kThink) {
+      r.reasoning += piece;
+      return on_reasoning ? on_reasoning(piece) : true;
+    }
+    auto out = stops.feed(piece);
+    stop_hit = stop_hit || out.stopped;
+    return emit(out.text);
+  };
+  auto route = [&](const std::string& piece) { return route_to(xtml.channel(), piece); };
   r.finish_reason = "length";
   for (int i = 0; i < params.max_tokens; ++i) {
     int32_t next = sampler.sample(logits, history);
@@ -90,9 +172,17 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
       r.finish_reason = "stop";
       break;
     }
-    auto out = stops.feed(dec.push(next));
-    bool keep_going = emit(out.text);
-    if (out.stopped) {
+    bool keep_going = true;
+    shown.clear();
+    const XtmlChannels::Channel before = xtml.channel();
+    if (xtml.feed(next, shown)) {
+      // Markup: what the decoder held back (part of a character) belongs to the channel before it.
+      keep_going = route_to(before, dec.flush());
+      if (keep_going && !stop_hit) keep_going = route(shown);
+    } else {
+      keep_going = route(dec.push(next));
+    }
+    if (stop_hit) {
       r.finish_reason = "stop";
       break;
     }
@@ -107,7 +197,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
   if (r.finish_reason != "cancelled") {
     // Release what was held back: an incomplete character at the end, or text that could still
     // have begun a stop string.
-    emit(stops.feed(dec.flush()).text);
+    route(dec.flush());
     if (!stops.stopped()) emit(stops.flush());
   }
   r.decode_seconds = now_seconds() - t1;

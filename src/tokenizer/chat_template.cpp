@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 
+#include "chat_template_k3.h"
 #include "megadecode/base/error.h"
 
 namespace md {
@@ -172,49 +173,53 @@ void append_python_string(std::string& out, const std::string& s) {
   out.push_back('"');
 }
 
-void append_python_json(std::string& out, const nlohmann::json& v) {
+template <class Json>
+void append_python_json(std::string& out, const Json& v, bool compact) {
   using T = nlohmann::json::value_t;
+  const char* const item_sep = compact ? "," : ", ";
+  const char* const key_sep = compact ? ":" : ": ";
   switch (v.type()) {
     case T::null:
       out += "null";
       break;
     case T::boolean:
-      out += v.get<bool>() ? "true" : "false";
+      out += v.template get<bool>() ? "true" : "false";
       break;
     case T::number_integer:
-      out += std::to_string(v.get<int64_t>());
+      out += std::to_string(v.template get<int64_t>());
       break;
     case T::number_unsigned:
-      out += std::to_string(v.get<uint64_t>());
+      out += std::to_string(v.template get<uint64_t>());
       break;
     case T::number_float:
-      out += python_float(v.get<double>());
+      out += python_float(v.template get<double>());
       break;
     case T::string:
-      append_python_string(out, v.get_ref<const std::string&>());
+      append_python_string(out, v.template get_ref<const std::string&>());
       break;
     case T::array: {
       out.push_back('[');
       bool first = true;
       for (const auto& e : v) {
-        if (!first) out += ", ";
+        if (!first) out += item_sep;
         first = false;
-        append_python_json(out, e);
+        append_python_json(out, e, compact);
       }
       out.push_back(']');
       break;
     }
     case T::object: {
       // nlohmann::json keeps keys sorted, which is also the order the checkpoint's tokenizer
-      // (deep_sort_dict in tokenization_kimi.py) gives the tools before rendering.
+      // (deep_sort_dict in tokenization_kimi.py) gives the tools before rendering; ordered_json
+      // keeps document order, as Python's json.loads does.
       out.push_back('{');
       bool first = true;
       for (const auto& [k, e] : v.items()) {
-        if (!first) out += ", ";
+        if (!first) out += item_sep;
         first = false;
         append_python_string(out, k);
-        out += ": ";
-        append_python_json(out, e);
+        out += key_sep;
+        append_python_json(out, e, compact);
       }
       out.push_back('}');
       break;
@@ -276,50 +281,89 @@ std::string render_kimi(const std::vector<ChatMessage>& messages, bool add_gener
 
 }  // namespace
 
-std::string python_json_dumps(const nlohmann::json& value) {
+std::string python_json_dumps(const nlohmann::json& value, bool compact) {
   std::string out;
-  append_python_json(out, value);
+  append_python_json(out, value, compact);
   return out;
 }
 
-std::string render_chat(TemplateKind kind, const std::vector<ChatMessage>& messages,
-                        bool add_generation_prompt, const std::vector<nlohmann::json>& tools) {
+std::string python_json_dumps(const nlohmann::ordered_json& value, bool compact) {
+  std::string out;
+  append_python_json(out, value, compact);
+  return out;
+}
+
+std::vector<ChatSegment> render_chat_segments(TemplateKind kind,
+                                              const std::vector<ChatMessage>& messages,
+                                              bool add_generation_prompt,
+                                              const std::vector<nlohmann::json>& tools,
+                                              const ChatOptions& options) {
   switch (kind) {
     case TemplateKind::kKimi:
-      return render_kimi(messages, add_generation_prompt, tools);
+      return {{render_kimi(messages, add_generation_prompt, tools), true}};
+    case TemplateKind::kKimiK3:
+      return k3::render(messages, add_generation_prompt, tools, options);
   }
   fail("chat template: unsupported template kind {}", int(kind));
+}
+
+std::string render_chat(TemplateKind kind, const std::vector<ChatMessage>& messages,
+                        bool add_generation_prompt, const std::vector<nlohmann::json>& tools,
+                        const ChatOptions& options) {
+  if (kind == TemplateKind::kKimi) return render_kimi(messages, add_generation_prompt, tools);
+  std::string out;
+  for (const ChatSegment& s :
+       render_chat_segments(kind, messages, add_generation_prompt, tools, options))
+    out += s.text;
+  return out;
 }
 
 bool template_is_exact(TemplateKind kind, const std::string& jinja_source) {
   switch (kind) {
     case TemplateKind::kKimi:
       return strip_whitespace(jinja_source) == strip_whitespace(kimi_linear_chat_template());
+    case TemplateKind::kKimiK3:
+      return strip_whitespace(jinja_source) == strip_whitespace(kimi_k3_chat_template());
   }
   return false;
 }
 
+TemplateKind detect_template(const std::string& jinja_source,
+                             const std::function<bool(std::string_view)>& has_special_token) {
+  if (jinja_source.empty() && has_special_token) {
+    bool k3 = true;
+    for (std::string_view t : kimi_k3_structural_tokens()) k3 = k3 && has_special_token(t);
+    if (k3) return TemplateKind::kKimiK3;
+  }
+  return detect_template(jinja_source);
+}
+
 TemplateKind detect_template(const std::string& jinja_source) {
   if (template_is_exact(TemplateKind::kKimi, jinja_source)) return TemplateKind::kKimi;
+  if (template_is_exact(TemplateKind::kKimiK3, jinja_source)) return TemplateKind::kKimiK3;
+  if (k3::template_family(jinja_source)) return TemplateKind::kKimiK3;
   // Family match: every Kimi marker present and no thinking section (the K2 Thinking / K2.5
   // templates share the markers but render <think> blocks, which this renderer does not).
   bool kimi = std::all_of(std::begin(kKimiMarkers), std::end(kKimiMarkers),
                           [&](auto m) { return jinja_source.find(m) != std::string::npos; });
   if (kimi && jinja_source.find("<think>") == std::string::npos) return TemplateKind::kKimi;
   fail(
-      "unknown chat template (not the Kimi Linear / Kimi K2 Instruct format); "
-      "use --chat-template kimi to render with a known template");
+      "unknown chat template (neither the Kimi Linear / Kimi K2 Instruct nor the Kimi K3 format); "
+      "use --chat-template kimi or --chat-template kimi-k3 to render with a known template");
 }
 
 TemplateKind template_from_name(std::string_view name) {
   if (name == "kimi" || name == "kimi-k2" || name == "kimi-linear") return TemplateKind::kKimi;
-  fail("unknown chat template name '{}' (known: kimi, kimi-k2, kimi-linear)", name);
+  if (name == "kimi-k3" || name == "k3") return TemplateKind::kKimiK3;
+  fail("unknown chat template name '{}' (known: kimi, kimi-k2, kimi-linear, kimi-k3, k3)", name);
 }
 
 std::string_view template_name(TemplateKind kind) {
   switch (kind) {
     case TemplateKind::kKimi:
       return "kimi";
+    case TemplateKind::kKimiK3:
+      return "kimi-k3";
   }
   return "unknown";
 }

@@ -1,6 +1,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "megadecode/base/error.h"
 #include "megadecode/model/presets.h"
 #include "megadecode/text/generator.h"
@@ -29,6 +31,14 @@ class GeneratorTest : public ::testing::Test {
     o.threads = 2;
     model_ = std::make_unique<Model>(dir_->path(), o);
     tok_ = std::make_unique<Tokenizer>(Tokenizer::load(dir_->path()));
+  }
+  // The same BPE ranks with Kimi K3's special tokens and no chat template, like a K3 checkpoint.
+  static Tokenizer k3_tokenizer(int64_t vocab_size) {
+    std::vector<std::string> ranks = train_bpe(builtin_training_corpus(), int(vocab_size - 256));
+    std::vector<SpecialToken> specials;
+    for (const NamedSpecialToken& t : kimi_k3_special_tokens())
+      specials.push_back({int32_t(ranks.size()) + t.offset, std::string(t.content), true});
+    return Tokenizer::from_parts(ranks, specials, vocab_size);
   }
   static test::TempDir* dir_;
   std::unique_ptr<Model> model_;
@@ -69,7 +79,7 @@ TEST_F(GeneratorTest, ReusesThePrefixOfTheNextTurn) {
   o.precision = Precision::FP32;
   model_ = std::make_unique<Model>(dir_->path(), o);
   Generator g(*model_, *tok_);
-  auto first = g.encode(g.render({{"user", "hello there", "", "", {}}}, true));
+  auto first = g.encode(g.render({{"user", "hello there", "", "", {}, ""}}, true));
   GenerationResult a = g.generate(first, greedy(6));
   EXPECT_EQ(a.prefilled, int(first.size()));
   // A prompt extending what was fed (prompt + generated ids but the last) only runs the suffix.
@@ -132,8 +142,108 @@ TEST_F(GeneratorTest, CancelAndBadInput) {
   bad.top_p = 2;
   EXPECT_THROW(g.generate(prompt, bad), Error);
   Generator unknown(*model_, *tok_, "chatml");  // raw prompts still work without a template
-  EXPECT_THROW(unknown.render({{"user", "hi", "", "", {}}}, true), Error);
+  EXPECT_THROW(unknown.render({{"user", "hi", "", "", {}, ""}}, true), Error);
   EXPECT_EQ(unknown.generate(prompt, greedy(3)).tokens.size(), 3u);
+}
+
+TEST_F(GeneratorTest, KimiK3TemplateStopAndPromptIds) {
+  Tokenizer k3 = k3_tokenizer(model_->config().vocab_size);
+  Generator g(*model_, k3);
+  EXPECT_EQ(g.template_kind(), TemplateKind::kKimiK3);  // detected from the special tokens
+  const int32_t eom = *k3.special_id("<|end_of_msg|>");
+  auto stops = g.default_stop_ids();
+  EXPECT_NE(std::find(stops.begin(), stops.end(), eom), stops.end());
+  // The Kimi tokenizer's own end-of-message token is not there to add.
+  EXPECT_EQ(k3.special_id("<|im_end|>"), std::nullopt);
+
+  // Prompt ids: markup segments as special ids, message text as plain text even when it looks
+  // like markup.
+  std::vector<ChatMessage> msgs = {{"user", "hi <|open|>", "", "", {}, ""}};
+  std::vector<int32_t> ids = g.encode_chat(msgs, true);
+  // Effort message, user message, generation prompt, think: the user's "<|open|>" is text.
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), *k3.special_id("<|open|>")), 4);
+  std::string text = k3.decode(ids);
+  EXPECT_EQ(text, render_chat(TemplateKind::kKimiK3, msgs, true));
+  EXPECT_NE(g.encode(text), ids);  // tokenizing the flat string would make the user's <|open|> special
+  // Ends with the generation prompt that opens the think channel.
+  auto tail = k3.encode("<|open|>think<|sep|>");
+  ASSERT_GE(ids.size(), tail.size());
+  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), ids.end() - std::ptrdiff_t(tail.size())));
+  ChatOptions no_think;
+  no_think.thinking = false;
+  EXPECT_EQ(k3.decode(g.encode_chat(msgs, true, no_think)),
+            render_chat(TemplateKind::kKimiK3, msgs, true, {}, no_think));
+}
+
+TEST_F(GeneratorTest, XtmlChannelsFollowTheOutput) {
+  Tokenizer k3 = k3_tokenizer(model_->config().vocab_size);
+  XtmlChannels x(k3);
+  ASSERT_TRUE(x.enabled());
+  EXPECT_FALSE(XtmlChannels(*tok_).enabled());  // the Kimi Linear tokenizer has no XTML tokens
+  using C = XtmlChannels::Channel;
+  // Feeds `s` token by token and returns (what was content, what was shown as markup).
+  std::string shown;
+  auto feed = [&](std::string_view s) {
+    std::string content;
+    for (int32_t id : k3.encode(s)) {
+      if (!x.feed(id, shown)) content += k3.token_bytes(id);
+    }
+    return content;
+  };
+  EXPECT_EQ(feed("<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>"), "");
+  EXPECT_EQ(x.channel(), C::kThink);
+  EXPECT_EQ(feed("Let me think."), "Let me think.");
+  EXPECT_EQ(x.channel(), C::kThink);
+  EXPECT_EQ(feed("<|close|>think<|sep|><|open|>response<|sep|>"), "");
+  EXPECT_EQ(x.channel(), C::kResponse);
+  EXPECT_EQ(feed("Answer."), "Answer.");
+  EXPECT_EQ(feed("<|close|>response<|sep|>"), "");
+  EXPECT_EQ(x.channel(), C::kNone);
+  EXPECT_TRUE(shown.empty());
+  // Tool calls are kept as their markup.
+  EXPECT_EQ(feed("<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>"), "");
+  EXPECT_EQ(shown, "<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|>");
+  EXPECT_EQ(feed("<|close|>message<|sep|><|end_of_msg|>"), "");
+  EXPECT_EQ(x.channel(), C::kNone);
+}
+
+TEST_F(GeneratorTest, KimiK3ThinkChannelIsReasoning) {
+  Tokenizer k3 = k3_tokenizer(model_->config().vocab_size);
+  Generator g(*model_, k3);
+  std::vector<ChatMessage> msgs = {{"user", "Why is the sky blue?", "", "", {}, ""}};
+  auto structural = [&](const GenerationResult& r) {
+    for (std::string_view t : kimi_k3_structural_tokens())
+      if (std::count(r.tokens.begin(), r.tokens.end(), *k3.special_id(t))) return true;
+    return false;
+  };
+  // The prompt opens the think channel, so (unless the random model closes it) everything
+  // generated is reasoning: streamed to on_reasoning, not to on_text.
+  std::string streamed_text, streamed_reasoning;
+  GenerationResult r = g.generate(
+      g.encode_chat(msgs, true), greedy(12),
+      [&](std::string_view s) {
+        streamed_text += s;
+        return true;
+      },
+      [&](std::string_view s) {
+        streamed_reasoning += s;
+        return true;
+      });
+  ASSERT_EQ(r.tokens.size(), 12u);
+  if (!structural(r)) {
+    EXPECT_EQ(r.text, "");
+    EXPECT_EQ(r.reasoning, sanitize_utf8(k3.decode(r.tokens, true)));
+    EXPECT_EQ(streamed_reasoning, r.reasoning);
+    EXPECT_EQ(streamed_text, "");
+  }
+  // Without thinking the prompt opens the response channel.
+  ChatOptions no_think;
+  no_think.thinking = false;
+  GenerationResult q = g.generate(g.encode_chat(msgs, true, no_think), greedy(12));
+  if (!structural(q)) {
+    EXPECT_EQ(q.reasoning, "");
+    EXPECT_EQ(q.text, sanitize_utf8(k3.decode(q.tokens, true)));
+  }
 }
 
 TEST_F(GeneratorTest, SameSeedSameText) {

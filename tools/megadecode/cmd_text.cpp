@@ -56,6 +56,61 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
+// Kimi K3 chat switches (other templates ignore them) and how the think channel is shown.
+struct ThinkingFlags {
+  bool no_thinking = false, show_thinking = false;
+  std::string effort = "max";
+  void add(CLI::App* c) {
+    c->add_flag("--no-thinking", no_thinking,
+                "Kimi K3: answer without the think channel (the prompt opens the response)");
+    c->add_option("--thinking-effort", effort, "Kimi K3: low | high | max | none (no effort message)")
+        ->check(CLI::IsMember({"low", "high", "max", "none"}));
+    c->add_flag("--show-thinking", show_thinking,
+                "Kimi K3: also print the think channel (between [thinking] and [/thinking])");
+  }
+  ChatOptions options() const {
+    ChatOptions o;
+    o.thinking = !no_thinking;
+    if (effort == "none")
+      o.thinking_effort.reset();
+    else
+      o.thinking_effort = effort;
+    return o;
+  }
+};
+
+// Streams a generation to stdout: the answer, and with --show-thinking the reasoning before it.
+struct StreamPrinter {
+  bool show_thinking = false;
+  bool in_thinking = false;
+  bool on_text(std::string_view piece) {
+    close_thinking();
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  }
+  bool on_reasoning(std::string_view piece) {
+    if (!show_thinking) return true;
+    if (!in_thinking) std::fputs("[thinking]\n", stdout);
+    in_thinking = true;
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  }
+  void close_thinking() {
+    if (in_thinking) std::fputs("\n[/thinking]\n", stdout);
+    in_thinking = false;
+  }
+  GenerationResult generate(Generator& g, const std::vector<int32_t>& ids,
+                            const SamplingParams& p) {
+    GenerationResult r = g.generate(
+        ids, p, [this](std::string_view s) { return on_text(s); },
+        [this](std::string_view s) { return on_reasoning(s); });
+    close_thinking();
+    return r;
+  }
+};
+
 void print_stats(const GenerationResult& r) {
   std::fprintf(stderr, "\n[%zu prompt tokens (%d run) in %.0f ms; %zu tokens at %.2f tok/s; %s]\n",
                r.prompt_ids.size(), r.prefilled, r.prefill_seconds * 1e3, r.tokens.size(),
@@ -69,6 +124,7 @@ void register_text_commands(CLI::App& app) {
     struct Opts {
       RunFlags f;
       SamplingFlags s;
+      ThinkingFlags t;
       std::string prompt, prompt_file, system, chat_template;
       bool raw = false, chat = false, json = false;
     };
@@ -76,13 +132,14 @@ void register_text_commands(CLI::App& app) {
     auto* c = app.add_subcommand("run", "generate text from a prompt, streamed as it is made");
     o->f.add(c);
     o->s.add(c);
+    o->t.add(c);
     auto* po = c->add_option("--prompt,-p", o->prompt, "the prompt text");
     auto* pf = c->add_option("--prompt-file", o->prompt_file, "read the prompt from a file");
     c->add_option("--system", o->system, "system message (chat mode)");
     c->add_flag("--raw", o->raw, "send the prompt as is, without the chat template");
     c->add_flag("--chat", o->chat, "wrap the prompt in the chat template (the default)");
     c->add_option("--chat-template", o->chat_template,
-                  "template kind overriding the checkpoint's (kimi)");
+                  "template kind overriding the checkpoint's (kimi, kimi-k3)");
     c->add_flag("--json", o->json, "print one JSON object with the result instead of streaming");
     c->callback([o, po, pf] {
       MD_CHECK(!(o->raw && o->chat), "--raw and --chat exclude each other");
@@ -91,18 +148,21 @@ void register_text_commands(CLI::App& app) {
       std::string text = o->prompt_file.empty() ? o->prompt : read_file(o->prompt_file);
       LoadedModel lm = load_model(o->f);
       Generator g(*lm.model, *lm.tokenizer, o->chat_template);
-      if (!o->raw) {
+      std::vector<int32_t> ids;
+      if (o->raw) {
+        ids = g.encode(text);
+      } else {
         std::vector<ChatMessage> msgs;
-        if (!o->system.empty()) msgs.push_back({"system", o->system, "", "", {}});
-        msgs.push_back({"user", text, "", "", {}});
-        text = g.render(msgs, true);
+        if (!o->system.empty()) msgs.push_back({"system", o->system, "", "", {}, ""});
+        msgs.push_back({"user", text, "", "", {}, ""});
+        ids = g.encode_chat(msgs, true, o->t.options());
       }
-      std::vector<int32_t> ids = g.encode(text);
       MD_CHECK(!ids.empty(), "the prompt is empty (no tokens to start from)");
       SamplingParams p = o->s.params(g);
       if (o->json) {
         GenerationResult r = g.generate(ids, p);
         nlohmann::json j = {{"text", r.text},
+                            {"reasoning", r.reasoning},
                             {"tokens", r.tokens},
                             {"finish_reason", r.finish_reason},
                             {"prompt_tokens", r.prompt_ids.size()},
@@ -112,11 +172,8 @@ void register_text_commands(CLI::App& app) {
         std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
         return;
       }
-      GenerationResult r = g.generate(ids, p, [](std::string_view piece) {
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
-        return true;
-      });
+      StreamPrinter out{o->t.show_thinking};
+      GenerationResult r = out.generate(g, ids, p);
       std::printf("\n");
       print_stats(r);
     });
@@ -125,25 +182,28 @@ void register_text_commands(CLI::App& app) {
     struct Opts {
       RunFlags f;
       SamplingFlags s;
+      ThinkingFlags t;
       std::string system, chat_template;
     };
     auto o = std::make_shared<Opts>();
     auto* c = app.add_subcommand("chat", "interactive multi-turn chat (/reset, /exit, Ctrl-D)");
     o->f.add(c);
     o->s.add(c);
+    o->t.add(c);
     c->add_option("--system", o->system, "system message");
     c->add_option("--chat-template", o->chat_template,
-                  "template kind overriding the checkpoint's (kimi)");
+                  "template kind overriding the checkpoint's (kimi, kimi-k3)");
     c->callback([o] {
       LoadedModel lm = load_model(o->f);
       Generator g(*lm.model, *lm.tokenizer, o->chat_template);
-      g.render({{"user", "", "", "", {}}}, true);  // fail early on an unknown template
+      const ChatOptions chat_options = o->t.options();
+      g.render({{"user", "", "", "", {}, ""}}, true, chat_options);  // fail early: bad template
       SamplingParams p = o->s.params(g);
       const bool tty = isatty(0);
       std::vector<ChatMessage> history;
       auto start = [&] {
         history.clear();
-        if (!o->system.empty()) history.push_back({"system", o->system, "", "", {}});
+        if (!o->system.empty()) history.push_back({"system", o->system, "", "", {}, ""});
       };
       start();
       if (tty) std::fprintf(stderr, "chat with %s; /reset clears the history, /exit or Ctrl-D quits\n",
@@ -160,14 +220,12 @@ void register_text_commands(CLI::App& app) {
           continue;
         }
         if (line.empty()) continue;
-        history.push_back({"user", line, "", "", {}});
-        std::vector<int32_t> ids = g.encode(g.render(history, true));
-        GenerationResult r = g.generate(ids, p, [](std::string_view piece) {
-          std::fwrite(piece.data(), 1, piece.size(), stdout);
-          std::fflush(stdout);
-          return true;
-        });
-        history.push_back({"assistant", r.text, "", "", {}});
+        history.push_back({"user", line, "", "", {}, ""});
+        std::vector<int32_t> ids = g.encode_chat(history, true, chat_options);
+        StreamPrinter out{o->t.show_thinking};
+        GenerationResult r = out.generate(g, ids, p);
+        // Kimi K3 keeps the reasoning of earlier turns in the conversation.
+        history.push_back({"assistant", r.text, "", "", {}, r.reasoning});
         std::printf("\n");
         std::fflush(stdout);
         print_stats(r);

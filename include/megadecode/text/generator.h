@@ -20,11 +20,37 @@ namespace md {
 struct GenerationResult {
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> tokens;  // generated ids (the stop token included if one was sampled)
-  std::string text;             // the emitted text (stop strings removed)
+  std::string text;             // the emitted text (stop strings removed); for Kimi K3 output
+                                // the response channel (and anything outside a channel)
+  std::string reasoning;        // Kimi K3: the think channel's text (not in `text`)
   std::string finish_reason;    // "stop" (stop token or string), "length" or "cancelled"
   int prefilled = 0;            // prompt tokens actually run (the rest were reused)
   double prefill_seconds = 0, decode_seconds = 0;
   double decode_tokens_per_second() const;
+};
+
+// Follows the channel structure of Kimi K3 "XTML" output, token by token: <|open|>NAME…<|sep|>
+// opens and <|close|>NAME<|sep|> closes a section. Text in a `think` section is reasoning, text
+// in a `response` section (or outside any) is the answer; the markup of `message`, `think` and
+// `response` is dropped, other sections (tool calls) are kept as their markup text. Enabled when
+// the tokenizer has <|open|>, <|close|> and <|sep|>; otherwise feed() always returns false.
+class XtmlChannels {
+ public:
+  enum class Channel { kNone, kThink, kResponse };
+  explicit XtmlChannels(const Tokenizer& tokenizer);
+  bool enabled() const { return enabled_; }
+  // Takes `id` when it is markup (a structure token or a tag's text) and returns true; markup text
+  // to show (of a non-channel tag) is appended to `shown`. Returns false for content ids.
+  bool feed(int32_t id, std::string& shown);
+  Channel channel() const { return channel_; }
+
+ private:
+  const Tokenizer& tok_;
+  bool enabled_ = false;
+  int32_t open_ = -1, close_ = -1, sep_ = -1, end_ = -1;
+  bool in_tag_ = false, opening_ = false;
+  std::string tag_;
+  Channel channel_ = Channel::kNone;
 };
 
 class Generator {
@@ -33,17 +59,28 @@ class Generator {
   // checkpoint's tokenizer_config.json; an unknown template is an error only when chat is used).
   Generator(Model& model, const Tokenizer& tokenizer, std::string chat_template = "");
 
-  // The checkpoint's stop ids: eos ids from config.json and the template's end-of-message token.
+  // The checkpoint's stop ids: eos ids from config.json and the templates' end-of-message tokens
+  // (<|im_end|>, Kimi K3's <|end_of_msg|>) that the tokenizer has.
   std::vector<int32_t> default_stop_ids() const;
 
-  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
+  // The chat template kind in use; throws (the detection error) when there is none.
+  TemplateKind template_kind() const;
+  std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                     const ChatOptions& options = {}) const;
   std::vector<int32_t> encode(std::string_view text) const { return tok_.encode(text, true); }
+  // The chat's prompt ids, tokenized the way the checkpoint's tokenizer does it: segment by
+  // segment (render_chat_segments), message text without special tokens for Kimi K3.
+  std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages,
+                                   bool add_generation_prompt,
+                                   const ChatOptions& options = {}) const;
 
   // Generates from prompt ids. on_text receives each piece of text as soon as it is safe to show
   // (complete UTF-8, not possibly the start of a stop string); returning false cancels.
+  // on_reasoning likewise receives Kimi K3 think-channel text (stop strings do not apply to it).
   // params.stop_token_ids is used as given (add default_stop_ids() for the usual behaviour).
   GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
-                            const std::function<bool(std::string_view)>& on_text = {});
+                            const std::function<bool(std::string_view)>& on_text = {},
+                            const std::function<bool(std::string_view)>& on_reasoning = {});
 
   void reset();  // forget the sequence
   const Tokenizer& tokenizer() const { return tok_; }
