@@ -49,6 +49,8 @@ std::string_view op_name(Op op) {
       return "combine";
     case Op::kLmHead:
       return "lm_head";
+    case Op::kSample:
+      return "sample";
     case Op::kCount:
       break;
   }
@@ -89,6 +91,7 @@ std::string describe_instr(const Plan& p, const Instr& in) {
     case Op::kFfnNorm:
     case Op::kRouter:
     case Op::kCombine:
+    case Op::kSample:
       if (in.r1 == in.r0 + 1)
         s += fmt::format(" seq {}", in.r0);
       else

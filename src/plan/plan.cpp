@@ -280,8 +280,20 @@ class Builder {
 
     // lm_head over the final normed hidden states, straight into the caller's logits.
     const Mat* lm = w_ ? &w_->lm_head : nullptr;
+    const uint32_t logits_done = counter(Op::kLmHead, -1);
     gemv_tiles(Op::kLmHead, -1, weight(WeightKind::kLmHead), c.vocab_size, D, elt(lm), h,
-               io(BufKind::kLogits), all_of(ready), counter(Op::kLmHead, -1));
+               io(BufKind::kLogits), all_of(ready), logits_done);
+
+    // Sampling, per sequence range: every vocabulary block of the batch must be in.
+    BufferDesc next = arena(1, 4);
+    auto a = args({io(BufKind::kLogits), next});
+    p_.next_ids_buffer = a.first + 1;
+    const uint32_t sampled = counter(Op::kSample, -1);
+    for (auto r : seq_ranges()) {
+      Instr in = make(Op::kSample, -1, {all_of(logits_done)}, sampled);
+      set_seqs(in, r);
+      emit(in, a, uint64_t(r.second - r.first) * uint64_t(c.vocab_size) * 4);
+    }
   }
 
   std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> kda_layer(int l, const BufferDesc& h,

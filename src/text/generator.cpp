@@ -163,8 +163,10 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
   };
   auto route = [&](const std::string& piece) { return route_to(xtml.channel(), piece); };
   r.finish_reason = "length";
+  int32_t planned = -1;  // the next id the executor's plan sampled, if any
   for (int i = 0; i < params.max_tokens; ++i) {
-    int32_t next = sampler.sample(logits, history);
+    const int32_t next = planned >= 0 ? planned : sampler.sample(logits, history);
+    planned = -1;
     r.tokens.push_back(next);
     history.push_back(next);
     if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), next) !=
@@ -191,7 +193,14 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
       break;
     }
     if (i + 1 == params.max_tokens) break;
-    model_.forward(seq_, std::span(&next, 1), logits.data(), false);
+    if (executor_) {
+      SequenceState* sp = &seq_;
+      const DecodeExecutor::SampleSpec spec{&sampler, history};
+      executor_->step(std::span(&sp, 1), std::span(&next, 1), logits.data(), &planned,
+                      std::span(&spec, 1));
+    } else {
+      model_.forward(seq_, std::span(&next, 1), logits.data(), false);
+    }
     fed_.push_back(next);
   }
   if (r.finish_reason != "cancelled") {

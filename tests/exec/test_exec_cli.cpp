@@ -49,6 +49,30 @@ TEST(ExecutorCli, LogitsOfEveryExecutorEqualTheReferenceOnTheGolden) {
   EXPECT_NE(bad.status, 0);
 }
 
+// `run --executor`: text generation decoded by the plan (sampling inside the step) gives the
+// reference path's tokens, greedy and sampled.
+TEST(ExecutorCli, RunWithAPlanExecutorGivesTheReferenceTokens) {
+  test::TempDir d("runexec");
+  auto mk = test::run_cli("make-model --preset tiny --seed 3 --out " + (d / "m"));
+  ASSERT_EQ(mk.status, 0) << mk.err;
+  for (const char* sampling : {"--temperature 0", "--temperature 0.8 --top-p 0.9 --seed 11"}) {
+    const std::string cmd = "run --model " + (d / "m") +
+                            " --prompt 'Hello there' --max-tokens 12 --ignore-eos --json " +
+                            sampling;
+    auto ref = test::run_cli(cmd + " --executor reference");
+    ASSERT_EQ(ref.status, 0) << ref.err;
+    const auto want = nlohmann::json::parse(ref.out)["tokens"];
+    EXPECT_EQ(want.size(), 12u);
+    for (const char* ex : {"megakernel", "opbyop"}) {
+      auto r = test::run_cli(cmd + " --executor " + ex + " --workers 2");
+      ASSERT_EQ(r.status, 0) << r.err;
+      EXPECT_EQ(nlohmann::json::parse(r.out)["tokens"], want) << ex << " " << sampling;
+    }
+  }
+  auto bad = test::run_cli("run --model " + (d / "m") + " --prompt x --executor fast");
+  EXPECT_NE(bad.status, 0);
+}
+
 TEST(ExecutorCli, BenchWritesTableJsonAndPlot) {
   test::TempDir d("bench");
   auto r = test::run_cli(

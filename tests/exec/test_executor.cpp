@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -111,12 +112,17 @@ void check_equivalence(Model& m, int workers, ExecutorOptions eo = {}) {
       po.push_back(&ob[size_t(id)]);
     }
     std::vector<float> lm(size_t(B) * size_t(V)), lo(size_t(B) * size_t(V));
-    emk.step(pm, tokens, lm.data());
-    eob.step(po, tokens, lo.data());
+    std::vector<int32_t> nm(size_t(B), -1), no(size_t(B), -1);
+    emk.step(pm, tokens, lm.data(), nm.data());
+    eob.step(po, tokens, lo.data(), no.data());
     for (int b = 0; b < B; ++b) {
       m.forward(ref[size_t(ids[size_t(b)])], std::span(&tokens[size_t(b)], 1), want.data(), false);
       const std::string what = "W=" + std::to_string(workers) + " step " + std::to_string(step) +
                                " seq " + std::to_string(ids[size_t(b)]);
+      // The plan's kSample tiles (no sampler: greedy, ties to the lowest id).
+      const int32_t greedy = int32_t(std::max_element(want.begin(), want.end()) - want.begin());
+      EXPECT_EQ(nm[size_t(b)], greedy) << "megakernel next id, " << what;
+      EXPECT_EQ(no[size_t(b)], greedy) << "opbyop next id, " << what;
       expect_same_bits(lm.data() + size_t(b) * size_t(V), want.data(), size_t(V),
                        "megakernel " + what);
       expect_same_bits(lo.data() + size_t(b) * size_t(V), want.data(), size_t(V), "opbyop " + what);
@@ -158,6 +164,72 @@ TEST_F(Executor, FineTilesMatchReference) {
   eo.plan.tile_bytes = 2048;
   eo.plan.min_tile_bytes = 0;
   for (int w : {2, 3}) check_equivalence(m, w, eo);
+}
+
+// Sampling inside the plan: each sequence's sampler draws from its logits in the kSample tile.
+// Samplers with the same parameters and seed, fed the same logits and history outside the
+// executor, must draw the same ids; both executors agree step by step.
+TEST_F(Executor, SamplingInThePlanMatchesTheSamplerOutside) {
+  Model m(model("small"), opts(Precision::BF16));
+  const int64_t V = m.config().vocab_size;
+  SamplingParams sp;
+  sp.temperature = 0.9f;
+  sp.top_p = 0.95f;
+  sp.top_k = 50;
+  sp.repetition_penalty = 1.1f;
+  sp.frequency_penalty = 0.3f;
+  const int B = 3;
+  std::vector<SequenceState> mk = prefilled(m, B), ob = mk;
+  ExecutorOptions eo;
+  eo.workers = 2;
+  DecodeExecutor emk(m, B, ExecutorKind::kMegakernel, eo);
+  DecodeExecutor eob(m, B, ExecutorKind::kOpByOp, eo);
+  std::vector<Sampler> smk, sob, sref;
+  std::vector<std::vector<int32_t>> hist(B);
+  for (int b = 0; b < B; ++b) {
+    sp.seed = 1000 + uint64_t(b);
+    smk.emplace_back(sp, V);
+    sob.emplace_back(sp, V);
+    sref.emplace_back(sp, V);
+    hist[size_t(b)] = {int32_t(b + 1), int32_t(2 * b + 5)};  // a "prompt"
+  }
+  std::vector<int32_t> tokens = {7, 8, 9};
+  int differs_from_greedy = 0;
+  for (int step = 0; step < 12; ++step) {
+    std::vector<SequenceState*> pm, po;
+    std::vector<DecodeExecutor::SampleSpec> qm, qo;
+    for (int b = 0; b < B; ++b) {
+      pm.push_back(&mk[size_t(b)]);
+      po.push_back(&ob[size_t(b)]);
+      qm.push_back({&smk[size_t(b)], hist[size_t(b)]});
+      qo.push_back({&sob[size_t(b)], hist[size_t(b)]});
+    }
+    std::vector<float> lm(size_t(B * V)), lo(size_t(B * V));
+    std::vector<int32_t> nm(B, -1), no(B, -1);
+    emk.step(pm, tokens, lm.data(), nm.data(), qm);
+    eob.step(po, tokens, lo.data(), no.data(), qo);
+    expect_same_bits(lm.data(), lo.data(), lm.size(), "step " + std::to_string(step));
+    for (int b = 0; b < B; ++b) {
+      std::span<const float> row(lm.data() + size_t(b) * size_t(V), size_t(V));
+      const int32_t want = sref[size_t(b)].sample(row, hist[size_t(b)]);
+      EXPECT_EQ(nm[size_t(b)], want) << "megakernel step " << step << " seq " << b;
+      EXPECT_EQ(no[size_t(b)], want) << "opbyop step " << step << " seq " << b;
+      differs_from_greedy += want != int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+      hist[size_t(b)].push_back(want);
+      tokens[size_t(b)] = want;
+    }
+  }
+  EXPECT_GT(differs_from_greedy, 0) << "the samplers never left greedy: the test cannot tell";
+  // Bad sampling input is an error before anything changes.
+  std::vector<SequenceState*> pm = {&mk[0], &mk[1], &mk[2]};
+  std::vector<float> lm(size_t(B * V));
+  std::vector<int32_t> nm(B);
+  std::vector<DecodeExecutor::SampleSpec> shared = {{&smk[0], {}}, {&smk[0], {}}, {nullptr, {}}};
+  const int64_t pos0 = mk[0].pos;
+  EXPECT_THROW(emk.step(pm, tokens, lm.data(), nm.data(), shared), Error);
+  std::vector<DecodeExecutor::SampleSpec> shortv = {{nullptr, {}}};
+  EXPECT_THROW(emk.step(pm, tokens, lm.data(), nm.data(), shortv), Error);
+  EXPECT_EQ(mk[0].pos, pos0);
 }
 
 // MLA split over the cache rows (partials + merge instructions): the two executors agree bit for

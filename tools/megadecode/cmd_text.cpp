@@ -80,6 +80,29 @@ struct ThinkingFlags {
 };
 
 // Streams a generation to stdout: the answer, and with --show-thinking the reasoning before it.
+// Which decoder runs the decode steps of run/chat: the reference path or a plan executor.
+struct DecoderFlags {
+  std::string executor = "reference";
+  int workers = 0;
+  void add(CLI::App* app) {
+    app->add_option("--executor", executor,
+                    "what decodes: reference (Model::forward), megakernel or opbyop (the decode "
+                    "plan, sampling inside the step); the tokens are the same")
+        ->check(CLI::IsMember({"reference", "megakernel", "opbyop"}));
+    app->add_option("--workers", workers, "plan executor workers (0: one per CPU)")
+        ->check(CLI::Range(0, 4096));
+  }
+  // The executor (null for the reference path), attached to the generator.
+  std::unique_ptr<DecodeExecutor> attach(Model& m, Generator& g) const {
+    if (executor == "reference") return nullptr;
+    ExecutorOptions eo;
+    eo.workers = workers;
+    auto ex = std::make_unique<DecodeExecutor>(m, 1, parse_executor_kind(executor), eo);
+    g.set_executor(ex.get());
+    return ex;
+  }
+};
+
 struct StreamPrinter {
   bool show_thinking = false;
   bool in_thinking = false;
@@ -125,6 +148,7 @@ void register_text_commands(CLI::App& app) {
       RunFlags f;
       SamplingFlags s;
       ThinkingFlags t;
+      DecoderFlags d;
       std::string prompt, prompt_file, system, chat_template;
       bool raw = false, chat = false, json = false;
     };
@@ -133,6 +157,7 @@ void register_text_commands(CLI::App& app) {
     o->f.add(c);
     o->s.add(c);
     o->t.add(c);
+    o->d.add(c);
     auto* po = c->add_option("--prompt,-p", o->prompt, "the prompt text");
     auto* pf = c->add_option("--prompt-file", o->prompt_file, "read the prompt from a file");
     c->add_option("--system", o->system, "system message (chat mode)");
@@ -148,6 +173,7 @@ void register_text_commands(CLI::App& app) {
       std::string text = o->prompt_file.empty() ? o->prompt : read_file(o->prompt_file);
       LoadedModel lm = load_model(o->f);
       Generator g(*lm.model, *lm.tokenizer, o->chat_template);
+      std::unique_ptr<DecodeExecutor> executor = o->d.attach(*lm.model, g);
       std::vector<int32_t> ids;
       if (o->raw) {
         ids = g.encode(text);
@@ -183,6 +209,7 @@ void register_text_commands(CLI::App& app) {
       RunFlags f;
       SamplingFlags s;
       ThinkingFlags t;
+      DecoderFlags d;
       std::string system, chat_template;
     };
     auto o = std::make_shared<Opts>();
@@ -190,12 +217,14 @@ void register_text_commands(CLI::App& app) {
     o->f.add(c);
     o->s.add(c);
     o->t.add(c);
+    o->d.add(c);
     c->add_option("--system", o->system, "system message");
     c->add_option("--chat-template", o->chat_template,
                   "template kind overriding the checkpoint's (kimi, kimi-k3)");
     c->callback([o] {
       LoadedModel lm = load_model(o->f);
       Generator g(*lm.model, *lm.tokenizer, o->chat_template);
+      std::unique_ptr<DecodeExecutor> executor = o->d.attach(*lm.model, g);
       const ChatOptions chat_options = o->t.options();
       g.render({{"user", "", "", "", {}, ""}}, true, chat_options);  // fail early: bad template
       SamplingParams p = o->s.params(g);

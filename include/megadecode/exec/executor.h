@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "megadecode/engine/model.h"
+#include "megadecode/engine/sampler.h"
 #include "megadecode/plan/plan.h"
 
 namespace md {
@@ -74,6 +75,18 @@ class DecodeExecutor {
   // (batch size, token id, a foreign or repeated sequence) is an md::Error before anything
   // changes. A step that fails while running (watchdog) leaves the batch's states undefined.
   void step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits);
+
+  // The same step with sampling inside the plan (the kSample instructions, one per sequence
+  // range, after the lm_head blocks): next_ids[b] receives sequence b's next token, drawn by
+  // sampling[b].sampler from its logits (penalties see sampling[b].history), or the greedy
+  // argmax (ties to the lowest id) when sampling is empty or sampler is null. A sampler must
+  // not be shared by two sequences of the step.
+  struct SampleSpec {
+    Sampler* sampler = nullptr;
+    std::span<const int32_t> history;
+  };
+  void step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits,
+            int32_t* next_ids, std::span<const SampleSpec> sampling = {});
 
   // The plan for a batch size (compiled on first use and cached).
   const plan::Plan& plan(int batch);

@@ -47,6 +47,7 @@ enum class Op : uint8_t {
   kCombine,  // per sequence: routed sum (ascending expert id) + shared / dense output +
              // residual, then the next RMSNorm (next layer's input norm, or the final norm)
   kLmHead,   // vocabulary row block -> logits
+  kSample,   // per sequence: the next token from its logits (its sampler, or greedy argmax)
   kCount
 };
 constexpr int kNumOps = int(Op::kCount);
@@ -230,6 +231,8 @@ struct Plan {
   // Arena offsets the executor needs outside the instruction stream: the router output of each
   // MoE layer (expert ids, int32 [B][k]) for the step statistics; kNone where absent.
   std::vector<uint32_t> router_ids_buffer;  // per layer: buffer-table index
+  // The sampled next token of each sequence (int32 [B], written by the kSample tiles).
+  uint32_t next_ids_buffer = kNone;  // buffer-table index
 };
 
 // The schedulers' cost of one tile in bytes-equivalent (estimated bytes, scaled up for

@@ -12,6 +12,7 @@
 
 #include "megadecode/engine/model.h"
 #include "megadecode/engine/sampler.h"
+#include "megadecode/exec/executor.h"
 #include "megadecode/tokenizer/chat_template.h"
 #include "megadecode/tokenizer/tokenizer.h"
 
@@ -82,6 +83,12 @@ class Generator {
                             const std::function<bool(std::string_view)>& on_text = {},
                             const std::function<bool(std::string_view)>& on_reasoning = {});
 
+  // Decode through a decode-plan executor (megakernel or opbyop, built on the same model) instead
+  // of Model::forward: each step runs the plan, whose sample instruction draws the next token
+  // with this generation's sampler. Prefill stays on the reference path. nullptr: reference.
+  // The executors are bit-identical to Model::forward, so the tokens do not change.
+  void set_executor(DecodeExecutor* executor) { executor_ = executor; }
+
   void reset();  // forget the sequence
   const Tokenizer& tokenizer() const { return tok_; }
   Model& model() { return model_; }
@@ -93,6 +100,7 @@ class Generator {
   std::string kind_error_;
   SequenceState seq_;
   std::vector<int32_t> fed_;  // ids the sequence state has consumed
+  DecodeExecutor* executor_ = nullptr;
 };
 
 }  // namespace md

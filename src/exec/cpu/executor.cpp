@@ -425,7 +425,11 @@ struct DecodeExecutor::Impl {
       }
       st.progress.store(++done, std::memory_order_relaxed);
       if (i + 1 < q.size()) {
-        pf.start(ctx, q[i + 1]);
+        // The router's expert ids are visible here once this worker has run an expert tile of
+        // the layer (its waits acquired them, directly or through the gate/up counter).
+        const bool ids = (in.op == plan::Op::kExpertGateUp || in.op == plan::Op::kExpertDown) &&
+                         in.layer == q[i + 1].layer;
+        pf.start(ctx, q[i + 1], ids);
         pf.step(32);
       }
     }
@@ -478,7 +482,8 @@ struct DecodeExecutor::Impl {
         run_tile(ctx, in, sc, st);
         st.progress.store(++done, std::memory_order_relaxed);
         if (const Instr* nx = next_tile(ph, j)) {
-          pf.start(ctx, *nx);
+          // Within a phase the router ran in an earlier phase: its ids are visible (barrier).
+          pf.start(ctx, *nx, j + 1 < mine.size());
           pf.step(32);
         }
       }
@@ -527,8 +532,24 @@ struct DecodeExecutor::Impl {
     }
   }
 
-  void step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits) {
+  void step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits,
+            int32_t* next_ids, std::span<const DecodeExecutor::SampleSpec> sampling) {
     check_inputs(seqs, tokens, logits);
+    MD_CHECK(sampling.empty() || sampling.size() == seqs.size(),
+             "decode step: {} sampling specs for {} sequences", sampling.size(), seqs.size());
+    std::vector<exec::SampleBinding> bind(sampling.size());
+    for (size_t b = 0; b < sampling.size(); ++b) {
+      Sampler* sp = sampling[b].sampler;
+      if (sp) {
+        MD_CHECK(sp->vocab() == model.config().vocab_size,
+                 "decode step: sampler {} has vocabulary {}, the model {}", b, sp->vocab(),
+                 model.config().vocab_size);
+        for (size_t a = 0; a < b; ++a)
+          MD_CHECK(sampling[a].sampler != sp, "decode step: sequences {} and {} share a sampler",
+                   a, b);
+      }
+      bind[b] = exec::SampleBinding{sp, sampling[b].history.data(), sampling[b].history.size()};
+    }
     const ModelConfig& c = model.config();
     const int B = int(seqs.size()), L = c.num_layers;
     PlanRuntime& rt = runtime(B);
@@ -571,6 +592,7 @@ struct DecodeExecutor::Impl {
     ctx.logits = logits;
     ctx.seqs = views.data();
     ctx.pos = pos.data();
+    ctx.sampling = bind.empty() ? nullptr : bind.data();
 
     abort.store(false, std::memory_order_relaxed);
     err.clear();
@@ -604,6 +626,11 @@ struct DecodeExecutor::Impl {
     }
     const double t_run = now_seconds() - t_start;
     ++rt.epoch;
+    if (next_ids) {
+      const plan::BufferDesc& d = rt.plan.buffers[rt.plan.next_ids_buffer];
+      for (int b = 0; b < B; ++b)
+        std::memcpy(&next_ids[b], arena.get() + d.offset + d.stride * uint64_t(b), 4);
+    }
     for (SequenceState* s : seqs) ++s->pos;
     compute_stats(rt, seqs);
     stats.seconds = t_run;
@@ -657,7 +684,12 @@ DecodeExecutor::~DecodeExecutor() = default;
 
 void DecodeExecutor::step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
                           float* logits) {
-  impl_->step(seqs, tokens, logits);
+  impl_->step(seqs, tokens, logits, nullptr, {});
+}
+
+void DecodeExecutor::step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                          float* logits, int32_t* next_ids, std::span<const SampleSpec> sampling) {
+  impl_->step(seqs, tokens, logits, next_ids, sampling);
 }
 
 const plan::Plan& DecodeExecutor::plan(int batch) {

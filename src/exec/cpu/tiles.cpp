@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/error.h"
@@ -229,6 +230,24 @@ void mla_merge_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& s
   maybe_round(att + int64_t(in.r0) * d.V, int64_t(in.r1 - in.r0) * d.V, s.rnd);
 }
 
+// [logits, next]: sequences [r0, r1) pick their next token.
+void sample_tile(const StepCtx& s, const Instr& in, const Args& a) {
+  const int64_t V = s.cfg->vocab_size;
+  for (int b = int(in.r0); b < int(in.r1); ++b) {
+    const float* row = s.logits + int64_t(b) * V;
+    const SampleBinding* sb = s.sampling ? &s.sampling[b] : nullptr;
+    int32_t id = 0;
+    if (sb && sb->sampler) {
+      id = sb->sampler->sample(std::span<const float>(row, size_t(V)),
+                               std::span<const int32_t>(sb->history, sb->history_len));
+    } else {
+      for (int64_t v = 1; v < V; ++v)  // greedy; ties to the lowest id (strict >)
+        if (row[v] > row[id]) id = int32_t(v);
+    }
+    a.ints(1, b)[0] = id;
+  }
+}
+
 // [x_mid, norm, h2]
 void ffn_norm_tile(const StepCtx& s, const Instr& in, const Args& a) {
   for (int b = int(in.r0); b < int(in.r1); ++b)
@@ -421,6 +440,8 @@ void run_instr(const StepCtx& s, const Instr& in, Scratch& sc) {
       return expert_down_tile(s, in, a, sc);
     case Op::kCombine:
       return combine_tile(s, in, a, sc);
+    case Op::kSample:
+      return sample_tile(s, in, a);
     case Op::kCount:
       break;
   }
@@ -432,7 +453,7 @@ void Prefetcher::add(const void* base, size_t row_bytes, uint32_t rows) {
     r_[n_++] = Range{static_cast<const char*>(base), row_bytes, rows};
 }
 
-void Prefetcher::start(const StepCtx& s, const Instr& in) {
+void Prefetcher::start(const StepCtx& s, const Instr& in, bool expert_ids_visible) {
   n_ = cur_ = 0;
   group_ = row_ = 0;
   col_ = 0;
@@ -476,8 +497,40 @@ void Prefetcher::start(const StepCtx& s, const Instr& in) {
       for (uint32_t h = in.r0; h < in.r1 && h < in.r0 + 3; ++h) rows_of(1, h * NV + N, (h + 1) * NV);
       break;
     }
+    case Op::kExpertGateUp:
+    case Op::kExpertDown: {
+      if (!expert_ids_visible) break;
+      // The slot's expert: the u-th distinct id the batch chose, ascending (as expert_slot).
+      const int E = s.cfg->num_experts, k = s.cfg->num_experts_per_token;
+      if (int(mark_.size()) < E) mark_.resize(size_t(E));
+      std::fill(mark_.begin(), mark_.begin() + E, 0);
+      for (int b = 0; b < s.batch; ++b) {
+        const int32_t* ids = reinterpret_cast<const int32_t*>(s.arena + a[0].offset +
+                                                              a[0].stride * uint64_t(b));
+        for (int j = 0; j < k; ++j) mark_[size_t(ids[j])] = 1;
+      }
+      int e = -1;
+      for (int x = 0, seen = 0; x < E; ++x)
+        if (mark_[size_t(x)] && seen++ == int(in.slot)) {
+          e = x;
+          break;
+        }
+      if (e < 0) break;  // an empty slot
+      auto expert_rows = [&](int i) {
+        const WeightView& w = s.weights[a[i].offset + uint64_t(e)];
+        const size_t rb = size_t(w.cols) * dtype_size(w.dtype);
+        add(static_cast<const char*>(w.data) + size_t(in.r0) * rb, rb, in.r1 - in.r0);
+      };
+      if (in.op == Op::kExpertGateUp) {
+        expert_rows(2);
+        expert_rows(3);
+      } else {
+        expert_rows(2);
+      }
+      break;
+    }
     default:
-      break;  // expert ids are known only at run time; the other tiles are small
+      break;  // the other tiles are small
   }
 }
 

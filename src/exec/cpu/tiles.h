@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "megadecode/base/dtype.h"
+#include "megadecode/engine/sampler.h"
 #include "megadecode/kernels/cpu/ops.h"
 #include "megadecode/model/config.h"
 #include "megadecode/model/weights.h"
@@ -16,6 +17,14 @@ struct WeightView {
   const void* data = nullptr;
   DType dtype = DType::BF16;
   int64_t rows = 0, cols = 0;
+};
+
+// How the kSample tile picks sequence b's next token: its sampler (penalties look at history),
+// or greedy argmax (ties to the lowest id) when sampler is null.
+struct SampleBinding {
+  Sampler* sampler = nullptr;
+  const int32_t* history = nullptr;
+  size_t history_len = 0;
 };
 
 // Per (sequence, layer) state pointers, resolved before every step.
@@ -38,6 +47,7 @@ struct StepCtx {
   float* logits = nullptr;
   const SeqView* seqs = nullptr;  // [b * layers + l]
   const int64_t* pos = nullptr;   // [b]: position of this step's token (cache rows before it)
+  const SampleBinding* sampling = nullptr;  // [b], or null: greedy for every sequence
 };
 
 // Scratch owned by one worker; sized by scratch_floats() for the plan.
@@ -59,8 +69,11 @@ WeightView bind_weight(const ModelWeights& w, const plan::WeightRef& r);
 // (16-row groups, 64-byte column chunks, row by row), so a partial prefetch is the useful part.
 class Prefetcher {
  public:
-  // The tile's weight ranges (none for tiles whose weights are chosen at run time).
-  void start(const StepCtx& s, const plan::Instr& in);
+  // The tile's weight ranges. An expert tile's weights depend on the router's output: they are
+  // prefetched only when the caller knows that output is visible to this thread
+  // (expert_ids_visible: an earlier tile of this worker in the same step acquired the router's
+  // counter, directly or through an expert tile of the layer); otherwise nothing is prefetched.
+  void start(const StepCtx& s, const plan::Instr& in, bool expert_ids_visible = false);
   // Issues up to `lines` prefetches; false when the tile is covered (or the budget is spent).
   bool step(int lines);
   bool done() const { return cur_ >= n_; }
@@ -73,6 +86,7 @@ class Prefetcher {
   };
   void add(const void* base, size_t row_bytes, uint32_t rows);
   Range r_[3];
+  std::vector<int> mark_;  // expert marks for resolving a slot
   int n_ = 0, cur_ = 0;
   uint32_t group_ = 0, row_ = 0;
   size_t col_ = 0, budget_ = 0;
