@@ -42,7 +42,8 @@ void set_layers(ModelConfig& c, int layers, std::vector<int> mla_1indexed) {
 }
 
 void set_special_ids(ModelConfig& c) {
-  // The released vocabulary ends with 256 special ids: bos = vocab - 256, eos (<|im_end|>) = +2.
+  // The released vocabulary ends with 256 special ids: bos = vocab - 256, eos = +2 (<|im_end|> in
+  // Kimi Linear's table, <|end_of_msg|> in Kimi K3's: both at offset 2).
   c.bos_token_id = c.vocab_size - 256;
   c.eos_token_ids = {c.vocab_size - 254};
   c.pad_token_id = c.vocab_size - 1;
@@ -91,8 +92,8 @@ ModelConfig preset_config(const std::string& name) {
       c.v_head_dim = 16;
       c.num_experts = 8;
       c.num_experts_per_token = 2;
-      c.latent_size = 32;
-      c.moe_intermediate_size = 32;
+      c.latent_size = 64;  // 2 MXFP4 scale groups per expert row
+      c.moe_intermediate_size = 64;
       c.attn_res_block_size = 2;
     } else if (name == "k3-small") {
       c.vocab_size = 2048;

@@ -11,6 +11,7 @@
 
 #include "internal.h"
 #include "megadecode/base/error.h"
+#include "megadecode/tokenizer/chat_template.h"
 
 namespace md {
 namespace {
@@ -175,12 +176,31 @@ std::vector<SpecialToken> kimi_special_tokens(int32_t num_ranks, int64_t vocab_s
   return out;
 }
 
+std::vector<SpecialToken> kimi_k3_tokenizer_specials(int32_t num_ranks, int64_t vocab_size) {
+  const int64_t count = vocab_size - num_ranks;
+  if (count < 256) {
+    fail("tokenizer: {} special ids (vocab {} - ranks {}) cannot hold Kimi K3's special tokens "
+         "(need 256)", count, vocab_size, num_ranks);
+  }
+  std::vector<SpecialToken> out;
+  for (const NamedSpecialToken& t : kimi_k3_special_tokens())
+    out.push_back(SpecialToken{num_ranks + t.offset, std::string(t.content), true});
+  return out;
+}
+
 void write_tokenizer_files(const std::string& dir, const std::vector<std::string>& ranks,
                            int64_t vocab_size, const std::string& chat_template) {
+  if (ranks.empty()) fail("write_tokenizer_files: no ranks");
+  write_tokenizer_files(dir, ranks, vocab_size, chat_template,
+                        kimi_special_tokens(static_cast<int32_t>(ranks.size()), vocab_size));
+}
+
+void write_tokenizer_files(const std::string& dir, const std::vector<std::string>& ranks,
+                           int64_t vocab_size, const std::string& chat_template,
+                           const std::vector<SpecialToken>& specials) {
   namespace fs = std::filesystem;
   if (ranks.empty()) fail("write_tokenizer_files: no ranks");
   const int32_t num_ranks = static_cast<int32_t>(ranks.size());
-  std::vector<SpecialToken> specials = kimi_special_tokens(num_ranks, vocab_size);
   // Building the tokenizer validates the parts (unique tokens, every byte present, ids in range)
   // before anything is written.
   (void)Tokenizer::from_parts(ranks, specials, vocab_size);

@@ -8,12 +8,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "megadecode/engine/model.h"
-#include "megadecode/model/safetensors.h"
 #include "test_util.h"
 
 namespace md {
@@ -116,8 +114,22 @@ TEST(GoldenK3, DataIsWhatTheTestAssumes) {
   ASSERT_GT(g.prefill, 1);
   ASSERT_GT(g.ids.size(), size_t(g.prefill));
   // Margins the tolerances below rely on: routing decisions far from ties, so rounding noise
-  // cannot flip an expert (which would move a position's logits by tens of percent).
-  EXPECT_GE(g.meta["min_router_gap"].get<double>(), 0.01);
+  // cannot flip an expert (which would move a position's logits by tens of percent). The bf16
+  // emulation routes every token as float64 does, in every call protocol, with every gap >= 5x
+  // its largest score change, and agrees on every argmax.
+  EXPECT_GE(g.meta["min_router_gap"].get<double>(), 0.03);
+  const json& prot = g.meta["bf16_emulation"]["protocols"];
+  for (const char* name : {"golden", "all_decode", "all_prefill"}) {
+    const json& e = prot.at(name);
+    EXPECT_TRUE(e["routes_identical"].get<bool>()) << name;
+    EXPECT_TRUE(e["argmax_identical"].get<bool>()) << name;
+    EXPECT_GE(e["min_router_gap_over_noise"].get<double>(), 5.0) << name;
+    ASSERT_EQ(e["rel_rms"].size(), g.ids.size()) << name;
+    ASSERT_EQ(e["max_abs"].size(), g.ids.size()) << name;
+  }
+  // Well conditioned: the KDA output stays far above sqrt(eps) of its gated norm.
+  EXPECT_GT(g.meta["kda_stats"]["min_o_rms"].get<double>(),
+            5 * g.meta["kda_stats"]["sqrt_eps_o_norm"].get<double>());
   // The checkpoint really is the K3 schema: loading notes the vision tensors it skips.
   Model m(g.dir, ModelOptions{Precision::FP32, 1, false, false});
   EXPECT_EQ(m.config().model_type, "kimi_k3");
@@ -153,88 +165,83 @@ TEST(GoldenK3, Fp32MatchesFloat64ReferenceEverywhere) {
   }
 }
 
-// A copy of the golden checkpoint whose embedding table is moved by one bf16 ulp, up or down at
-// random, in every element: one rounding-sized perturbation at one site of the computation.
-std::string perturbed_copy(const K3Golden& g, const test::TempDir& dir) {
-  namespace fs = std::filesystem;
-  fs::copy_file(g.dir + "/config.json", dir / "config.json");
-  std::ifstream in(g.dir + "/model.safetensors", std::ios::binary);
-  std::vector<uint8_t> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  SafetensorsContents st = parse_safetensors_buffer(buf.data(), buf.size(), "copy");
-  const TensorInfo& e = st.tensors.at("language_model.model.embed_tokens.weight");
-  auto* p = static_cast<uint16_t*>(const_cast<void*>(e.data));
-  uint64_t r = 0x9e3779b97f4a7c15ull;
-  for (int64_t i = 0; i < e.numel(); ++i) {
-    r ^= r << 13, r ^= r >> 7, r ^= r << 17;
-    if ((p[i] & 0x7f80) != 0 && (p[i] & 0x7f80) != 0x7f80) p[i] += (r & 1) ? 1 : -1;
-  }
-  std::ofstream out(dir / "model.safetensors", std::ios::binary);
-  out.write(reinterpret_cast<const char*>(buf.data()), std::streamsize(buf.size()));
-  return dir.path();
-}
-
-// bf16 activations against float64, with a tolerance derived from bf16 rounding through this
-// model's own conditioning.
+// bf16 activations against float64, with an a-priori tolerance: the reference's own bf16 noise.
 //
-// BF16 mode rounds to bf16 wherever the official bf16 model holds a bf16 tensor. One rounding
-// moves a value by a uniform error in +-ulp/2 (RMS ulp/sqrt(12)); the path to a position's
-// logits holds N = 154 rounding sites (per layer about 25: attention-residual mix, input norm x2,
-// q/k/v projection, short conv x2, f_a/f_b, output gate, core output, gated norm, o_proj,
-// residual add; FFN mix, norm x2, latent down, gate/up, SiTU, down, routed sum, latent norm x2,
-// up, shared add, residual add; 6 layers; then the final mix, norm x2 and the logits). With
-// independent roundings the logits move by sqrt(N) times the effect of one site.
-//
-// The effect of one site is NOT about one rounding's relative size here: this random model is
-// ill-conditioned at some positions. KDA's output o = sum_t c_t u_t has coefficients c_t = decay
-// * (k_t . q), dot products of nearly orthogonal 32-dim vectors (cosines ~0.02), and at early
-// positions rms(o) ~ 3e-4 is below sqrt(eps) = 3e-3 of the gated RMSNorm, which then passes c_t's
-// relative error straight through: a 2^-9 relative change of the layer-0 input moves q.k, and
-// the logits, by ~10% (measured: rounding only layer 0's input norm changes position 0's logits
-// by 11%, position 8's by 22%). So we measure the single-site effect instead of assuming it: the
-// fp32 engine (which matches the float64 reference to < 1e-4 of the logit scale, test above) is
-// run on the checkpoint and on a copy whose embedding moved by one ulp per element (one site,
-// perturbation RMS 1 ulp); d(pos) = relative RMS change of the logits. The expected bf16 error is
-// d(pos) / sqrt(12) * sqrt(N); we allow 3x that (site gains differ, roundings correlate), and
-// never less than the well-conditioned a-priori value 3 * 2^-8/sqrt(3) * sqrt(N) = 0.084 (gain 1).
-// Independently of that bound, the top-1 token must agree wherever the reference's margin
-// exceeds twice the position's bound times the logit RMS plus two bf16 ulps (0.25); routing
-// cannot flip (router gaps >= 0.02, ~20x the router-score noise).
-TEST(GoldenK3, Bf16WithinBf16RoundingOfFloat64Reference) {
+// golden.json's bf16_emulation holds, per call protocol and position, n(pos) = RMS(emulated -
+// float64 logits) / RMS(float64 logits), where "emulated" is k3_reference.py with bf16=True: the
+// float64 math rounded to bf16 at exactly this engine's BF16 rounding points (tests/golden/k3/
+// README.md, "bf16 rounding points"; MLA with the prefill or the absorbed-decode points as the
+// protocol calls them). The engine's BF16 mode is another realisation of the same rounding
+// process: the same rounding points, with different last-ulp outcomes wherever fp32 summation
+// order, libm or fused kernels differ, and those differences propagate like rounding errors. Its
+// distance to float64 is therefore expected to be about n(pos), and we require, at every position
+// and for each protocol,
+//     RMS(ours - float64) / RMS(float64) < sqrt(2) n(pos) + 2^-9,
+// the criterion of the Kimi Linear goldens (sqrt(2): two independent realisations of noise of
+// one size; it also covers the realisation-to-realisation spread of one position's noise); the
+// floor 2^-9 (above the 2^-9/sqrt(3) RMS of rounding the logits themselves) keeps a position
+// whose emulated realisation happens to be small from demanding less than one rounding. The
+// checkpoint is well conditioned (README "Test model weights"), so n(pos) is 0.7-4.5% and a
+// wrong formula or rounding point moves logits by far more (ablations: 4.7 to 24 absolute, logit
+// RMS 2.3); routing cannot flip: every decision's gap is >= 5x the emulation's largest score
+// change (bf16_emulation.*.min_router_gap_over_noise), and a flipped expert would move the
+// position by tens of percent.
+// Top-1: wherever the float64 margin exceeds 2 bf16 ulps of the top logit (the logits are bf16)
+// plus 2 sqrt(2) x the emulation's max |logit change| at that position, the argmax must agree
+// (the ids were selected so that this holds at every position; DataIsWhatTheTestAssumes).
+TEST(GoldenK3, Bf16WithinTheReferencesOwnBf16Noise) {
   LOAD_K3_GOLDEN(g);
-  const double n_sites = 6 * 25 + 4;
-  test::TempDir pdir("k3_perturbed");
-  K3Golden pg = g;
-  pg.dir = perturbed_copy(g, pdir);
-  const auto base = g.ours(Precision::FP32, g.prefill), moved = pg.ours(Precision::FP32, g.prefill);
-  auto ours = g.ours(Precision::BF16, g.prefill);
-  const double floor_tol = 3.0 * std::ldexp(1.0, -8) / std::sqrt(3.0) * std::sqrt(n_sites);
-  double worst = 0, worst_ratio = 0;
-  std::vector<double> tols;
-  for (size_t pos = 0; pos < g.ids.size(); ++pos) {
-    double num = 0, den = 0;
-    for (int64_t j = 0; j < g.vocab; ++j) {
-      const double a = base[pos * size_t(g.vocab) + size_t(j)],
-                   b = moved[pos * size_t(g.vocab) + size_t(j)];
-      num += (a - b) * (a - b);
-      den += a * a;
+  const int n = int(g.ids.size());
+  const double floor_tol = std::ldexp(1.0, -9);
+  const json& prot = g.meta["bf16_emulation"]["protocols"];
+  for (auto [split, name] : {std::pair{g.prefill, "golden"}, std::pair{0, "all_decode"},
+                             std::pair{n, "all_prefill"}}) {
+    const json& e = prot.at(name);
+    ASSERT_EQ(e["prefill_ids"].get<int>(), split) << name;
+    auto ours = g.ours(Precision::BF16, split);
+    double worst_ratio = 0, worst = 0;
+    int top1_checked = 0;
+    for (size_t pos = 0; pos < g.ids.size(); ++pos) {
+      const double noise = e["rel_rms"][pos].get<double>();
+      const double tol = std::sqrt(2.0) * noise + floor_tol;
+      const double r = g.rel_rms_diff(ours, pos);
+      worst = std::max(worst, r);
+      worst_ratio = std::max(worst_ratio, r / tol);
+      EXPECT_LT(r, tol) << name << ": position " << pos << " (reference's bf16 noise " << noise
+                        << ")";
+      double gap;
+      const size_t want = g.argmax(g.ref, pos, &gap);
+      const double top = g.ref[pos * size_t(g.vocab) + want];
+      const double ulp = std::ldexp(1.0, std::ilogb(std::abs(top)) - 7);
+      if (gap > 2 * ulp + 2 * std::sqrt(2.0) * e["max_abs"][pos].get<double>()) {
+        ++top1_checked;
+        EXPECT_EQ(g.argmax(ours, pos), want) << name << ": position " << pos << " (gap " << gap
+                                             << ")";
+      }
     }
-    const double d = std::sqrt(num / den);
-    const double tol = std::max(floor_tol, 3.0 * d / std::sqrt(12.0) * std::sqrt(n_sites));
-    const double r = g.rel_rms_diff(ours, pos);
-    tols.push_back(tol);
-    worst = std::max(worst, r);
-    worst_ratio = std::max(worst_ratio, r / tol);
-    EXPECT_LT(r, tol) << "position " << pos << " (one-site effect " << d << ")";
-    double gap;
-    const size_t want = g.argmax(g.ref, pos, &gap);
-    if (gap > 2 * tol * g.rms_ref(pos) + 0.25) {
-      EXPECT_EQ(g.argmax(ours, pos), want) << "position " << pos << " (gap " << gap << ")";
+    EXPECT_EQ(top1_checked, n) << name;
+    std::printf("[ k3 bf16 ] %s: max relative RMS distance %.4g, max distance / bound %.3g\n", name,
+                worst, worst_ratio);
+    if (split == g.prefill) {
+      // Informative: how close we are to the emulation itself (same rounding points).
+      std::vector<float> emu(ours.size());
+      std::ifstream ef(g.dir + "/logits_bf16emu.bin", std::ios::binary);
+      ef.read(reinterpret_cast<char*>(emu.data()), std::streamsize(emu.size() * 4));
+      ASSERT_TRUE(ef.good()) << "logits_bf16emu.bin";
+      double d_emu = 0;
+      for (size_t pos = 0; pos < g.ids.size(); ++pos) {
+        double num = 0;
+        for (int64_t j = 0; j < g.vocab; ++j) {
+          const double d = double(ours[pos * size_t(g.vocab) + size_t(j)]) -
+                           double(emu[pos * size_t(g.vocab) + size_t(j)]);
+          num += d * d;
+        }
+        d_emu = std::max(d_emu, std::sqrt(num / double(g.vocab)) / g.rms_ref(pos));
+      }
+      std::printf("[ k3 bf16 ] golden: max relative RMS distance to the bf16 emulation %.4g\n",
+                  d_emu);
     }
   }
-  std::sort(tols.begin(), tols.end());
-  std::printf("[ k3 bf16 ] max relative RMS distance %.3g, max distance / bound %.3g; bounds: "
-              "min %.3g, median %.3g, max %.3g\n",
-              worst, worst_ratio, tols.front(), tols[tols.size() / 2], tols.back());
 }
 
 // The reference path's thread count never changes the bits (rows and heads are computed by one

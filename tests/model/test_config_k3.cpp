@@ -158,8 +158,8 @@ TEST(ConfigK3, TinyPresetIsTheGoldenGeometry) {
   EXPECT_EQ(c.v_head_dim, 16);
   EXPECT_EQ(c.num_experts, 8);
   EXPECT_EQ(c.num_experts_per_token, 2);
-  EXPECT_EQ(c.latent_size, 32);
-  EXPECT_EQ(c.moe_intermediate_size, 32);
+  EXPECT_EQ(c.latent_size, 64);  // every MXFP4 expert row holds 2 scale groups
+  EXPECT_EQ(c.moe_intermediate_size, 64);
   EXPECT_EQ(c.num_shared_experts, 2);
   EXPECT_EQ(c.attn_res_block_size, 2);
   EXPECT_DOUBLE_EQ(c.kda_gate_lower_bound, -5.0);

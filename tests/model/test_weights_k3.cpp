@@ -68,13 +68,14 @@ TEST(WeightsK3, ExpectedTensorsFollowTheReleasedSchema) {
   has(P + "layers.3.self_attn.q_b_proj.weight", DType::BF16, {2 * 24, 48});
   has(P + "layers.3.self_attn.g_proj.weight", DType::BF16, {2 * 16, 64});
   has(P + "layers.1.block_sparse_moe.gate.weight", DType::BF16, {8, 64});
-  has(P + "layers.1.block_sparse_moe.routed_expert_down_proj.weight", DType::BF16, {32, 64});
-  has(P + "layers.1.block_sparse_moe.routed_expert_norm.weight", DType::BF16, {32});
-  has(P + "layers.1.block_sparse_moe.routed_expert_up_proj.weight", DType::BF16, {64, 32});
-  has(P + "layers.1.block_sparse_moe.experts.7.w1.weight_packed", DType::U8, {32, 16});
-  has(P + "layers.1.block_sparse_moe.experts.7.w1.weight_scale", DType::U8, {32, 1});
-  has(P + "layers.1.block_sparse_moe.experts.7.w2.weight_packed", DType::U8, {32, 16});
-  has(P + "layers.1.block_sparse_moe.shared_experts.gate_proj.weight", DType::BF16, {64, 64});
+  has(P + "layers.1.block_sparse_moe.routed_expert_down_proj.weight", DType::BF16, {64, 64});
+  has(P + "layers.1.block_sparse_moe.routed_expert_norm.weight", DType::BF16, {64});
+  has(P + "layers.1.block_sparse_moe.routed_expert_up_proj.weight", DType::BF16, {64, 64});
+  has(P + "layers.1.block_sparse_moe.experts.7.w1.weight_packed", DType::U8, {64, 32});
+  has(P + "layers.1.block_sparse_moe.experts.7.w1.weight_scale", DType::U8, {64, 2});
+  has(P + "layers.1.block_sparse_moe.experts.7.w2.weight_packed", DType::U8, {64, 32});
+  has(P + "layers.1.block_sparse_moe.experts.7.w2.weight_scale", DType::U8, {64, 2});
+  has(P + "layers.1.block_sparse_moe.shared_experts.gate_proj.weight", DType::BF16, {128, 64});
   for (const auto& t : specs) {
     EXPECT_EQ(t.name.rfind("language_model.", 0), 0u) << t.name;
     EXPECT_EQ(t.name.find("g_a_proj"), std::string::npos) << t.name;
@@ -100,8 +101,8 @@ TEST(WeightsK3, BindsAGeneratedCheckpointAndSkipsVisionTensors) {
     EXPECT_EQ(w.layers[0].kda.A_log.size(), 2u);
     EXPECT_EQ(w.layers[0].kda.g.rows, 64);
     EXPECT_TRUE(w.layers[1].moe.experts[3].gate.mxfp4());
-    EXPECT_EQ(w.layers[1].moe.experts[3].down.rows, 32);
-    EXPECT_EQ(w.layers[1].moe.experts[3].down.bytes(), size_t(32 * 16 + 32 * 1));
+    EXPECT_EQ(w.layers[1].moe.experts[3].down.rows, 64);
+    EXPECT_EQ(w.layers[1].moe.experts[3].down.bytes(), size_t(64 * 32 + 64 * 2));
     EXPECT_EQ(w.output_res_w.size(), 64u);
     EXPECT_EQ(w.layers[2].attn_res_w.size(), 64u);
     ModelSizes s = model_sizes(cfg);

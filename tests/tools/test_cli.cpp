@@ -7,10 +7,13 @@
 #include <nlohmann/json.hpp>
 #include <memory>
 
+#include "megadecode/base/bf16.h"
 #include "megadecode/base/threads.h"
 #include "megadecode/model/presets.h"
+#include "megadecode/model/safetensors.h"
 #include "megadecode/tokenizer/bpe_train.h"
 #include "megadecode/tokenizer/chat_template.h"
+#include "megadecode/tokenizer/tokenizer.h"
 #include "test_util.h"
 
 namespace md {
@@ -184,6 +187,78 @@ TEST_F(Cli, BadFlags) {
   EXPECT_THAT(r.err, HasSubstr("--precision"));
   r = test::run_cli("frobnicate");
   EXPECT_NE(r.status, 0);
+}
+
+// make-model's Kimi K3 presets write K3's tokenizer: K3's special tokens at R + offset, no chat
+// template (so `run --chat` detects the K3 format from the structure tokens) and config eos =
+// <|end_of_msg|>, where generation stops.
+TEST(CliK3, MakeModelWritesAK3TokenizerAndChatStopsAtEndOfMessage) {
+  namespace fs = std::filesystem;
+  test::TempDir d("cli_k3");
+  auto r = test::run_cli("make-model --preset k3-tiny --seed 3 --out " + d.path());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const int64_t V = 1024, R = V - 256;
+  nlohmann::json tc = nlohmann::json::parse(std::ifstream(d / "tokenizer_config.json"));
+  EXPECT_FALSE(tc.contains("chat_template"));
+  const auto& dec = tc["added_tokens_decoder"];
+  EXPECT_EQ(dec.size(), kimi_k3_special_tokens().size());
+  for (const NamedSpecialToken& t : kimi_k3_special_tokens()) {
+    const std::string id = std::to_string(R + t.offset);
+    ASSERT_TRUE(dec.contains(id)) << t.content;
+    EXPECT_EQ(dec[id]["content"], std::string(t.content));
+    EXPECT_TRUE(dec[id]["special"].get<bool>()) << t.content;
+  }
+  EXPECT_FALSE(tc.dump().find("<|im_end|>") != std::string::npos);
+  Tokenizer tok = Tokenizer::load(d.path(), V);
+  const int32_t eom = tok.special_id(kKimiK3EndOfMessage).value();
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(d / "config.json"));
+  EXPECT_EQ(cfg["model_type"], "kimi_k3");
+  EXPECT_EQ(cfg["eos_token_id"].get<int64_t>(), eom);
+
+  // `run --chat` renders the K3 format: the prompt ids are the K3 chat segments tokenized.
+  const std::string run = "run --model " + d.path() + " --chat --prompt 'Hello there' -t 0 --json";
+  r = test::run_cli(run + " -n 4 --ignore-eos");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  std::vector<int32_t> want;
+  for (const ChatSegment& s : render_chat_segments(TemplateKind::kKimiK3,
+                                                   {{"user", "Hello there", "", "", {}, ""}}, true)) {
+    auto part = tok.encode(s.text, s.allow_special);
+    want.insert(want.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(j["prompt_ids"].get<std::vector<int32_t>>(), want);
+  for (std::string_view t : kimi_k3_structural_tokens())
+    EXPECT_NE(std::find(want.begin(), want.end(), tok.special_id(t).value()), want.end()) << t;
+  ASSERT_EQ(j["tokens"].size(), 4u);
+  const int32_t first = j["tokens"][0].get<int32_t>();
+  ASSERT_NE(first, eom);
+
+  // Make <|end_of_msg|> the greedy choice at the first step: its lm_head row becomes twice the
+  // row of the token chosen there (exact in bf16; that logit is the maximum, hence positive, and
+  // doubles). Generation must then stop on it, without --stop-id.
+  {
+    const std::string path = d / "model.safetensors";
+    std::ifstream in(path, std::ios::binary);
+    std::vector<uint8_t> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    SafetensorsContents st = parse_safetensors_buffer(buf.data(), buf.size(), path);
+    const TensorInfo& lm = st.tensors.at("language_model.lm_head.weight");
+    const int64_t D = lm.shape[1];
+    auto* w = static_cast<uint16_t*>(const_cast<void*>(lm.data));
+    for (int64_t k = 0; k < D; ++k) w[eom * D + k] = f32_to_bf16(2.0f * bf16_to_f32(w[first * D + k]));
+    std::ofstream(path, std::ios::binary | std::ios::trunc)
+        .write(reinterpret_cast<const char*>(buf.data()), std::streamsize(buf.size()));
+  }
+  r = test::run_cli(run + " -n 4");
+  ASSERT_EQ(r.status, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["finish_reason"], "stop");
+  EXPECT_EQ(j["tokens"], nlohmann::json::array({eom}));
+  EXPECT_EQ(j["text"], "");
+  // With --ignore-eos it is just a token (markup: not shown) and generation runs on.
+  r = test::run_cli(run + " -n 4 --ignore-eos");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["finish_reason"], "length");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -64,10 +65,23 @@ void register_make_model(CLI::App& app) {
              "{} already holds a checkpoint (use --force to overwrite)", o->out);
     ThreadPool pool(0, false);
     make_random_checkpoint(cfg, o->out, o->seed, o->shards, pool, isatty(2));
-    // A real tokenizer (BPE trained on a built-in corpus, Kimi's special tokens) and the Kimi
-    // chat template, so the checkpoint runs end to end from text.
-    write_tokenizer_files(o->out, train_bpe(builtin_training_corpus(), int(cfg.vocab_size - 256)),
-                          cfg.vocab_size, kimi_linear_chat_template());
+    // A real tokenizer (BPE trained on a built-in corpus) so the checkpoint runs end to end from
+    // text. Kimi Linear: Kimi's special tokens and its chat template. Kimi K3: K3's special tokens
+    // and no template, as the released checkpoint (the generator recognises K3 by its structure
+    // tokens); its config eos is <|end_of_msg|>, where generation stops.
+    const int32_t ranks = int32_t(cfg.vocab_size - 256);
+    const bool k3 = cfg.model_type == "kimi_k3";
+    const std::vector<SpecialToken> specials = k3 ? kimi_k3_tokenizer_specials(ranks, cfg.vocab_size)
+                                                  : kimi_special_tokens(ranks, cfg.vocab_size);
+    if (k3) {
+      const auto eom = std::find_if(specials.begin(), specials.end(), [](const SpecialToken& t) {
+        return t.content == kKimiK3EndOfMessage;
+      });
+      MD_CHECK(eom != specials.end() && cfg.eos_token_ids == std::vector<int64_t>{eom->id},
+               "preset {}: eos_token_id is not the id of {}", o->preset, kKimiK3EndOfMessage);
+    }
+    write_tokenizer_files(o->out, train_bpe(builtin_training_corpus(), ranks), cfg.vocab_size,
+                          k3 ? std::string() : kimi_linear_chat_template(), specials);
     ModelSizes s = model_sizes(cfg);
     std::printf("wrote %s: preset %s, seed %llu, %.3f B parameters, %s\n", o->out.c_str(),
                 o->preset.c_str(), (unsigned long long)o->seed, double(s.total_params) / 1e9,

@@ -191,6 +191,7 @@ void register_text_commands(CLI::App& app) {
                             {"reasoning", r.reasoning},
                             {"tokens", r.tokens},
                             {"finish_reason", r.finish_reason},
+                            {"prompt_ids", r.prompt_ids},
                             {"prompt_tokens", r.prompt_ids.size()},
                             {"completion_tokens", r.tokens.size()},
                             {"prefill_ms", r.prefill_seconds * 1e3},

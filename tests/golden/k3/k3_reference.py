@@ -26,6 +26,12 @@ Usage as a library:
     m = K3Reference("tests/data/golden/k3-tiny")
     st = m.new_state()
     logits, trace = m.step(st, token_id)
+
+bf16 emulation (K3Reference(dir, bf16=True)): the same math with bf16 rounding R() applied at the
+rounding points of megadecode's BF16 mode (src/engine/forward*.cpp, model.cpp; listed in
+tests/golden/k3/README.md, "bf16 rounding points"). It exists only to measure how far bf16
+activations move this checkpoint's logits from the float64 ones (the noise the engine's BF16 test
+is scaled by); the goldens themselves are the float64 run.
 """
 
 import json
@@ -108,6 +114,18 @@ def rmsnorm(x, w, eps):
     return x / np.sqrt(np.mean(x * x) + eps) * w
 
 
+def bf16_round(x):
+    """Round to the nearest bf16 (ties to even) through float32, as an fp32 engine rounds its fp32
+    results; returned as float64."""
+    u = np.asarray(x, dtype=np.float64).astype(np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return r.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def _identity(x):
+    return x
+
+
 def situ_glu(g, u, beta, linear_beta):
     # SiTU-GLU [K3ML SituAndMul, lines 75-82]:
     #   beta * tanh(g / beta) * sigmoid(g)  *  linear_beta * tanh(u / linear_beta)
@@ -123,7 +141,10 @@ def situ_glu(g, u, beta, linear_beta):
 # ----------------------------------------------------------------------------------------------
 
 class K3Reference:
-    def __init__(self, model_dir, verbose=False):
+    def __init__(self, model_dir, verbose=False, bf16=False):
+        # bf16 emulation: R rounds to bf16 at the engine's rounding points; identity in float64
+        self.bf16 = bf16
+        self.R = bf16_round if bf16 else _identity
         with open(os.path.join(model_dir, "config.json")) as f:
             full = json.load(f)
         # [K3CFG]: top level model_type kimi_k3 with text_config (model_type kimi_linear)
@@ -278,32 +299,33 @@ class K3Reference:
         s = s - s.max()
         p = np.exp(s)
         p /= p.sum()
-        return p @ V, p
+        return self.R(p @ V), p
 
     # ------------------------------------------------------------------------------------------
     def kda(self, L, S, x, tr):
         """Kimi Delta Attention, one token [KL][K3ML 543-663][FLA][TPU kda_step]."""
         H, K = self.H, self.K
         out = {}
+        R = self.R
         for n in ("q", "k", "v"):
-            raw = L[n + "_proj"] @ x                                  # [H*K]
+            raw = R(L[n + "_proj"] @ x)                               # [H*K]
             hist = S["conv"][n]                                       # [conv_k-1, C]
             w = L[n + "_conv1d"]                                      # [C, conv_k]; tap conv_k-1 = now
             y = (w[:, :-1] * hist.T).sum(axis=1) + w[:, -1] * raw     # causal depthwise conv, no bias
             S["conv"][n] = np.vstack([hist[1:], raw[None, :]])
-            out[n] = silu(y).reshape(H, K)                            # ShortConvolution(activation=silu)
+            out[n] = R(silu(R(y))).reshape(H, K)                      # ShortConvolution(activation=silu)
         q, k, v = out["q"], out["k"], out["v"]
         # L2 norm with eps 1e-6 inside the sqrt, q scaled by K^-0.5  [FLA use_qk_l2norm_in_kernel]
         q = q / np.sqrt((q * q).sum(axis=1, keepdims=True) + 1e-6) * K ** -0.5
         k = k / np.sqrt((k * k).sum(axis=1, keepdims=True) + 1e-6)
         # decay gate per channel  [FLA safe gate][K3ML lower_bound=self.gate_lower_bound][TPU]
-        f = (L["f_b_proj"] @ (L["f_a_proj"] @ x) + L["dt_bias"]).reshape(H, K)
+        f = (R(L["f_b_proj"] @ R(L["f_a_proj"] @ x)) + L["dt_bias"]).reshape(H, K)
         A = np.exp(L["A_log"])[:, None]
         if self.lower_bound is not None:
             g = self.lower_bound * sigmoid(A * f)                    # in (lower_bound, 0)
         else:                                                          # Kimi-Linear form
             g = -A * np.where(f > 20.0, f, np.log1p(np.exp(np.minimum(f, 20.0))))
-        beta = sigmoid(L["b_proj"] @ x)                               # [H]  use_beta_sigmoid_in_kernel
+        beta = sigmoid(R(L["b_proj"] @ x))                            # [H]  use_beta_sigmoid_in_kernel
         o = np.empty((H, K))
         for h in range(H):
             Sh = S["S"][h] * np.exp(g[h])[:, None]                    # decay scales the KEY index
@@ -312,23 +334,30 @@ class K3Reference:
             S["S"][h] = Sh
             o[h] = Sh.T @ q[h]
         tr["decay"].append(np.exp(g).ravel())
+        tr["kda_o_rms"].append(float(np.sqrt(np.mean(o * o))))
+        tr["kda_qk_cos"].append(float(np.mean(np.abs((q * k).sum(axis=1)) / np.maximum(
+            np.sqrt((q * q).sum(axis=1) * (k * k).sum(axis=1)), 1e-30))))
+        o = R(o)
         # output: per-head RMSNorm(o) * o_norm.w * sigmoid(g_proj(x))  [K3ML 651-659 FusedRMSNormGated,
         # eps = rms_norm_eps; full-rank gate g_proj since use_full_rank_gate]
-        gate = (L["g_proj"] @ x).reshape(H, K)
-        o = np.stack([rmsnorm(o[h], L["o_norm"], self.eps) for h in range(H)]) * sigmoid(gate)
-        return L["o_proj"] @ o.reshape(-1)
+        gate = R(L["g_proj"] @ x).reshape(H, K)
+        o = R(np.stack([rmsnorm(o[h], L["o_norm"], self.eps) for h in range(H)]) * sigmoid(gate))
+        return R(L["o_proj"] @ o.reshape(-1))
 
     # ------------------------------------------------------------------------------------------
-    def mla(self, L, S, x):
+    def mla(self, L, S, x, phase):
         """Gated NoPE MLA with q LoRA, one token, full (un-absorbed) keys/values
-        [K3ML 405-474][KL]."""
+        [K3ML 405-474][KL]. `phase` matters only for the bf16 emulation: the engine's prefill
+        rounds k_nope / v, the scores and the probabilities; its absorbed decode does not."""
         Hm, nope, rope, vd, r = self.Hm, self.nope, self.rope, self.vdim, self.kv_lora
         qk = nope + rope
+        R = self.R
+        Rp = R if phase == "prefill" else _identity
         # q = q_b(RMSNorm(q_a(x), q_a_layernorm, 1e-6))  [K3ML 419]
-        q = L["q_b_proj"] @ rmsnorm(L["q_a_proj"] @ x, L["q_a_norm"], self.lora_eps)
+        q = R(L["q_b_proj"] @ self.norm(R(L["q_a_proj"] @ x), L["q_a_norm"], self.lora_eps))
         q = q.reshape(Hm, qk)                                         # per head: nope | rope
-        a = L["kv_a_proj_with_mqa"] @ x                               # [kv_lora + rope]
-        c = rmsnorm(a[:r], L["kv_a_norm"], self.lora_eps)
+        a = R(L["kv_a_proj_with_mqa"] @ x)                            # [kv_lora + rope]
+        c = self.norm(a[:r], L["kv_a_norm"], self.lora_eps)
         k_pe = a[r:]                                                  # shared by heads, NOT rotated
         kv = (L["kv_b_proj"] @ c).reshape(Hm, nope + vd)              # per head: nope rows | v rows
         key = np.concatenate([kv[:, :nope], np.broadcast_to(k_pe, (Hm, rope))], axis=1)
@@ -336,19 +365,31 @@ class K3Reference:
         S["v"].append(kv[:, nope:])
         Kc = np.stack(S["k"], axis=1)                                 # [Hm, T, qk]
         Vc = np.stack(S["v"], axis=1)                                 # [Hm, T, vd]
-        s = np.einsum("hd,htd->ht", q, Kc) * qk ** -0.5               # scaling = (nope+rope)^-0.5
+        if phase == "prefill" and self.bf16:                         # k_pe is bf16 already
+            Kc, Vc = R(Kc), R(Vc)
+        s = Rp(Rp(np.einsum("hd,htd->ht", q, Kc)) * qk ** -0.5)      # scaling = (nope+rope)^-0.5
         s = s - s.max(axis=1, keepdims=True)
         p = np.exp(s)
-        p /= p.sum(axis=1, keepdims=True)
-        o = np.einsum("ht,htd->hd", p, Vc).reshape(-1)                # [Hm*vd]
-        o = o * sigmoid(L["g_proj"] @ x)                              # output gate [K3ML 470-472]
-        return L["o_proj"] @ o
+        p = Rp(p / p.sum(axis=1, keepdims=True))
+        o = R(np.einsum("ht,htd->hd", p, Vc).reshape(-1))             # [Hm*vd]
+        o = R(o * R(sigmoid(R(L["g_proj"] @ x))))                    # output gate [K3ML 470-472]
+        return R(L["o_proj"] @ o)
 
     # ------------------------------------------------------------------------------------------
+    def norm(self, x, w, eps):
+        # RMSNorm; the bf16 engine rounds the normalised value, then the product with the weight
+        if not self.bf16:
+            return rmsnorm(x, w, eps)
+        r = 1.0 / np.sqrt(np.mean(x * x) + eps)
+        return self.R(w * self.R(x * r))
+
+    def glu_mlp(self, gate_w, up_w, down_w, h):
+        R = self.R
+        return R(down_w @ R(situ_glu(R(gate_w @ h), R(up_w @ h), self.beta, self.linear_beta)))
+
     def dense_mlp(self, L, h):
         # KimiMLP with SiTU-GLU [K3ML KimiMLP + SituAndMul]
-        return L["mlp_down_proj"] @ situ_glu(L["mlp_gate_proj"] @ h, L["mlp_up_proj"] @ h,
-                                             self.beta, self.linear_beta)
+        return self.glu_mlp(L["mlp_gate_proj"], L["mlp_up_proj"], L["mlp_down_proj"], h)
 
     def moe(self, L, h, tr, layer):
         """Latent MoE [K3ML KimiSparseMoeBlock 815-838, KimiMoEGate 703-759]."""
@@ -362,26 +403,29 @@ class K3Reference:
             wts = wts / (wts.sum() + 1e-20)
         wts = wts * self.rsf
         gap = choice[order[self.topk - 1]] - choice[order[self.topk]] if self.topk < self.E else 1.0
-        z = L["lat_down"] @ h                                         # routed experts live in the latent
+        R = self.R
+        z = R(L["lat_down"] @ h)                                      # routed experts live in the latent
         y = np.zeros(self.latent)
         for e, w in zip(ids, wts):
-            m = situ_glu(L["w1"][e] @ z, L["w3"][e] @ z, self.beta, self.linear_beta)
-            y += w * (L["w2"][e] @ m)
+            y += w * self.glu_mlp(L["w1"][e], L["w3"][e], L["w2"][e], z)
+        y = R(y)
         if self.latent_norm:
-            y = rmsnorm(y, L["lat_norm"], self.eps)                   # after the sum, before up-proj
-        y = L["lat_up"] @ y
-        sh = L["sh_down_proj"] @ situ_glu(L["sh_gate_proj"] @ h, L["sh_up_proj"] @ h,
-                                          self.beta, self.linear_beta)   # shared MLP on h (hidden space)
+            y = self.norm(y, L["lat_norm"], self.eps)                 # after the sum, before up-proj
+        y = R(L["lat_up"] @ y)
+        sh = self.glu_mlp(L["sh_gate_proj"], L["sh_up_proj"], L["sh_down_proj"], h)  # shared MLP on h
         tr["routes"].append({"layer": layer, "ids": [int(i) for i in ids],
                              "weights": [float(w) for w in wts], "gap": float(gap),
                              "scores": [float(s) for s in scores],
                              "biased": [float(s) for s in choice]})
-        return y + sh
+        return R(y + sh)
 
     # ------------------------------------------------------------------------------------------
-    def step(self, st, token):
-        """Process one token; returns (logits float64 [V], trace)."""
-        tr = {"routes": [], "decay": [], "res_probs": []}
+    def step(self, st, token, phase="decode"):
+        """Process one token; returns (logits float64 [V], trace). `phase` ("prefill" or
+        "decode") selects the engine's MLA rounding points in the bf16 emulation only."""
+        R = self.R
+        tr = {"routes": [], "decay": [], "res_probs": [], "kda_o_rms": [], "kda_qk_cos": [],
+              "sublayer_in": [], "sublayer_out": []}
         x = self.embed[token].copy()
         blocks = []                                                   # completed block summaries
         # [K3ML KimiDecoderLayer._forward_attn_residual 984-1046, KimiLinearModel.forward 1188-1219]
@@ -395,30 +439,36 @@ class K3Reference:
             if i % self.block == 0:                                   # block boundary counts layers
                 blocks.append(prefix)
                 prefix = None
-            hn = rmsnorm(h, L["in_norm"], self.eps)
+            hn = self.norm(h, L["in_norm"], self.eps)
+            tr["sublayer_in"].append(hn)
             S = st["layers"][i]
-            a = self.kda(L, S, hn, tr) if L["kind"] == "kda" else self.mla(L, S, hn)
-            prefix = a if prefix is None else prefix + a
+            a = self.kda(L, S, hn, tr) if L["kind"] == "kda" else self.mla(L, S, hn, phase)
+            tr["sublayer_out"].append(a)
+            prefix = a if prefix is None else R(prefix + a)
             h, pr = self.attn_res_mix(blocks + [prefix], L["mlp_res_proj"], L["mlp_res_norm"])
             tr["res_probs"].append(pr)
-            hn = rmsnorm(h, L["post_norm"], self.eps)
+            hn = self.norm(h, L["post_norm"], self.eps)
+            tr["sublayer_in"].append(hn)
             f = self.dense_mlp(L, hn) if L["ffn"] == "dense" else self.moe(L, hn, tr, i)
-            prefix = prefix + f
+            tr["sublayer_out"].append(f)
+            prefix = R(prefix + f)
             x = prefix
         h, pr = self.attn_res_mix(blocks + [x], self.out_res_proj, self.out_res_norm)
         tr["res_probs"].append(pr)
         tr["n_sources_final"] = len(blocks) + 1
-        hn = rmsnorm(h, self.final_norm, self.eps)
+        hn = self.norm(h, self.final_norm, self.eps)
         tr["final_hidden"] = hn
         st["pos"] += 1
-        return self.lm_head @ hn, tr
+        return R(self.lm_head @ hn), tr
 
 
-def run_sequence(model, ids):
+def run_sequence(model, ids, prefill=0):
+    """Teacher-forced run; the first `prefill` ids use the engine's prefill rounding points in
+    the bf16 emulation (no effect in float64)."""
     st = model.new_state()
     rows, traces = [], []
-    for t in ids:
-        lg, tr = model.step(st, t)
+    for i, t in enumerate(ids):
+        lg, tr = model.step(st, t, "prefill" if i < prefill else "decode")
         rows.append(lg)
         traces.append(tr)
     return np.stack(rows), traces

@@ -32,16 +32,23 @@ KDA_1IDX = [i for i in range(1, NL + 1) if i not in MLA_1IDX]
 H, K, CONV = 2, 32, 4
 A_LOG_LEN = 4                     # more entries than heads (K3 stores 128 for 96 heads)
 HM, QL, KVL, NOPE, ROPE, VD = 2, 48, 32, 16, 8, 16
-E, TOPK, LAT, MI, NSH = 8, 2, 32, 32, 2
+E, TOPK, LAT, MI, NSH = 8, 2, 64, 64, 2   # 2 MXFP4 scale groups per expert row
 BLOCK = 2
 GLB = -5.0
 BETA, LBETA = 4.0, 25.0
 EPS = 1e-5
 BOS, EOS, PAD = V - 256, V - 254, V - 1
 PROMPT_LEN, DECODE_LEN = 20, 8
-ROUTER_GAP_TARGET = 0.02          # bias-corrected score gap k-th vs (k+1)-th, every MoE decision
-TOP1_GAP_TARGET = 0.15            # top1-top2 logit gap of every row (argmax robust)
-WEIGHT_SEED = 20250731
+ROUTER_GAP_TARGET = 0.03          # bias-corrected score gap k-th vs (k+1)-th, every MoE decision
+ROUTER_NOISE_RATIO = 10.0         # ... and >= this x the decision's bf16-emulation score noise
+TOP1_GAP_TARGET = 0.3             # top1-top2 logit gap of every row (argmax robust)
+WEIGHT_SEED = 20250752
+QK_ALIGN = 0.9                    # KDA: correlation of the q and k projections / conv taps
+V_GAIN = 2.0                      # KDA: v_proj gain
+MLA_QK_GAIN = 1.0                 # MLA: q_b_proj and kv_a_proj_with_mqa gain (score spread)
+SITU_GATE_GAIN, SITU_UP_GAIN = 2.5, 5.0
+ROUTER_GAIN = 1.7
+RES_GAIN = 2.0
 
 
 def config():
@@ -171,14 +178,14 @@ def make_weights(weight_seed):
         # AttnRes score weight: norm weight x proj weight; the proj gain makes the softmax over
         # sources clearly non-uniform (scores ~ N(0, 2^2))
         bf(prefix + "_res_norm.weight", normw(D))
-        bf(prefix + "_res_proj.weight", lin(1, D, 2.0))
+        bf(prefix + "_res_proj.weight", lin(1, D, RES_GAIN))
 
     def situ_mlp(prefix, inter, din, dout, names):
         # gate pre-activations ~ N(0, 2.5^2), up ~ N(0, 5^2): both SiTU betas matter
         # (4*tanh(g/4) and 25*tanh(u/25) differ visibly from g and u)
-        bf(prefix + names[0], lin(inter, din, 2.5))
-        bf(prefix + names[1], lin(inter, din, 5.0))
-        bf(prefix + names[2], lin(dout, inter, 1.0 / 5.0))
+        bf(prefix + names[0], lin(inter, din, SITU_GATE_GAIN))
+        bf(prefix + names[1], lin(inter, din, SITU_UP_GAIN))
+        bf(prefix + names[2], lin(dout, inter, 1.0 / SITU_UP_GAIN))
 
     bf(P + "embed_tokens.weight", rng.normal(size=(V, D)))
     bf(P + "norm.weight", normw(D))
@@ -197,17 +204,29 @@ def make_weights(weight_seed):
         if i in mla0:
             bf(a + "q_a_proj.weight", lin(QL, D))
             bf(a + "q_a_layernorm.weight", normw(QL))
-            bf(a + "q_b_proj.weight", lin(HM * (NOPE + ROPE), QL, 2.0))
-            bf(a + "kv_a_proj_with_mqa.weight", lin(KVL + ROPE, D, 2.0))
+            bf(a + "q_b_proj.weight", lin(HM * (NOPE + ROPE), QL, MLA_QK_GAIN))
+            bf(a + "kv_a_proj_with_mqa.weight", lin(KVL + ROPE, D, MLA_QK_GAIN))
             bf(a + "kv_a_layernorm.weight", normw(KVL))
             bf(a + "kv_b_proj.weight", lin(HM * (NOPE + VD), KVL))
             bf(a + "g_proj.weight", lin(HM * VD, D, 1.5))
             bf(a + "o_proj.weight", lin(D, HM * VD))
         else:
             C = H * K
-            for n in ("q", "k", "v"):
-                bf(a + f"{n}_proj.weight", lin(C, D))
-                f32(a + f"{n}_conv1d.weight", rng.normal(0.0, 0.5, size=(C, 1, CONV)))
+            # q and k share most of their projection and conv taps (cosine QK_ALIGN), as trained
+            # queries and keys do: with independent random q/k weights, k.q is a small difference
+            # of large terms (cosines ~0.1) and bf16 rounding of the inputs moves the KDA output
+            # by tens of percent. v gets gain V_GAIN so that rms(o) stays far above sqrt(eps)
+            # of the gated output norm.
+            qw, kw_ = lin(C, D), lin(C, D)
+            qc = rng.normal(0.0, 0.5, size=(C, 1, CONV))
+            kc = rng.normal(0.0, 0.5, size=(C, 1, CONV))
+            alt = np.sqrt(1.0 - QK_ALIGN ** 2)
+            bf(a + "q_proj.weight", qw)
+            f32(a + "q_conv1d.weight", qc)
+            bf(a + "k_proj.weight", QK_ALIGN * qw + alt * kw_)
+            f32(a + "k_conv1d.weight", QK_ALIGN * qc + alt * kc)
+            bf(a + "v_proj.weight", lin(C, D, V_GAIN))
+            f32(a + "v_conv1d.weight", rng.normal(0.0, 0.5, size=(C, 1, CONV)))
             bf(a + "f_a_proj.weight", lin(K, D))
             bf(a + "f_b_proj.weight", lin(C, K, 0.3))               # f_b(f_a(x)) ~ N(0, 0.3^2)
             f32(a + "dt_bias", rng.uniform(-2.2, -1.0, size=C))
@@ -223,7 +242,7 @@ def make_weights(weight_seed):
             situ_mlp(p + "mlp.", DENSE_I, D, D, ("gate_proj.weight", "up_proj.weight", "down_proj.weight"))
         else:
             m = p + "block_sparse_moe."
-            bf(m + "gate.weight", lin(E, D, 1.7))                   # K3 keeps the router in BF16
+            bf(m + "gate.weight", lin(E, D, ROUTER_GAIN))           # K3 keeps the router in BF16
             f32(m + "gate.e_score_correction_bias", rng.normal(0.0, 0.05, size=E))
             bf(m + "routed_expert_down_proj.weight", lin(LAT, D))
             bf(m + "routed_expert_norm.weight", normw(LAT))
@@ -231,10 +250,13 @@ def make_weights(weight_seed):
             situ_mlp(m + "shared_experts.", MI * NSH, D, D,
                      ("gate_proj.weight", "up_proj.weight", "down_proj.weight"))
             for e in range(E):
-                for wn, (o, i_, gain) in (("w1", (MI, LAT, 2.5)), ("w3", (MI, LAT, 5.0)),
-                                          ("w2", (LAT, MI, 1.0 / 5.0))):
-                    # a per-row spread of magnitudes so that rows get different E8M0 exponents
+                for wn, (o, i_, gain) in (("w1", (MI, LAT, SITU_GATE_GAIN)),
+                                          ("w3", (MI, LAT, SITU_UP_GAIN)),
+                                          ("w2", (LAT, MI, 1.0 / SITU_UP_GAIN))):
+                    # a spread of magnitudes per row and per 32-column group, so that rows and the
+                    # groups within a row get different E8M0 exponents
                     w = lin(o, i_, gain) * np.exp2(rng.integers(-2, 3, size=(o, 1)))
+                    w = w * np.repeat(np.exp2(rng.integers(-1, 2, size=(o, i_ // 32))), 32, axis=1)
                     pk, sc = quantize_mxfp4(w, rng)
                     T.append((f"{m}experts.{e}.{wn}.weight_packed", "U8", pk))
                     T.append((f"{m}experts.{e}.{wn}.weight_scale", "U8", sc))
@@ -257,32 +279,84 @@ def top_gap(lg):
     return float(s[-1] - s[-2])
 
 
-def choose_ids(model, seed):
+def router_noise(tr, trb):
+    """Per MoE decision: the largest |bf16-emulated - float64| change of a bias-corrected score."""
+    return [float(np.max(np.abs(np.array(a["biased"]) - np.array(b["biased"]))))
+            for a, b in zip(tr["routes"], trb["routes"])]
+
+
+def same_routes(tr, trb):
+    return all(sorted(a["ids"]) == sorted(b["ids"]) for a, b in zip(tr["routes"], trb["routes"]))
+
+
+def bf16_ulp(x):
+    """Spacing of bf16 numbers at |x| (8 significant bits)."""
+    return float(np.ldexp(1.0, int(np.floor(np.log2(max(abs(x), 1e-30)))) - 7))
+
+
+def top1_needed(lg, lgb):
+    """The top1-top2 gap a row needs so that the engine test's argmax rule applies to it (the rule
+    of test_golden_k3.cpp): 2 bf16 ulps of the top logit + 2 sqrt(2) x the emulation's max |logit
+    change|, and at least TOP1_GAP_TARGET."""
+    return max(TOP1_GAP_TARGET,
+               2 * bf16_ulp(np.max(lg)) + 2 * np.sqrt(2) * float(np.max(np.abs(lgb - lg))))
+
+
+def position_ok(lg, tr, lgb, trb):
+    """Selection test of one position (float64 run `lg, tr`, bf16 emulation `lgb, trb`): every
+    router gap >= ROUTER_GAP_TARGET and >= ROUTER_NOISE_RATIO x that decision's bf16 score noise,
+    the emulation picks the same expert sets, top1-top2 logit gap >= TOP1_GAP_TARGET, same argmax."""
+    if top_gap(lg) < top1_needed(lg, lgb) or int(np.argmax(lg)) != int(np.argmax(lgb)):
+        return False
+    if not same_routes(tr, trb):
+        return False
+    return all(r["gap"] >= max(ROUTER_GAP_TARGET, ROUTER_NOISE_RATIO * n)
+               for r, n in zip(tr["routes"], router_noise(tr, trb)))
+
+
+def choose_ids(model, emu, seed):
     """BOS, then every further id (prompt and decode alike) drawn uniformly from [0, V-256) and
-    redrawn (up to 500 times) while, at its position, any MoE router decision has a gap < target or
-    the resulting logits have a top1-top2 gap < target. Decode ids are teacher-forced like the
-    prompt (a free greedy run of 8 steps almost never keeps all 40 router decisions clear of
-    near-ties with 8 experts / top-2); the argmax of every row is recorded instead."""
+    redrawn (up to 500 times) while its position fails position_ok. The float64 reference and the
+    bf16 emulation run in lockstep (the emulation with the engine's prefill rounding points for
+    prompt positions, its decode ones after). Decode ids are teacher-forced like the prompt (a
+    free greedy run almost never keeps all router decisions clear of near-ties); the argmax of
+    every row is recorded instead."""
     rng = np.random.default_rng(seed)
-    st = model.new_state()
+    st, stb = model.new_state(), emu.new_state()
     lg, tr = model.step(st, BOS)
-    if min_gap(tr) < ROUTER_GAP_TARGET or top_gap(lg) < TOP1_GAP_TARGET:
+    lgb, trb = emu.step(stb, BOS, "prefill")
+    if not position_ok(lg, tr, lgb, trb):
         return None
     ids = [BOS]
     redraws = 0
     while len(ids) < PROMPT_LEN + DECODE_LEN:
+        phase = "prefill" if len(ids) < PROMPT_LEN else "decode"
         for _ in range(500):
             t = int(rng.integers(0, V - 256))
-            trial = copy.deepcopy(st)
+            trial, trialb = copy.deepcopy(st), copy.deepcopy(stb)
             lg2, tr2 = model.step(trial, t)
-            if min_gap(tr2) >= ROUTER_GAP_TARGET and top_gap(lg2) >= TOP1_GAP_TARGET:
+            lgb2, trb2 = emu.step(trialb, t, phase)
+            if position_ok(lg2, tr2, lgb2, trb2):
                 break
             redraws += 1
         else:
             return None
-        st = trial
+        st, stb = trial, trialb
         ids.append(t)
     return ids[:PROMPT_LEN], ids[PROMPT_LEN:], redraws
+
+
+def protocols_ok(model, emu, ids, P):
+    """The selection holds for every call protocol the engine test runs, not only the one the ids
+    were drawn with: same expert sets, same argmax and the top1 rule's margin at every position."""
+    lg, tr = ref.run_sequence(model, ids)
+    for split in (P, 0, len(ids)):
+        lb, trb = ref.run_sequence(emu, ids, split)
+        for i in range(len(ids)):
+            if not same_routes(tr[i], trb[i]) or int(np.argmax(lg[i])) != int(np.argmax(lb[i])) \
+                    or top_gap(lg[i]) < top1_needed(lg[i], lb[i]):
+                return False
+    return True
 
 
 def main():
@@ -296,15 +370,18 @@ def main():
     for weight_seed in range(WEIGHT_SEED, WEIGHT_SEED + 100):
         write_safetensors(os.path.join(OUT, "model.safetensors"), make_weights(weight_seed))
         model = ref.K3Reference(OUT)
+        emu = ref.K3Reference(OUT, bf16=True)
         assert model.ignored == ["mm_projector.proj.0.weight",
                                  "vision_tower.patch_embed.proj.weight"], model.ignored
         lg0, tr0 = model.step(model.new_state(), BOS)
-        if min_gap(tr0) < ROUTER_GAP_TARGET or top_gap(lg0) < TOP1_GAP_TARGET:
+        lgb0, trb0 = emu.step(emu.new_state(), BOS, "prefill")
+        if not position_ok(lg0, tr0, lgb0, trb0):
             continue
         for seed in range(200):
-            got = choose_ids(model, seed)
-            if got is not None:
+            got = choose_ids(model, emu, seed)
+            if got is not None and protocols_ok(model, emu, got[0] + got[1], len(got[0])):
                 break
+            got = None
         if got is not None:
             break
     else:
@@ -317,6 +394,28 @@ def main():
     logits.astype("<f4").tofile(os.path.join(OUT, "logits_f32.bin"))
     hidden = np.stack([t["final_hidden"] for t in traces])
     hidden.astype("<f8").tofile(os.path.join(OUT, "final_hidden_f64.bin"))
+
+    # The reference's own bf16 noise: the bf16 emulation (engine rounding points) against float64,
+    # per position, for the three call protocols the engine test runs.
+    rms = np.sqrt(np.mean(logits * logits, axis=1))
+    emulation = {}
+    for name, split in (("golden", P), ("all_decode", 0), ("all_prefill", P + Dn)):
+        lb, trb = ref.run_sequence(emu, ids, split)
+        if name == "golden":
+            lb.astype("<f4").tofile(os.path.join(OUT, "logits_bf16emu.bin"))
+        diff = lb - logits
+        ratios = [min(r["gap"] / max(n, 1e-30) for r, n in zip(a["routes"], router_noise(a, b)))
+                  for a, b in zip(traces, trb)]
+        emulation[name] = {
+            "prefill_ids": split,
+            "rel_rms": [float(x) for x in np.sqrt(np.mean(diff * diff, axis=1)) / rms],
+            "max_abs": [float(x) for x in np.max(np.abs(diff), axis=1)],
+            "routes_identical": all(same_routes(a, b) for a, b in zip(traces, trb)),
+            "argmax_identical": bool(np.all(np.argmax(lb, axis=1) == np.argmax(logits, axis=1))),
+            "max_router_score_noise": float(max(max(router_noise(a, b)) for a, b in zip(traces, trb))),
+            "min_router_gap_over_noise": float(min(ratios)),
+        }
+        assert emulation[name]["routes_identical"] and emulation[name]["argmax_identical"], name
 
     gaps = [min_gap(t) for t in traces]
     decays = np.concatenate([np.concatenate(t["decay"]) for t in traces])
@@ -354,9 +453,22 @@ def main():
         "top1_gaps": [top_gap(r) for r in logits],
         "ids_seed": seed,
         "weight_seed": weight_seed,
-        "selection": {"router_gap_target": ROUTER_GAP_TARGET, "top1_gap_target": TOP1_GAP_TARGET,
-                      "draw": "BOS then uniform [0, vocab-256), redrawn while any router gap or the row's top1 gap < target",
+        "selection": {"router_gap_target": ROUTER_GAP_TARGET,
+                      "router_noise_ratio": ROUTER_NOISE_RATIO,
+                      "top1_gap_target": TOP1_GAP_TARGET,
+                      "draw": "BOS then uniform [0, vocab-256), redrawn while any router gap is < target or < "
+                              "router_noise_ratio x the bf16 emulation's score noise at that decision, the "
+                              "emulation picks other experts or another argmax, or the row's top1 gap < target",
                       "redraws": redraws},
+        "bf16_emulation": {
+            "what": "k3_reference.py with bf16=True: the float64 math rounded to bf16 at megadecode's BF16 "
+                    "rounding points (README 'bf16 rounding points'), run with the same ids; the engine's MLA "
+                    "prefill rounding points for the first prefill_ids positions, its decode ones after",
+            "rel_rms": "per position: RMS(emulated - float64 logits) / RMS(float64 logits)",
+            "max_abs": "per position: max |emulated - float64 logit|",
+            "logits_file": {"logits_bf16emu.bin": "float32 LE [P+D][vocab], the golden protocol's emulated "
+                                                  "logits (bf16 values)"},
+            "protocols": emulation},
         "logits_files": {"logits_f64.bin": "float64 LE [P+D][vocab]",
                          "logits_f32.bin": "the same rounded to float32"},
         "final_hidden_file": {"final_hidden_f64.bin": "float64 LE [P+D][hidden]: RMSNorm(output AttnRes mix, norm) before lm_head"},
@@ -368,6 +480,11 @@ def main():
         "min_router_gap_decode": float(min(gaps[P:])),
         "position_min_router_gap": [float(g) for g in gaps],
         "min_top1_gap": float(min(top_gap(r) for r in logits)),
+        "kda_stats": {"min_o_rms": float(min(x for t in traces for x in t["kda_o_rms"])),
+                      "median_o_rms": float(np.median([x for t in traces for x in t["kda_o_rms"]])),
+                      "sqrt_eps_o_norm": float(np.sqrt(EPS)),
+                      "min_qk_cos": float(min(x for t in traces for x in t["kda_qk_cos"])),
+                      "median_qk_cos": float(np.median([x for t in traces for x in t["kda_qk_cos"]]))},
         "logit_std": float(logits.std()),
         "logit_max_abs": float(np.abs(logits).max()),
         "routes": routes,
@@ -391,6 +508,10 @@ def main():
     print(f"seed {seed}; prompt {prompt}; decode {decode}; min router gap {min(gaps):.4f}; "
           f"min top1 gap {golden['min_top1_gap']:.3f}; logit std {logits.std():.2f}; "
           f"decay in [0.2,0.95] {golden['decay_stats']['frac_in_0.2_0.95']:.3f}; total {tot} bytes")
+    for name, e in emulation.items():
+        print(f"bf16 emulation {name}: rel RMS max {max(e['rel_rms']):.4f} median "
+              f"{float(np.median(e['rel_rms'])):.4f}; min router gap / noise "
+              f"{e['min_router_gap_over_noise']:.1f}")
     print(json.dumps(ablations, indent=1))
 
 
