@@ -253,7 +253,7 @@ void k3_expert_args(benchmark::internal::Benchmark* b) {
     }
   }
   b->Args({3072, 3584, 1, 1, 0, 0});  // fp32 activations
-  b->Args({3072, 3584, 1, 4, 1, 0});  // a small decode batch
+  for (int B : {2, 4, 8}) b->Args({3072, 3584, 1, B, 1, 0});  // small decode batches
   b->Args({3072, 3584, 1, 1, 1, 1});  // portable path
 }
 

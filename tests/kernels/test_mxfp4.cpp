@@ -26,20 +26,25 @@ double e2m1(int code) {
   return (code & 8) ? -m : m;
 }
 
-// Error bound. Every path forms Y[b, r] from the products c_k * x_k (c_k the unscaled e2m1 value):
-// per group of 32 a lane sums at most 4 products (portable: each product rounded, then 3 adds;
-// AVX-512: mul + fma, or vdpbf16ps whose bf16 products are exact, then 2 adds), the lane sum is
-// multiplied by the group's power-of-two scale (exact unless it leaves the normal range) and added
-// into the lane accumulator (one rounding per group, G = K/32 groups), and finally the 8 or 16
-// lanes are reduced in a tree of depth <= 4. So each term passes through at most
-// n = 1 + 3 + 1 + G + 4 = G + 9 roundings of relative error u = 2^-24, and the recursive-summation
-// bound gives |y - exact| <= gamma_n * sum_k |w_k x_k| with gamma_n < (n + 1) u (n << 2^24).
-// This is ~32x tighter than the plain "K u sum|w x|" bound, because the per-group lane sums are
-// short. Results in the subnormal range (tiny scales) also carry an absolute error of at most
-// half an fp32 subnormal ulp (2^-150) per rounding, at most K + 16 of them. Typical errors are
+// Error bound. Every path forms Y[b, r] from the products c_k * x_k (c_k the unscaled e2m1 value),
+// sums short runs of them within one group per lane, scales each run's sum by the group's power of
+// two (exact unless it leaves the normal range), accumulates the scaled sums per lane in order and
+// reduces the lanes in a tree of depth <= 4. Counting the roundings a term can pass through:
+//  * portable: 4 products per lane per group (each product rounded, then 3 adds), the scale
+//    multiply, G = K/32 accumulation adds, 3 tree levels: n = 1 + 3 + 1 + G + 3 < G + 9;
+//  * AVX-512: 8 products per lane per chunk of 4 groups (mul + 7 fmas: at most 8 roundings), then
+//    an fma with the scale into the accumulator (1 rounding per chunk, C = ceil(G/4) chunks), then
+//    4 tree levels: n = 8 + C + 4 = C + 12.
+// So n = max(G + 9, ceil(G/4) + 12) bounds both, and the recursive-summation bound gives
+// |y - exact| <= gamma_n * sum_k |w_k x_k| with gamma_n < (n + 1) u, u = 2^-24 (n << 2^24). This
+// is ~32x tighter than the plain "K u sum|w x|" bound, because the per-group runs are short.
+// Results in the subnormal range (tiny scales) also carry an absolute error of at most half an
+// fp32 subnormal ulp (2^-150) per underflowing multiply (scale multiply or fma: at most one per
+// lane per group, 16 lanes), i.e. at most K/2 + 16 < K + 16 of them. Typical errors are
 // ~sqrt(n) u; indexing bugs are caught exactly by the small-integer test.
 double error_bound(int64_t K, double sum_abs) {
-  const double n = static_cast<double>(K / 32 + 9);
+  const int64_t G = K / 32;
+  const double n = static_cast<double>(std::max(G + 9, (G + 3) / 4 + 12));
   return (n + 1) * 0x1p-24 * sum_abs + static_cast<double>(K + 16) * 0x1p-150;
 }
 
@@ -202,7 +207,8 @@ TEST(Mxfp4, MatchesFloat64Reference) {
   };
   const Shape shapes[] = {{1, 32, 1},   {5, 64, 3},    {37, 96, 1},  {18, 160, 2},
                           {3, 7168, 1}, {21, 3072, 5}, {17, 224, 9}, {40, 128, 4},
-                          {1, 7168, 2}, {9, 3584, 1},  {70, 64, 70}};
+                          {1, 7168, 2}, {9, 3584, 1},  {70, 64, 70}, {6, 544, 2},
+                          {11, 3168, 3}, {19, 3072, 8}};
   for (const auto& isa : isas.names) {
     isas.use(isa);
     for (bool x_bf16 : {true, false}) {
@@ -226,8 +232,9 @@ TEST(Mxfp4, ExactOnSmallIntegers) {
   for (const auto& isa : isas.names) {
     isas.use(isa);
     for (bool x_bf16 : {true, false}) {
-      for (int B : {1, 3, 6}) {
-        Problem p = make_problem(rng, 23, 256, B, x_bf16, 126, 130);
+      // K = 256: partial-block path only; 640 = one whole block of 16 groups plus 4 more.
+      for (auto [B, K] : {std::pair{1, 256}, {3, 256}, {6, 256}, {1, 640}, {5, 640}}) {
+        Problem p = make_problem(rng, 23, K, B, x_bf16, 126, 130);
         for (auto& v : p.x) v = static_cast<float>(static_cast<int>(rng.next() % 17) - 8);
         const auto y = run(p, 0, p.rows, x_bf16);
         for (int b = 0; b < B; ++b) {
@@ -235,7 +242,7 @@ TEST(Mxfp4, ExactOnSmallIntegers) {
             double ref, a;
             reference(p, r, b, &ref, &a);
             ASSERT_EQ(static_cast<double>(y[static_cast<size_t>(b * p.ldy + r)]), ref)
-                << isa << " B=" << B << " b=" << b << " r=" << r;
+                << isa << " K=" << K << " B=" << B << " b=" << b << " r=" << r;
           }
         }
       }

@@ -16,8 +16,9 @@ namespace md::cpu {
 
 // Y[b * ldy + r] = sum_k W[r][k] * X[b * ldx + k]   for r in [r0, r1), b in [0, B).
 // packed/scales point at row 0 of the matrix (not at row r0). x_is_bf16 has the meaning of
-// matmul_bf16: the caller promises every X value is exactly representable in bf16, which lets the
-// AVX-512 BF16 path use vdpbf16ps (every decoded code is bf16-exact). Accumulation is fp32.
+// matmul_bf16: the caller promises every X value is exactly representable in bf16, which would let
+// a kernel use vdpbf16ps (every decoded code is bf16-exact); the current AVX-512 kernel does not
+// need it and treats both modes alike. Accumulation is fp32.
 void matmul_mxfp4(const uint8_t* packed, const uint8_t* scales, int64_t K, int64_t r0, int64_t r1,
                   const float* X, int B, int64_t ldx, float* Y, int64_t ldy, bool x_is_bf16);
 
@@ -41,27 +42,37 @@ int64_t mxfp4_find_nan_scale(const uint8_t* scales, int64_t n);
 const char* matmul_mxfp4_isa();
 
 // Numerics (the same contract as matmul_bf16):
-//  * Each group of 32 is reduced first: g = sum over the group of e2m1(code) * x (fp32, the
-//    unscaled code values are exact in bf16 and fp32), then the group's scale is applied once,
-//    acc += g * 2^(s - 127) (exact multiply unless it under- or overflows). So scales far outside
-//    bf16's exponent range never touch the bf16 dot products.
+//  * Each group of 32 is reduced first, in short runs per lane: r = sum of some of the group's
+//    e2m1(code) * x products (fp32; the unscaled code values are exact in bf16 and fp32), then the
+//    group's scale is applied once per run, acc += r * 2^(s - 127) (exact multiply unless it
+//    under- or overflows). So scales far outside bf16's exponent range never touch the products.
+//    (Portable: runs of 4 products, 8 lanes. AVX-512: runs of 8 products, 16 lanes, each lane
+//    covering 8 columns of one group in a chunk of 4 groups; see mxfp4_avx512.cpp.)
 //  * Y[b, r] is one fixed sequence of fp32 operations that depends only on row r, vector b and K:
 //    not on [r0, r1), B, other rows or vectors, or the thread. Splitting rows or batching gives
 //    bit-identical results (unit-tested).
-//  * ISAs differ in lane count, FMA and vdpbf16ps, so they agree within the fp32 accumulation
-//  bound,
-//    not bitwise; likewise x_is_bf16 true vs false on the avx512bf16 path.
-//  * vdpbf16ps treats denormal X as zero and flushes denormal partial sums (contrived inputs only).
+//  * ISAs differ in lane count and FMA, so they agree within the fp32 accumulation bound, not
+//    bitwise. The AVX-512 kernels use fp32 FMAs for both X modes (vdpbf16ps was measured slower
+//    on this CPU, see below), so there x_is_bf16 true and false give identical results.
 //
-// Performance (Xeon "model 207" under KVM, one thread, 3072 x 3584 GEMV from DRAM, machine heavily
-// loaded so CPU time ~ half of wall): ~2.1-2.9 GB/s of packed bytes, i.e. ~5-6 G weights/s, vs
-// ~3.6 G weights/s (7 GB/s) for the bf16 GEMV in the same run. The decode (byte widen + nibble
-// permute, ~6-7 uops per group of 32 per row) makes it compute bound well below DRAM rate; the
-// fp32-FMA variant (x_is_bf16 = false) measured ~15% faster than vdpbf16ps.
+// Performance (Xeon "model 207" under KVM, 2 vCPUs shared with other jobs, load average ~9-13, so
+// wall time is ~2x CPU time; 3072 x 3584 GEMV, weights cycled through a 1 GiB pool, median of 3;
+// see bench/bench_kernels.cpp K3ExpertMxfp4), old kernel vs this one in the same session, one
+// thread, B = 1: 3072 x 3584 1.75 -> 1.34-1.55 ms wall (1.15 -> 0.89-0.93 ms CPU): 6.3 -> 7-8 G
+// weights/s wall, 9.6 -> 11.8-12.3 G weights/s (5.1 -> 6.3-6.5 GB/s packed) per CPU-second; 3584 x
+// 3072 9.1 -> 11.2-12.0 G weights/s per CPU-second; B = 4 3.0 -> 2.0-2.3 ms CPU; B = 8 2.9-3.5 ms
+// CPU (~3.1-3.8 G weights/s, ~25 G MAC/s, compute bound like the bf16 GEMV at B = 8). The bf16 GEMV
+// streamed ~7.5-9 GB/s in the same runs (read bandwidth ~8-9 GB/s), so MXFP4 at 4.25 bits is still
+// below DRAM rate per CPU-second on this loaded host, though faster per weight than bf16.
+// The decode is one shift + one vpermps per 16 weights straight from the packed cache line (no
+// widening), the scale one vpermps + one FMA per 128 weights; in L2 the kernel runs at ~15-24 G
+// weights/s per CPU-second at B = 1. vdpbf16ps sustains one per ~2.3 cycles here (two fp32 FMAs
+// per cycle), which made a bf16 variant no faster at B = 1 and ~1.5x slower at B = 4..8.
 
 namespace detail {
-// AVX-512 entry points (mxfp4_avx512.cpp); call only after checking the CPU. The bf16 variant needs
-// AVX512_BF16 and is only used when x_is_bf16; otherwise both use fp32 FMAs.
+// AVX-512 entry points (mxfp4_avx512.cpp); call only after checking the CPU (AVX-512 F/BW/VL/DQ,
+// as the matmul selection does). Both run the same fp32-FMA kernel (AVX-512 F instructions only);
+// the bf16 entry point keeps its x_is_bf16 argument for the interface.
 void matmul_mxfp4_avx512bf16(const uint8_t* packed, const uint8_t* scales, int64_t K, int64_t r0,
                              int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy,
                              bool x_is_bf16);
