@@ -2,7 +2,7 @@
 // op is one fork-join region over the thread pool; independent matmuls that read the same input
 // run in one region. The layer ops are in forward_attention.cpp and forward_ffn.cpp; this file
 // holds the residual stream (plain, or K3's block attention residuals) and the logits. The decode
-// plan / megakernel (plan/, exec/) reproduces the Kimi Linear arithmetic tile by tile.
+// plan / megakernel (plan/, exec/) reproduces this arithmetic (Kimi Linear and K3) tile by tile.
 #include "megadecode/engine/model.h"
 
 #include <algorithm>

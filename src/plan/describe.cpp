@@ -21,6 +21,8 @@ std::string_view op_name(Op op) {
       return "kda_core";
     case Op::kMlaProj:
       return "mla_proj";
+    case Op::kMlaQUp:
+      return "mla_q_up";
     case Op::kMlaLatent:
       return "mla_latent";
     case Op::kMlaCore:
@@ -45,6 +47,12 @@ std::string_view op_name(Op op) {
       return "expert_gate_up";
     case Op::kExpertDown:
       return "expert_down";
+    case Op::kLatentDown:
+      return "latent_down";
+    case Op::kLatentNorm:
+      return "latent_norm";
+    case Op::kLatentUp:
+      return "latent_up";
     case Op::kCombine:
       return "combine";
     case Op::kLmHead:
@@ -59,12 +67,14 @@ std::string_view op_name(Op op) {
 
 std::string_view weight_kind_name(WeightKind k) {
   static const char* names[] = {
-      "embed",       "lm_head",    "final_norm",  "input_norm",  "post_attn_norm", "kda.q",
-      "kda.k",       "kda.v",      "kda.f_a",     "kda.f_b",     "kda.b",          "kda.g_a",
-      "kda.g_b",     "kda.o",      "kda.q_conv",  "kda.k_conv",  "kda.v_conv",     "kda.A_log",
-      "kda.dt_bias", "kda.o_norm", "mla.q",       "mla.kv_a",    "mla.kv_a_norm",  "mla.kv_b",
-      "mla.o",       "dense.gate", "dense.up",    "dense.down",  "router",         "router_bias",
-      "shared.gate", "shared.up",  "shared.down", "expert.gate", "expert.up",      "expert.down"};
+      "embed",       "lm_head",     "final_norm",   "input_norm",  "post_attn_norm", "kda.q",
+      "kda.k",       "kda.v",       "kda.f_a",      "kda.f_b",     "kda.b",          "kda.g_a",
+      "kda.g_b",     "kda.o",       "kda.q_conv",   "kda.k_conv",  "kda.v_conv",     "kda.A_log",
+      "kda.dt_bias", "kda.o_norm",  "mla.q",        "mla.kv_a",    "mla.kv_a_norm",  "mla.kv_b",
+      "mla.o",       "dense.gate",  "dense.up",     "dense.down",  "router",         "router_bias",
+      "shared.gate", "shared.up",   "shared.down",  "expert.gate", "expert.up",      "expert.down",
+      "kda.g",       "mla.q_a",     "mla.q_a_norm", "mla.q_b",     "mla.g",          "latent_down",
+      "latent_up",   "latent_norm", "attn_res",     "mlp_res",     "output_res"};
   const size_t i = size_t(k);
   return i < std::size(names) ? names[i] : "?";
 }
@@ -90,6 +100,7 @@ std::string describe_instr(const Plan& p, const Instr& in) {
     case Op::kMlaLatent:
     case Op::kFfnNorm:
     case Op::kRouter:
+    case Op::kLatentNorm:
     case Op::kCombine:
     case Op::kSample:
       if (in.r1 == in.r0 + 1)

@@ -25,7 +25,8 @@ void register_plan(CLI::App& app) {
   auto* m = c->add_option("--model", o->model, "checkpoint directory");
   auto* p =
       c->add_option("--preset", o->preset,
-                    "a preset geometry instead of a checkpoint (tiny | small | kl48-e32 | kl48)");
+                    "a preset geometry instead of a checkpoint (tiny | small | kl48-e32 | kl48 | "
+                    "k3-tiny | k3-small | k3-slice)");
   m->excludes(p);
   c->add_option("--batch", o->batch, "sequences per step")->check(CLI::Range(1, 1024));
   c->add_option("--workers", o->workers, "workers (0: one per CPU)")->check(CLI::Range(0, 4096));

@@ -1,6 +1,6 @@
-// The decode plan: one decode step of a Kimi Linear model for a batch of B sequences, compiled
-// into fixed-size instructions for W workers (DESIGN.md "The decode plan", docs/architecture.md
-// "The decode plan").
+// The decode plan: one decode step of a Kimi Linear or Kimi K3 model for a batch of B sequences,
+// compiled into fixed-size instructions for W workers (DESIGN.md "The decode plan",
+// docs/architecture.md "The decode plan").
 //
 // Everything in a Plan is plain data with no host pointer: instructions name their data through
 // a buffer table (arena offsets, weight-table ids, per-sequence state slots, the step's token ids
@@ -27,16 +27,20 @@ namespace md::plan {
 // counters, summaries and the op-by-op stages are per op.
 enum class Op : uint8_t {
   kEmbed,         // per sequence: x0 = embedding row; h = RMSNorm(x0, input_norm[0])
-  kKdaProj,       // row block of q | k | v (head aligned) or of f_a | g_a | b: Y = round(W h)
+  kKdaProj,       // row block of q | k | v (| g, K3's full-rank gate; head aligned) or of
+                  // f_a | g_a | b: Y = round(W h)
   kKdaCore,       // one head of one sequence: f_b/g_b rows, conv + SiLU, decay gate, beta,
                   // delta rule, gated output norm
-  kMlaProj,       // row block of q or kv_a
+  kMlaProj,       // row block of q or kv_a (K3: q_a, kv_a or the output gate g)
+  kMlaQUp,        // K3's q LoRA: row block of q = round(q_b RMSNorm(q_a h, q_a_layernorm))
   kMlaLatent,     // per sequence: cache row = [RMSNorm(a[:R], kv_a_norm) ; a[R:]]
   kMlaCore,       // head range of one sequence: weight-absorbed attention over the latent cache
                   // (with KV splits: over split `slot`'s cache rows, into partials)
   kMlaMerge,      // head range of one sequence: merges the KV splits' partials, applies W_UV
   kAttnOut,       // row block of o_proj plus the residual: x_mid = round(x + round(W o))
-  kFfnNorm,       // per sequence: h2 = RMSNorm(x_mid, post_attention_layernorm)
+                  // (K3, first layer of a block: x_mid = round(W o), a new partial sum)
+  kFfnNorm,       // per sequence: h2 = RMSNorm(x_mid, post_attention_layernorm) (K3: of the
+                  // block attention residual mix over the block summaries and x_mid)
   kRouter,        // per sequence: router logits, sigmoid top-k -> expert ids and weights
   kDenseGateUp,   // row block of the dense MLP: act = silu(round(G h2)) * round(U h2)
   kDenseDown,     // row block of the dense MLP's down projection
@@ -44,16 +48,22 @@ enum class Op : uint8_t {
   kSharedDown,
   kExpertGateUp,  // (expert slot u, row block): the u-th distinct expert chosen by the batch
   kExpertDown,
-  kCombine,  // per sequence: routed sum (ascending expert id) + shared / dense output +
-             // residual, then the next RMSNorm (next layer's input norm, or the final norm)
-  kLmHead,   // vocabulary row block -> logits
-  kSample,   // per sequence: the next token from its logits (its sampler, or greedy argmax)
+  kLatentDown,  // K3's latent MoE: row block of z = round(routed_expert_down_proj h2)
+  kLatentNorm,  // per sequence: fp32 weighted routed sum (ascending id), rounded, RMSNorm
+  kLatentUp,    // row block of round(routed_expert_up_proj r)
+  kCombine,     // per sequence: routed sum (ascending expert id) + shared / dense output +
+                // residual, then the next RMSNorm (next layer's input norm, or the final norm)
+  kLmHead,      // vocabulary row block -> logits
+  kSample,      // per sequence: the next token from its logits (its sampler, or greedy argmax)
   kCount
 };
 constexpr int kNumOps = int(Op::kCount);
 std::string_view op_name(Op op);
 
 constexpr uint32_t kNone = 0xffffffffu;
+// K3's block attention residual mixes take at most this many sources (block summaries + the
+// partial sum): 93 layers in blocks of 12 need 9.
+constexpr int kMaxResSources = 64;
 constexpr uint16_t kNoLayer = 0xffff;
 
 // A wait is satisfied at step epoch e (the number of steps this plan has completed on this
@@ -69,7 +79,13 @@ enum : uint8_t {
   kFlagMoeCombine = 1,    // kCombine: routed experts (else: the dense MLP's output)
   kFlagSharedExpert = 2,  // kCombine: add the shared expert's output
   kFlagResidual = 4,      // kAttnOut: add the residual
-  kFlagTestStall = 0x80,  // test hook: the instruction never completes (watchdog tests)
+  // Op-specific (K3):
+  kFlagFullRankGate = 8,   // kKdaCore: the output gate is a full-rank projection (no g_b)
+  kFlagLatentMoe = 8,      // kCombine: the routed output is the latent MoE's up-projection
+  kFlagBoundedDecay = 16,  // kKdaCore: lower-bounded decay gate
+  kFlagOutputGate = 32,    // kMlaCore / kMlaMerge: sigmoid output gate on the attention output
+  kFlagAttnRes = 64,       // kFfnNorm / kCombine: norm of the block attention residual mix
+  kFlagTestStall = 0x80,   // test hook: the instruction never completes (watchdog tests)
 };
 
 // One tile of one op. 64 bytes, trivially copyable, no pointers.
@@ -151,6 +167,18 @@ enum class WeightKind : uint8_t {
   kExpertGate,
   kExpertUp,
   kExpertDown,
+  // Kimi K3.
+  kKdaG,   // full-rank output gate g_proj [C, D]
+  kMlaQA,  // q LoRA: q_a_proj [Q, D], q_a_layernorm [Q], q_b_proj [H*(N+P), Q]
+  kMlaQANorm,
+  kMlaQB,
+  kMlaG,        // output gate g_proj [H*V, D]
+  kLatentDown,  // routed_expert_down_proj [X, D]
+  kLatentUp,    // routed_expert_up_proj [D, X]
+  kLatentNorm,  // routed_expert_norm [X]
+  kAttnResW,    // block attention residual score weights (res_norm * res_proj) [D]
+  kMlpResW,
+  kOutputResW,
 };
 std::string_view weight_kind_name(WeightKind k);
 
@@ -240,7 +268,8 @@ struct Plan {
 double tile_cost(const Instr& in, const PlanOptions& o);
 
 // Compiles one decode step. `w` (optional) supplies the stored dtypes; without it matrices are
-// taken as bf16 and the router as fp32 (what make-model writes). Throws md::Error on options out
+// taken as bf16, the router as fp32 (Kimi Linear) or bf16 (K3) and K3's routed experts as MXFP4
+// when the config says so (what make-model writes). Throws md::Error on options out
 // of range (batch 1..1024, workers 1..4096).
 Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const PlanOptions& opt);
 

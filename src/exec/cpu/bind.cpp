@@ -8,9 +8,9 @@ namespace exec {
 
 WeightView bind_weight(const ModelWeights& w, const plan::WeightRef& r) {
   using plan::WeightKind;
-  auto mat = [](const Mat& m) { return WeightView{m.data, m.dtype, m.rows, m.cols}; };
+  auto mat = [](const Mat& m) { return WeightView{m.data, m.dtype, m.rows, m.cols, m.scales}; };
   auto vec = [](const std::vector<float>& v) {
-    return WeightView{v.data(), DType::F32, 1, int64_t(v.size())};
+    return WeightView{v.data(), DType::F32, 1, int64_t(v.size()), nullptr};
   };
   const LayerWeights* L = r.layer != plan::kNoLayer ? &w.layers[r.layer] : nullptr;
   switch (r.kind) {
@@ -86,6 +86,28 @@ WeightView bind_weight(const ModelWeights& w, const plan::WeightRef& r) {
       return mat(L->moe.experts[r.expert].up);
     case WeightKind::kExpertDown:
       return mat(L->moe.experts[r.expert].down);
+    case WeightKind::kKdaG:
+      return mat(L->kda.g);
+    case WeightKind::kMlaQA:
+      return mat(L->mla.q_a);
+    case WeightKind::kMlaQANorm:
+      return vec(L->mla.q_a_norm);
+    case WeightKind::kMlaQB:
+      return mat(L->mla.q_b);
+    case WeightKind::kMlaG:
+      return mat(L->mla.g);
+    case WeightKind::kLatentDown:
+      return mat(L->moe.latent_down);
+    case WeightKind::kLatentUp:
+      return mat(L->moe.latent_up);
+    case WeightKind::kLatentNorm:
+      return vec(L->moe.latent_norm);
+    case WeightKind::kAttnResW:
+      return vec(L->attn_res_w);
+    case WeightKind::kMlpResW:
+      return vec(L->mlp_res_w);
+    case WeightKind::kOutputResW:
+      return vec(w.output_res_w);
   }
   fail("decode plan: unknown weight kind {}", int(r.kind));
 }
@@ -102,10 +124,11 @@ StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
     const LayerWeights& L = w.layers[size_t(l)];
     if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
       const KdaWeights& k = L.kda;
-      for (const Mat* x : {&k.q, &k.k, &k.v, &k.f_a, &k.f_b, &k.b, &k.g_a, &k.g_b, &k.o})
+      for (const Mat* x : {&k.q, &k.k, &k.v, &k.f_a, &k.f_b, &k.b, &k.g_a, &k.g_b, &k.g, &k.o})
         fixed += double(x->bytes());
     } else {
-      for (const Mat* x : {&L.mla.q, &L.mla.kv_a, &L.mla.kv_b, &L.mla.o})
+      const MlaWeights& a = L.mla;
+      for (const Mat* x : {&a.q, &a.q_a, &a.q_b, &a.g, &a.kv_a, &a.kv_b, &a.o})
         fixed += double(x->bytes());
     }
     if (c.ffn_kind[size_t(l)] == FfnKind::Dense) {
@@ -113,6 +136,8 @@ StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
     } else {
       fixed += double(L.moe.router.bytes());
       if (L.moe.has_shared) fixed += double(L.moe.shared.bytes());
+      // K3's latent projections; an expert's bytes count MXFP4 at 4.25 bits (Mat::bytes).
+      fixed += double(L.moe.latent_down.bytes()) + double(L.moe.latent_up.bytes());
       expert = double(L.moe.experts[0].bytes());
     }
   }

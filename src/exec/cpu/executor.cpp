@@ -578,6 +578,8 @@ struct DecodeExecutor::Impl {
     ctx.rnd = model.options().precision == Precision::BF16;
     ctx.eps = float(c.rms_norm_eps);
     ctx.latent_eps = float(c.latent_norm_eps);
+    // As Forward::kda: K3's official code takes the sigmoid of beta in fp32 inside its kernel.
+    ctx.round_beta = ctx.rnd && c.model_type != "kimi_k3";
     ctx.router = cpu::RouterParams{c.num_experts,
                                    c.num_experts_per_token,
                                    c.num_expert_group,

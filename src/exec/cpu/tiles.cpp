@@ -9,9 +9,11 @@
 
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/error.h"
+#include "megadecode/kernels/cpu/attn_res.h"
 #include "megadecode/kernels/cpu/kda.h"
 #include "megadecode/kernels/cpu/matmul.h"
 #include "megadecode/kernels/cpu/mla.h"
+#include "megadecode/kernels/cpu/mxfp4.h"
 
 namespace md::exec {
 
@@ -57,7 +59,11 @@ struct Args {
 // not depend on the range or batch it is computed in).
 void gemv_rows(const WeightView& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
                float* Y, int64_t ldy, bool x_bf16) {
-  if (w.dtype == DType::F32) {
+  if (w.dtype == DType::U8) {  // MXFP4: rows r0.. of the packed codes and of the scales
+    const uint8_t* P = static_cast<const uint8_t*>(w.data) + r0 * (w.cols / 2);
+    cpu::matmul_mxfp4(P, w.scales + r0 * (w.cols / 32), w.cols, 0, r1 - r0, X, B, ldx, Y, ldy,
+                      x_bf16);
+  } else if (w.dtype == DType::F32) {
     const float* W = static_cast<const float*>(w.data) + r0 * w.cols;
     cpu::matmul_f32(W, w.cols, 0, r1 - r0, X, B, ldx, Y, ldy);
   } else {
@@ -86,7 +92,9 @@ void gemv_tile(const StepCtx& s, const Instr& in, const Args& a) {
 }
 
 // [W, X, resid, out]: out = round(resid + round(W X)) on rows [r0, r1) (o_proj, add_inplace).
+// Without kFlagResidual (K3, a new block's partial sum): [W, X, out], out = round(W X).
 void attn_out_tile(const StepCtx& s, const Instr& in, const Args& a) {
+  if (!(in.flags & plan::kFlagResidual)) return gemv_tile(s, in, a);
   const int B = s.batch;
   const int64_t n = int64_t(in.r1) - in.r0;
   float* out = a.f(3);
@@ -103,7 +111,28 @@ void attn_out_tile(const StepCtx& s, const Instr& in, const Args& a) {
   }
 }
 
-// [Wg, Wu, X, act]: act[b][r0:r1] = silu_mul(round(G X), round(U X)).
+// The gated MLP's activation of the reference (Forward::glu): SiLU-GLU, or K3's SiTU.
+void glu(const StepCtx& s, const float* g, const float* u, int64_t n, float* out) {
+  const ModelConfig& c = *s.cfg;
+  if (c.uses_situ())
+    cpu::situ_mul(g, u, n, float(c.situ_beta), float(c.situ_linear_beta), out, s.rnd);
+  else
+    cpu::silu_mul(g, u, n, out, s.rnd);
+}
+
+// K3's block attention residual mix of sequence b: operands first .. nargs-1 of the
+// instruction are [score weights, sources...] (the block summaries, then the partial sum).
+const float* res_mix(const StepCtx& s, const Instr& in, const Args& a, int first, int b,
+                     float* out) {
+  const float* src[plan::kMaxResSources];
+  const int n = int(in.nargs) - first - 1;
+  MD_CHECK(n >= 1 && n <= plan::kMaxResSources, "decode plan: #{} mixes {} sources", in.id, n);
+  for (int j = 0; j < n; ++j) src[j] = a.f(first + 1 + j, b);
+  cpu::attn_res_mix(src, n, a.vec(first), s.cfg->hidden_size, s.eps, out, s.rnd);
+  return out;
+}
+
+// [Wg, Wu, X, act]: act[b][r0:r1] = glu(round(G X), round(U X)).
 void gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
   const int B = s.batch;
   const int64_t n = int64_t(in.r1) - in.r0;
@@ -113,7 +142,7 @@ void gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc)
   gemv_rows(a.w(1), in.r0, in.r1, a.f(2), B, a.ld(2), u, n, s.rnd);
   maybe_round(g, B * n, s.rnd);
   maybe_round(u, B * n, s.rnd);
-  for (int b = 0; b < B; ++b) cpu::silu_mul(g + b * n, u + b * n, n, a.f(3, b) + in.r0, s.rnd);
+  for (int b = 0; b < B; ++b) glu(s, g + b * n, u + b * n, n, a.f(3, b) + in.r0);
 }
 
 // [tokens, embed, x0, norm, h0]
@@ -151,11 +180,17 @@ void kda_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
   float* qc = gate + C;
   float* kc = qc + C;
   float* vc = kc + C;
-  // f = round(f_b fa), gate = round(g_b ga) on these heads' rows.
+  // f = round(f_b fa), gate = round(g_b ga) on these heads' rows (K3's full-rank gate is
+  // operand 4 itself, round(g h) from the projection tiles).
+  const bool full_gate = in.flags & plan::kFlagFullRankGate;
   gemv_rows(a.w(7), c0, c1, a.f(3, b), 1, a.ld(3), f + c0, n, s.rnd);
-  gemv_rows(a.w(8), c0, c1, a.f(4, b), 1, a.ld(4), gate + c0, n, s.rnd);
   maybe_round(f + c0, n, s.rnd);
-  maybe_round(gate + c0, n, s.rnd);
+  if (full_gate) {
+    gate = a.f(4, b);
+  } else {
+    gemv_rows(a.w(8), c0, c1, a.f(4, b), 1, a.ld(4), gate + c0, n, s.rnd);
+    maybe_round(gate + c0, n, s.rnd);
+  }
   // Short convolutions + SiLU on these channels, then the decay gate.
   const SeqView& sv = a.seq(b);
   const int64_t cstride = int64_t(Wc - 1) * C;
@@ -163,13 +198,16 @@ void kda_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
   cpu::short_conv_decode(a.f(1, b), sv.conv_cache + cstride, a.vec(10), Wc, C, c0, c1, kc, s.rnd);
   cpu::short_conv_decode(a.f(2, b), sv.conv_cache + 2 * cstride, a.vec(11), Wc, C, c0, c1, vc,
                          s.rnd);
-  cpu::kda_decay_gate(f, a.vec(12), a.vec(13), K, c0, c1);
+  if (in.flags & plan::kFlagBoundedDecay)
+    cpu::kda_decay_gate_bounded(f, a.vec(12), a.vec(13), K, float(c.kda_gate_lower_bound), c0, c1);
+  else
+    cpu::kda_decay_gate(f, a.vec(12), a.vec(13), K, c0, c1);
   // Delta rule per head, then round(o), gated norm, round(o).
   float* o = a.f(6, b);
   const float* braw = a.f(5, b);
   for (int h = h0; h < h1; ++h) {
     float beta = cpu::sigmoidf(braw[h]);
-    if (s.rnd) beta = round_bf16(beta);
+    if (s.round_beta) beta = round_bf16(beta);
     const int64_t ch = int64_t(h) * K;
     cpu::kda_decode_head(sv.kda_state + ch * K, qc + ch, kc + ch, vc + ch, f + ch, beta, K, o + ch);
   }
@@ -213,7 +251,11 @@ void mla_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
   cpu::mla_decode_absorbed(a.f(0, b), a.seq(b).mla_cache, c.mla_cache_width(), T,
                            static_cast<const bf16*>(a.w(1).data), d, int(in.r0), int(in.r1), att,
                            sc.f.data());
-  maybe_round(att + int64_t(in.r0) * d.V, int64_t(in.r1 - in.r0) * d.V, s.rnd);
+  const int64_t o0 = int64_t(in.r0) * d.V, on = int64_t(in.r1 - in.r0) * d.V;
+  maybe_round(att + o0, on, s.rnd);
+  // K3: att *= sigmoid(g) on these heads (operand 4: round(g_proj h)).
+  if (in.flags & plan::kFlagOutputGate)
+    cpu::sigmoid_gate_inplace(att + o0, a.f(4, b) + o0, on, s.rnd);
 }
 
 // [parts, kv_b, att]: heads [r0, r1) of one sequence, splits merged in ascending order.
@@ -227,7 +269,10 @@ void mla_merge_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& s
   cpu::mla_decode_merge(part, int64_t(d.H) * (d.R + 2), int(in.splits),
                         static_cast<const bf16*>(a.w(1).data), d, int(in.r0), int(in.r1), att,
                         sc.f.data());
-  maybe_round(att + int64_t(in.r0) * d.V, int64_t(in.r1 - in.r0) * d.V, s.rnd);
+  const int64_t o0 = int64_t(in.r0) * d.V, on = int64_t(in.r1 - in.r0) * d.V;
+  maybe_round(att + o0, on, s.rnd);
+  if (in.flags & plan::kFlagOutputGate)
+    cpu::sigmoid_gate_inplace(att + o0, a.f(3, b) + o0, on, s.rnd);
 }
 
 // [logits, next]: sequences [r0, r1) pick their next token.
@@ -248,10 +293,27 @@ void sample_tile(const StepCtx& s, const Instr& in, const Args& a) {
   }
 }
 
-// [x_mid, norm, h2]
-void ffn_norm_tile(const StepCtx& s, const Instr& in, const Args& a) {
-  for (int b = int(in.r0); b < int(in.r1); ++b)
-    cpu::rmsnorm(a.f(0, b), a.vec(1), s.cfg->hidden_size, s.eps, a.f(2, b), s.rnd);
+// [q_b, qa, q_a_norm, q]: K3's q LoRA, rows [r0, r1) of q = round(q_b RMSNorm(qa)) for the batch
+// (Forward::mla: q_a_layernorm with the latent norms' eps). Each tile normalises the batch's qa.
+void mla_q_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  const int64_t Q = s.cfg->q_lora_rank;
+  const int B = s.batch;
+  float* qn = sc.f.data();
+  for (int b = 0; b < B; ++b) cpu::rmsnorm(a.f(1, b), a.vec(2), Q, s.latent_eps, qn + b * Q, s.rnd);
+  const int64_t n = int64_t(in.r1) - in.r0;
+  float* Y = a.f(3);
+  gemv_rows(a.w(0), in.r0, in.r1, qn, B, Q, Y + in.r0, a.ld(3), s.rnd);
+  if (s.rnd)
+    for (int b = 0; b < B; ++b) cpu::round_bf16_inplace(Y + b * a.ld(3) + in.r0, n);
+}
+
+// [x_mid, norm, h2] (+ K3's [res_w, sources...]: the norm of the mix, not of x_mid)
+void ffn_norm_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  for (int b = int(in.r0); b < int(in.r1); ++b) {
+    const float* x = a.f(0, b);
+    if (in.flags & plan::kFlagAttnRes) x = res_mix(s, in, a, 3, b, sc.f.data());
+    cpu::rmsnorm(x, a.vec(1), s.cfg->hidden_size, s.eps, a.f(2, b), s.rnd);
+  }
 }
 
 // [h2, router, bias, ids, wts]
@@ -302,7 +364,7 @@ bool expert_slot(const StepCtx& s, const Args& a, int u, Scratch& sc, int* exper
 void expert_gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
   int e, n;
   if (!expert_slot(s, a, in.slot, sc, &e, &n)) return;
-  const int64_t D = s.cfg->hidden_size, I = s.cfg->moe_intermediate_size;
+  const int64_t D = s.cfg->expert_dim(), I = s.cfg->moe_intermediate_size;  // D: input width
   const int64_t rows = int64_t(in.r1) - in.r0;
   const int* members = sc.i.data() + s.cfg->num_experts;
   float* g = sc.f.data();
@@ -324,16 +386,16 @@ void expert_gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scrat
   maybe_round(u, n * rows, s.rnd);
   for (int m = 0; m < n; ++m) {
     float* act = a.f(4, members[2 * m]) + int64_t(members[2 * m + 1]) * I + in.r0;
-    cpu::silu_mul(g + m * rows, u + m * rows, rows, act, s.rnd);
+    glu(s, g + m * rows, u + m * rows, rows, act);
   }
 }
 
 // [ids, act, down set, dn]: rows [r0, r1) of the slot's expert's down projection;
-// dn[b][j * D + r] = round(down act[b][j]).
+// dn[b][j * D + r] = round(down act[b][j]) (D: the experts' output width, K3's latent).
 void expert_down_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
   int e, n;
   if (!expert_slot(s, a, in.slot, sc, &e, &n)) return;
-  const int64_t D = s.cfg->hidden_size, I = s.cfg->moe_intermediate_size;
+  const int64_t D = s.cfg->expert_dim(), I = s.cfg->moe_intermediate_size;
   const int64_t rows = int64_t(in.r1) - in.r0;
   const int* members = sc.i.data() + s.cfg->num_experts;
   float* y = sc.f.data();
@@ -349,15 +411,22 @@ void expert_down_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch&
 }
 
 // MoE: [x_mid, wts, dn, shared_out, x_next, norm, h_next]; dense: [x_mid, out, x_next, norm,
-// h_next]. The routed sum runs over the sequence's experts in ascending id with a rounding
-// after each product and each add (Impl::moe), then the shared expert, then the residual.
+// h_next]; K3's latent MoE: [x_mid, -, up, shared_out, x_next, norm, h_next]. The routed sum
+// runs over the sequence's experts in ascending id with a rounding after each product and each
+// add (Forward::moe), then the shared expert, then the residual. With kFlagAttnRes the
+// operands go on with [res_w, sources...] and the norm is of K3's mix.
 void combine_seq(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc, int b) {
   const int64_t D = s.cfg->hidden_size;
   const bool moe = in.flags & plan::kFlagMoeCombine;
   const int xn = moe ? 4 : 2, nn = moe ? 5 : 3, hn = moe ? 6 : 4;
   float* x = a.f(xn, b);
   std::copy(a.f(0, b), a.f(0, b) + D, x);
-  if (moe) {
+  if (moe && (in.flags & plan::kFlagLatentMoe)) {
+    float* out = sc.f.data();
+    std::copy(a.f(2, b), a.f(2, b) + D, out);
+    if (in.flags & plan::kFlagSharedExpert) add_inplace(out, a.f(3, b), D, s.rnd);
+    add_inplace(x, out, D, s.rnd);
+  } else if (moe) {
     const int k = s.cfg->num_experts_per_token;
     float* out = sc.f.data();
     float* tmp = out + D;
@@ -375,7 +444,31 @@ void combine_seq(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc, 
   } else {
     add_inplace(x, a.f(1, b), D, s.rnd);
   }
-  cpu::rmsnorm(x, a.vec(nn), D, s.eps, a.f(hn, b), s.rnd);
+  const float* src = x;
+  if (in.flags & plan::kFlagAttnRes) src = res_mix(s, in, a, moe ? 7 : 5, b, sc.f.data() + 2 * D);
+  cpu::rmsnorm(src, a.vec(nn), D, s.eps, a.f(hn, b), s.rnd);
+}
+
+// [wts, dn, latent_norm (or null), r]: K3's routed sum of sequences [r0, r1) in the latent:
+// fp32 products and adds in ascending expert id, rounded once, then RMSNorm (Forward::moe).
+void latent_norm_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  const int64_t X = s.cfg->expert_dim();
+  const int k = s.cfg->num_experts_per_token;
+  float* acc = sc.f.data();
+  for (int b = int(in.r0); b < int(in.r1); ++b) {
+    std::fill(acc, acc + X, 0.0f);
+    const float* wts = a.f(0, b);
+    for (int j = 0; j < k; ++j) {
+      const float* y = a.f(1, b) + int64_t(j) * X;
+      const float wt = wts[j];
+      for (int64_t i = 0; i < X; ++i) acc[i] += y[i] * wt;
+    }
+    maybe_round(acc, X, s.rnd);
+    if (a.present(2))
+      cpu::rmsnorm(acc, a.vec(2), X, s.eps, a.f(3, b), s.rnd);
+    else
+      std::copy(acc, acc + X, a.f(3, b));
+  }
 }
 
 void combine_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
@@ -389,12 +482,14 @@ size_t scratch_floats(const plan::Plan& p) {
   const int64_t B = p.batch, D = c.hidden_size;
   const int64_t I = std::max({c.intermediate_size, c.moe_intermediate_size,
                               c.moe_intermediate_size * std::max(c.num_shared_experts, 1)});
-  int64_t n = 2 * D;                            // combine
+  const int64_t X = std::max(D, c.expert_dim());  // the routed experts' width
+  int64_t n = 3 * D;                              // combine (+ K3's mix)
   n = std::max<int64_t>(n, 5 * c.kda_dim());    // kda core
   n = std::max<int64_t>(n, B * c.num_experts);  // router (a range of sequences)
   n = std::max<int64_t>(n, 2 * B * I);          // gate/up
-  n = std::max<int64_t>(n, B * D + 2 * B * I);  // expert gate/up (+ gathered inputs)
-  n = std::max<int64_t>(n, B * I + B * D);      // expert down
+  n = std::max<int64_t>(n, B * X + 2 * B * I);  // expert gate/up (+ gathered inputs)
+  n = std::max<int64_t>(n, B * I + B * X);      // expert down
+  n = std::max<int64_t>(n, B * c.q_lora_rank);  // K3's q LoRA: the normed q_a of the batch
   // MLA decode (mla_decode_absorbed: partials, absorbed queries, block scores, merge accumulator).
   const int64_t mla = int64_t(c.mla_num_heads) * (2 * c.kv_lora_rank + c.qk_rope_head_dim + 2) +
                       c.kv_lora_rank + 64;
@@ -415,8 +510,14 @@ void run_instr(const StepCtx& s, const Instr& in, Scratch& sc) {
     case Op::kMlaProj:
     case Op::kDenseDown:
     case Op::kSharedDown:
+    case Op::kLatentDown:
+    case Op::kLatentUp:
     case Op::kLmHead:
       return gemv_tile(s, in, a);
+    case Op::kMlaQUp:
+      return mla_q_up_tile(s, in, a, sc);
+    case Op::kLatentNorm:
+      return latent_norm_tile(s, in, a, sc);
     case Op::kKdaCore:
       return kda_core_tile(s, in, a, sc);
     case Op::kMlaLatent:
@@ -428,7 +529,7 @@ void run_instr(const StepCtx& s, const Instr& in, Scratch& sc) {
     case Op::kAttnOut:
       return attn_out_tile(s, in, a);
     case Op::kFfnNorm:
-      return ffn_norm_tile(s, in, a);
+      return ffn_norm_tile(s, in, a, sc);
     case Op::kRouter:
       return router_tile(s, in, a, sc);
     case Op::kDenseGateUp:
@@ -448,6 +549,12 @@ void run_instr(const StepCtx& s, const Instr& in, Scratch& sc) {
   fail("decode plan: instruction #{} has an unknown opcode {}", in.id, int(in.op));
 }
 
+// Bytes of one row as stored (MXFP4: the packed codes; its scales, 1/16 of that, are not
+// prefetched).
+static size_t stored_row_bytes(const WeightView& w) {
+  return w.dtype == DType::U8 ? size_t(w.cols) / 2 : size_t(w.cols) * dtype_size(w.dtype);
+}
+
 void Prefetcher::add(const void* base, size_t row_bytes, uint32_t rows) {
   if (n_ < 3 && base && row_bytes && rows)
     r_[n_++] = Range{static_cast<const char*>(base), row_bytes, rows};
@@ -460,8 +567,9 @@ void Prefetcher::start(const StepCtx& s, const Instr& in, bool expert_ids_visibl
   budget_ = size_t{1} << 20;  // at most half a core's L2 ahead
   const BufferDesc* a = s.plan->buffers.data() + in.args;
   auto rows_of = [&](int i, uint32_t r0, uint32_t r1) {
+    if (a[i].kind != BufKind::kWeight) return;
     const WeightView& w = s.weights[a[i].offset];
-    const size_t rb = size_t(w.cols) * dtype_size(w.dtype);
+    const size_t rb = stored_row_bytes(w);
     add(static_cast<const char*>(w.data) + size_t(r0) * rb, rb, r1 - r0);
   };
   switch (in.op) {
@@ -471,6 +579,9 @@ void Prefetcher::start(const StepCtx& s, const Instr& in, bool expert_ids_visibl
     case Op::kSharedDown:
     case Op::kLmHead:
     case Op::kAttnOut:
+    case Op::kMlaQUp:
+    case Op::kLatentDown:
+    case Op::kLatentUp:
       rows_of(0, in.r0, in.r1);
       break;
     case Op::kDenseGateUp:
@@ -518,7 +629,7 @@ void Prefetcher::start(const StepCtx& s, const Instr& in, bool expert_ids_visibl
       if (e < 0) break;  // an empty slot
       auto expert_rows = [&](int i) {
         const WeightView& w = s.weights[a[i].offset + uint64_t(e)];
-        const size_t rb = size_t(w.cols) * dtype_size(w.dtype);
+        const size_t rb = stored_row_bytes(w);
         add(static_cast<const char*>(w.data) + size_t(in.r0) * rb, rb, in.r1 - in.r0);
       };
       if (in.op == Op::kExpertGateUp) {

@@ -13,10 +13,13 @@
 namespace md::exec {
 
 // A weight-table entry bound to memory: a [rows, cols] matrix or an fp32 vector (rows = 1).
+// An MXFP4 matrix (dtype U8) is its packed codes (data, [rows, cols/2]) and E8M0 scales
+// ([rows, cols/32]).
 struct WeightView {
   const void* data = nullptr;
   DType dtype = DType::BF16;
   int64_t rows = 0, cols = 0;
+  const uint8_t* scales = nullptr;
 };
 
 // How the kSample tile picks sequence b's next token: its sampler (penalties look at history),
@@ -38,6 +41,8 @@ struct StepCtx {
   const plan::Plan* plan = nullptr;
   const ModelConfig* cfg = nullptr;
   bool rnd = true;  // Precision::BF16
+  // beta = sigmoid(b) rounded to bf16 (Kimi Linear's bf16 reference; K3 keeps it in fp32).
+  bool round_beta = true;
   float eps = 0, latent_eps = 0;
   cpu::RouterParams router;
   uint8_t* arena = nullptr;
