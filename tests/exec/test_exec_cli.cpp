@@ -98,6 +98,12 @@ TEST(ExecutorCli, BenchWritesTableJsonAndPlot) {
   EXPECT_THAT(svg, HasSubstr("<svg"));
   EXPECT_THAT(svg, HasSubstr("tokens / s"));
   EXPECT_THAT(svg, HasSubstr("megakernel"));
+  // Kimi K3 through both executors (MXFP4 experts counted at 4.25 bits in bytes_per_step).
+  r = test::run_cli(
+      "bench --preset k3-tiny --batch 2 --steps 1 --reps 1 --workers 2 "
+      "--executor megakernel,opbyop");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("megakernel / opbyop speed"));
   // The preset's temporary checkpoint is gone.
   auto bad = test::run_cli("bench --preset tiny --batch 0");
   EXPECT_NE(bad.status, 0);

@@ -1,18 +1,18 @@
 // The CPU executors against the reference path, bit for bit: megakernel and op-by-op, batches of
 // 1, 2, 3 and 8 sequences at different positions (prefilled with different prompt lengths),
 // sequences leaving and joining between steps, 1, 2, 3 and 5 workers (more than the CPUs), both
-// precisions, random tiny/small checkpoints and the golden models. Then the watchdog and bad
-// input.
+// precisions, random tiny/small checkpoints (Kimi Linear and Kimi K3) and the golden models. Then
+// the watchdog and bad input.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
-#include <tuple>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "megadecode/base/error.h"
 #include "megadecode/base/threads.h"
@@ -34,6 +34,8 @@ class Executor : public ::testing::Test {
     ThreadPool pool(2, false);
     make_random_checkpoint(preset_config("tiny"), dir_->path() + "/tiny", 21, 1, pool);
     make_random_checkpoint(preset_config("small"), dir_->path() + "/small", 22, 1, pool);
+    make_random_checkpoint(preset_config("k3-tiny"), dir_->path() + "/k3-tiny", 23, 1, pool);
+    make_random_checkpoint(preset_config("k3-small"), dir_->path() + "/k3-small", 24, 1, pool);
   }
   static void TearDownTestSuite() { delete dir_; }
   static std::string model(const std::string& name) { return dir_->path() + "/" + name; }
@@ -157,13 +159,99 @@ TEST_F(Executor, SmallFp32MatchesReferenceBitForBit) {
   for (int w : {1, 2, 3, 5}) check_equivalence(m, w);
 }
 
+// Kimi K3 (block attention residuals, full-rank KDA gate and bounded decay, q LoRA and the MLA
+// output gate, latent MoE with MXFP4 experts, SiTU): the same standard.
+TEST_F(Executor, K3TinyBf16MatchesReferenceBitForBit) {
+  Model m(model("k3-tiny"), opts(Precision::BF16));
+  for (int w : {1, 2, 3, 5}) check_equivalence(m, w);
+}
+
+TEST_F(Executor, K3TinyFp32MatchesReferenceBitForBit) {
+  Model m(model("k3-tiny"), opts(Precision::FP32));
+  for (int w : {1, 2, 3, 5}) check_equivalence(m, w);
+}
+
+TEST_F(Executor, K3SmallBf16MatchesReferenceBitForBit) {
+  Model m(model("k3-small"), opts(Precision::BF16));
+  for (int w : {1, 2, 3, 5}) check_equivalence(m, w);
+}
+
+TEST_F(Executor, K3SmallFp32MatchesReferenceBitForBit) {
+  Model m(model("k3-small"), opts(Precision::FP32));
+  for (int w : {1, 2, 3, 5}) check_equivalence(m, w);
+}
+
 // Tiles far below the defaults: heads cut in parts, every matrix in many row blocks.
 TEST_F(Executor, FineTilesMatchReference) {
-  Model m(model("small"), opts(Precision::BF16));
-  ExecutorOptions eo;
-  eo.plan.tile_bytes = 2048;
-  eo.plan.min_tile_bytes = 0;
-  for (int w : {2, 3}) check_equivalence(m, w, eo);
+  for (const char* name : {"small", "k3-small"}) {
+    Model m(model(name), opts(Precision::BF16));
+    ExecutorOptions eo;
+    eo.plan.tile_bytes = 2048;
+    eo.plan.min_tile_bytes = 0;
+    for (int w : {2, 3}) check_equivalence(m, w, eo);
+  }
+}
+
+// K3 variants the presets do not cover: bf16 experts, no latent norm, no shared expert, top-3
+// of 8 (B * k > E from batch 3 on), plain MLA q (no q LoRA), unbounded decay, one layer per
+// residual block.
+TEST_F(Executor, K3OtherGeometryMatchesReference) {
+  ModelConfig c = preset_config("k3-tiny");
+  c.experts_mxfp4 = false;
+  c.latent_norm = false;
+  c.num_shared_experts = 0;
+  c.num_experts_per_token = 3;
+  c.q_lora_rank = 0;
+  c.kda_bounded_decay = false;
+  c.kda_gate_lower_bound = 0;
+  c.attn_res_block_size = 1;
+  test::TempDir d("exec_k3_geom");
+  {
+    ThreadPool pool(2, false);
+    make_random_checkpoint(c, d.path(), 6, 1, pool);
+  }
+  for (Precision p : {Precision::BF16, Precision::FP32}) {
+    Model m(d.path(), opts(p));
+    for (int w : {1, 3}) check_equivalence(m, w);
+  }
+}
+
+// The bytes a K3 step moves count each distinct expert once, its MXFP4 matrices at 4.25 bits
+// per weight (codes + E8M0 scales), and the latent projections and gates with the fixed weights.
+TEST_F(Executor, K3StepBytesCountMxfp4Experts) {
+  Model m(model("k3-small"), opts(Precision::BF16));
+  const ModelConfig& c = m.config();
+  const std::vector<int64_t> pos = {3, 5};
+  const StepStats a = decode_step_bytes(m, pos, 0), b = decode_step_bytes(m, pos, 7);
+  const double expert = 3.0 * double(c.moe_intermediate_size) * double(c.latent_size) * 4.25 / 8;
+  EXPECT_DOUBLE_EQ(b.weight_bytes - a.weight_bytes, 7 * expert);
+  // Non-expert weights: every bf16 matrix but the embedding, plus two embedding rows.
+  const ModelWeights& w = m.weights();
+  double fixed = double(w.lm_head.bytes()) + 2.0 * double(c.hidden_size) * 2;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& L = w.layers[size_t(l)];
+    for (const Mat* x :
+         {&L.kda.q,           &L.kda.k,           &L.kda.v,           &L.kda.f_a,
+          &L.kda.f_b,         &L.kda.b,           &L.kda.g,           &L.kda.o,
+          &L.mla.q_a,         &L.mla.q_b,         &L.mla.g,           &L.mla.kv_a,
+          &L.mla.kv_b,        &L.mla.o,           &L.dense.gate,      &L.dense.up,
+          &L.dense.down,      &L.moe.router,      &L.moe.shared.gate, &L.moe.shared.up,
+          &L.moe.shared.down, &L.moe.latent_down, &L.moe.latent_up})
+      fixed += double(x->bytes());
+  }
+  EXPECT_DOUBLE_EQ(a.weight_bytes, fixed);
+  // Run through an executor: the distinct experts of the step are counted from the router.
+  DecodeExecutor ex(m, 2, 2, ExecutorKind::kMegakernel);
+  SequenceState s0 = m.new_sequence(), s1 = m.new_sequence();
+  std::vector<SequenceState*> seqs = {&s0, &s1};
+  std::vector<int32_t> toks = {5, 9};
+  std::vector<float> logits(2 * size_t(c.vocab_size));
+  ex.step(seqs, toks, logits.data());
+  const StepStats& st = ex.last_step_stats();
+  const int moe_layers = int(std::count(c.ffn_kind.begin(), c.ffn_kind.end(), FfnKind::MoE));
+  EXPECT_GE(st.distinct_experts, moe_layers * c.num_experts_per_token);
+  EXPECT_LE(st.distinct_experts, moe_layers * 2 * c.num_experts_per_token);
+  EXPECT_DOUBLE_EQ(st.weight_bytes, fixed + st.distinct_experts * expert);
 }
 
 // Sampling inside the plan: each sequence's sampler draws from its logits in the kSample tile.
@@ -237,64 +325,66 @@ TEST_F(Executor, SamplingInThePlanMatchesTheSamplerOutside) {
 // logits agree within 1e-4 of their RMS (the golden fp32 bound; measured ~1e-7). Contexts of
 // 33..70 rows give 3..5 blocks of 16, so 3 splits are uneven and 8 splits include empty ones.
 TEST_F(Executor, MlaKvSplitsMatchReference) {
-  for (Precision prec : {Precision::FP32, Precision::BF16}) {
-    Model m(model("small"), opts(prec));
-    const int64_t V = m.config().vocab_size;
-    for (int splits : {3, 8}) {
-      ExecutorOptions eo;
-      eo.workers = 2;
-      eo.plan.mla_kv_splits = splits;
-      DecodeExecutor emk(m, 4, ExecutorKind::kMegakernel, eo);
-      DecodeExecutor eob(m, 4, ExecutorKind::kOpByOp, eo);
-      const plan::Plan& pl = emk.plan(3);
-      // Every (MLA layer, sequence, head) is merged exactly once, from `splits` partials.
-      std::map<std::tuple<int, int, uint32_t>, int> merged;
-      for (const plan::Instr& in : pl.instrs)
-        if (in.op == plan::Op::kMlaMerge) {
-          EXPECT_EQ(in.splits, uint32_t(splits));
-          for (uint32_t h = in.r0; h < in.r1; ++h) ++merged[{in.layer, in.seq, h}];
-        }
-      EXPECT_EQ(merged.size(),
-                size_t(3 * m.config().num_mla_layers() * m.config().mla_num_heads));
-      for (const auto& kv : merged) EXPECT_EQ(kv.second, 1);
-      std::vector<SequenceState> ref, mk, ob;
-      for (int i = 0; i < 3; ++i) {
-        SequenceState s = m.new_sequence();
-        std::vector<int32_t> ids(size_t(33 + 18 * i));
-        for (size_t t = 0; t < ids.size(); ++t) ids[t] = int32_t((i * 131 + t * 17 + 1) % (V - 1));
-        m.forward(s, ids, nullptr, false);
-        ref.push_back(s);
-      }
-      mk = ref;
-      ob = ref;
-      std::vector<float> want(static_cast<size_t>(V));
-      for (int step = 0; step < 4; ++step) {
-        std::vector<int32_t> tokens;
-        std::vector<SequenceState*> pm, po;
-        for (int b = 0; b < 3; ++b) {
-          tokens.push_back(int32_t((b * 37 + step * 101 + 7) % (V - 1)));
-          pm.push_back(&mk[size_t(b)]);
-          po.push_back(&ob[size_t(b)]);
-        }
-        std::vector<float> lm(size_t(3 * V)), lo(size_t(3 * V));
-        emk.step(pm, tokens, lm.data());
-        eob.step(po, tokens, lo.data());
-        expect_same_bits(lm.data(), lo.data(), lm.size(),
-                         "splits " + std::to_string(splits) + " step " + std::to_string(step));
-        if (prec != Precision::FP32) continue;
-        for (int b = 0; b < 3; ++b) {
-          m.forward(ref[size_t(b)], std::span(&tokens[size_t(b)], 1), want.data(), false);
-          double ss = 0, worst = 0;
-          for (int64_t v = 0; v < V; ++v) {
-            ss += double(want[size_t(v)]) * want[size_t(v)];
-            worst = std::max(worst, std::abs(double(lm[size_t(b * V + v)]) - want[size_t(v)]));
+  for (const char* name : {"small", "k3-small"})
+    for (Precision prec : {Precision::FP32, Precision::BF16}) {
+      Model m(model(name), opts(prec));
+      const int64_t V = m.config().vocab_size;
+      for (int splits : {3, 8}) {
+        ExecutorOptions eo;
+        eo.workers = 2;
+        eo.plan.mla_kv_splits = splits;
+        DecodeExecutor emk(m, 4, ExecutorKind::kMegakernel, eo);
+        DecodeExecutor eob(m, 4, ExecutorKind::kOpByOp, eo);
+        const plan::Plan& pl = emk.plan(3);
+        // Every (MLA layer, sequence, head) is merged exactly once, from `splits` partials.
+        std::map<std::tuple<int, int, uint32_t>, int> merged;
+        for (const plan::Instr& in : pl.instrs)
+          if (in.op == plan::Op::kMlaMerge) {
+            EXPECT_EQ(in.splits, uint32_t(splits));
+            for (uint32_t h = in.r0; h < in.r1; ++h) ++merged[{in.layer, in.seq, h}];
           }
-          EXPECT_LE(worst, 1e-4 * std::sqrt(ss / double(V)))
-              << "splits " << splits << " step " << step << " seq " << b;
+        EXPECT_EQ(merged.size(),
+                  size_t(3 * m.config().num_mla_layers() * m.config().mla_num_heads));
+        for (const auto& kv : merged) EXPECT_EQ(kv.second, 1);
+        std::vector<SequenceState> ref, mk, ob;
+        for (int i = 0; i < 3; ++i) {
+          SequenceState s = m.new_sequence();
+          std::vector<int32_t> ids(size_t(33 + 18 * i));
+          for (size_t t = 0; t < ids.size(); ++t)
+            ids[t] = int32_t((i * 131 + t * 17 + 1) % (V - 1));
+          m.forward(s, ids, nullptr, false);
+          ref.push_back(s);
+        }
+        mk = ref;
+        ob = ref;
+        std::vector<float> want(static_cast<size_t>(V));
+        for (int step = 0; step < 4; ++step) {
+          std::vector<int32_t> tokens;
+          std::vector<SequenceState*> pm, po;
+          for (int b = 0; b < 3; ++b) {
+            tokens.push_back(int32_t((b * 37 + step * 101 + 7) % (V - 1)));
+            pm.push_back(&mk[size_t(b)]);
+            po.push_back(&ob[size_t(b)]);
+          }
+          std::vector<float> lm(size_t(3 * V)), lo(size_t(3 * V));
+          emk.step(pm, tokens, lm.data());
+          eob.step(po, tokens, lo.data());
+          expect_same_bits(lm.data(), lo.data(), lm.size(),
+                           "splits " + std::to_string(splits) + " step " + std::to_string(step));
+          if (prec != Precision::FP32) continue;
+          for (int b = 0; b < 3; ++b) {
+            m.forward(ref[size_t(b)], std::span(&tokens[size_t(b)], 1), want.data(), false);
+            double ss = 0, worst = 0;
+            for (int64_t v = 0; v < V; ++v) {
+              ss += double(want[size_t(v)]) * want[size_t(v)];
+              worst = std::max(worst, std::abs(double(lm[size_t(b * V + v)]) - want[size_t(v)]));
+            }
+            EXPECT_LE(worst, 1e-4 * std::sqrt(ss / double(V)))
+                << name << " splits " << splits << " step " << step << " seq " << b;
+          }
         }
       }
     }
-  }
 }
 
 // A geometry the presets do not cover: no shared expert, top-3 of 8 experts (B * k > E from
@@ -317,11 +407,12 @@ TEST_F(Executor, OtherGeometryMatchesReference) {
 }
 
 // The golden models (tests/data/golden, checked against the official implementation by
-// test_golden.cpp): the golden prompt is prefilled through Model::forward, then its decode ids
+// test_golden.cpp, and k3-tiny against the float64 K3 reference by test_golden_k3.cpp): the
+// golden prompt is prefilled through Model::forward, then its decode ids
 // are teacher-forced through each executor in a batch with two other sequences; the golden
 // sequence's logits must equal Model::forward's decode bit for bit.
 TEST(ExecutorGolden, BitEqualToModelForward) {
-  for (const char* name : {"tiny", "small"})
+  for (const char* name : {"tiny", "small", "k3-tiny"})
     for (Precision prec : {Precision::BF16, Precision::FP32}) {
       const std::string dir = test::data_dir() + "/data/golden/" + name;
       std::ifstream f(dir + "/golden.json");

@@ -86,6 +86,116 @@ TEST(Plan, CountsMatchTheModel) {
   EXPECT_LE(s.critical_path_bytes, total);
 }
 
+TEST(Plan, K3ValidForPresetsBatchesAndWorkers) {
+  for (const char* preset : {"k3-tiny", "k3-small", "k3-slice"})
+    for (int batch : {1, 2, 3, 8, 64})
+      for (int workers : {1, 2, 3, 5, 16}) {
+        if (std::string(preset) == "k3-slice" && (batch > 8 || workers > 5)) continue;
+        Plan p = compile(preset, batch, workers);
+        auto errs = validate_plan(p);
+        EXPECT_TRUE(errs.empty()) << preset << " B=" << batch << " W=" << workers << ": "
+                                  << errs.front();
+      }
+}
+
+// Kimi K3's ops in the plan: every op present with the expected tile counts, the block attention
+// residual mixes with the reference's sources (engine/model.cpp: the block summaries, then the
+// partial sum), new blocks without the residual add, MXFP4 experts at 4.25 bits.
+TEST(Plan, K3CountsMatchTheModel) {
+  const ModelConfig c = preset_config("k3-small");
+  const int B = 3;
+  Plan p = compile("k3-small", B, 2);
+  ASSERT_TRUE(validate_plan(p).empty());
+  PlanStats s = plan_stats(p);
+  auto n = [&](Op op) { return s.instrs_per_op[size_t(op)]; };
+  const int L = c.num_layers, moe = L - 1, mla = c.num_mla_layers(), bs = c.attn_res_block_size;
+  ASSERT_EQ(bs, 3);
+  EXPECT_EQ(n(Op::kEmbed), B);
+  EXPECT_EQ(n(Op::kFfnNorm), L * B);
+  EXPECT_EQ(n(Op::kCombine), L * B);
+  EXPECT_EQ(n(Op::kRouter), moe * B);
+  EXPECT_EQ(n(Op::kLatentNorm), moe * B);
+  EXPECT_EQ(n(Op::kMlaLatent), mla * B);
+  EXPECT_EQ(n(Op::kDenseGateUp) > 0 && n(Op::kDenseDown) > 0, true);
+  // Row blocks cover their matrices once per layer: q_b (q LoRA), the latent projections, the
+  // full-rank KDA gate and the MLA gate.
+  std::map<std::tuple<int, int, uint32_t>, int> rows;  // (op or weight kind, layer, row)
+  for (const Instr& in : p.instrs) {
+    int key = -1;
+    if (in.op == Op::kMlaQUp || in.op == Op::kLatentDown || in.op == Op::kLatentUp)
+      key = int(in.op);
+    if (in.op == Op::kKdaProj || in.op == Op::kMlaProj) {
+      const WeightKind k = p.weights[p.buffers[in.args].offset].kind;
+      if (k == WeightKind::kKdaG || k == WeightKind::kMlaG || k == WeightKind::kMlaQA)
+        key = 100 + int(k);
+    }
+    if (key >= 0)
+      for (uint32_t r = in.r0; r < in.r1; ++r) ++rows[{key, in.layer, r}];
+  }
+  for (auto& [k, count] : rows) EXPECT_EQ(count, 1);
+  const int QW = c.mla_num_heads * c.qk_head_dim(), X = int(c.latent_size);
+  auto count = [&](int key) {
+    return int(std::count_if(rows.begin(), rows.end(),
+                             [&](auto& kv) { return std::get<0>(kv.first) == key; }));
+  };
+  EXPECT_EQ(count(int(Op::kMlaQUp)), mla * QW);
+  EXPECT_EQ(count(int(Op::kLatentDown)), moe * X);
+  EXPECT_EQ(count(int(Op::kLatentUp)), moe * int(c.hidden_size));
+  EXPECT_EQ(count(100 + int(WeightKind::kKdaG)), c.num_kda_layers() * int(c.kda_dim()));
+  EXPECT_EQ(count(100 + int(WeightKind::kMlaG)), mla * c.mla_num_heads * c.v_head_dim);
+  EXPECT_EQ(count(100 + int(WeightKind::kMlaQA)), mla * c.q_lora_rank);
+  for (const Instr& in : p.instrs) {
+    const int l = in.layer;
+    switch (in.op) {
+      case Op::kKdaCore:
+        EXPECT_EQ(in.flags, kFlagFullRankGate | kFlagBoundedDecay);
+        break;
+      case Op::kMlaCore:
+        EXPECT_EQ(in.flags, kFlagOutputGate);
+        break;
+      case Op::kAttnOut:  // a new residual block starts every bs layers: no residual add
+        EXPECT_EQ(in.flags, l % bs == 0 ? 0 : kFlagResidual) << l;
+        break;
+      case Op::kFfnNorm:
+        // [x_mid, norm, h2, res_w, blocks..., x_mid]: l / bs + 1 summaries (the embedding first)
+        EXPECT_EQ(in.flags, kFlagAttnRes);
+        EXPECT_EQ(int(in.nargs), 3 + 1 + (l / bs + 1) + 1) << l;
+        EXPECT_EQ(p.buffers[in.args + in.nargs - 1].offset, p.buffers[in.args].offset);
+        break;
+      case Op::kCombine: {
+        // The next layer's (or the final) mix over the same summaries and x_next.
+        const bool moe_l = c.ffn_kind[size_t(l)] == FfnKind::MoE;
+        const int base = moe_l ? 7 : 5;
+        EXPECT_TRUE(in.flags & kFlagAttnRes);
+        EXPECT_EQ(bool(in.flags & kFlagLatentMoe), moe_l);
+        EXPECT_EQ(int(in.nargs), base + 1 + (l / bs + 1) + 1) << l;
+        EXPECT_EQ(p.buffers[in.args + in.nargs - 1].offset, p.buffers[in.args + base - 3].offset);
+        const WeightKind rk = p.weights[p.buffers[in.args + base].offset].kind;
+        EXPECT_EQ(rk, l + 1 < L ? WeightKind::kAttnResW : WeightKind::kOutputResW);
+        break;
+      }
+      case Op::kExpertGateUp:  // MXFP4: 2 x rows x X x 4.25 bits; waits for the router and z
+        EXPECT_EQ(in.est_bytes, uint32_t(2.0 * (in.r1 - in.r0) * X * 17 / 32));
+        EXPECT_NE(in.wait[0].counter, kNone);
+        EXPECT_NE(in.wait[1].counter, kNone);
+        break;
+      case Op::kExpertDown:
+        EXPECT_EQ(in.est_bytes,
+                  uint32_t(double(in.r1 - in.r0) * c.moe_intermediate_size * 17 / 32));
+        EXPECT_LE(in.r1, uint32_t(X));
+        break;
+      default:
+        break;
+    }
+  }
+  // The first block summary is the embedding's output x0 (operand 2 of the embed tile).
+  for (const Instr& in : p.instrs)
+    if (in.op == Op::kFfnNorm && in.layer == 0) {
+      EXPECT_EQ(p.buffers[in.args + 4].offset, p.buffers[p.instrs[0].args + 2].offset);
+      break;
+    }
+}
+
 TEST(Plan, ValidatorCatchesBrokenPlans) {
   const Plan good = compile("tiny", 2, 3);
   ASSERT_TRUE(validate_plan(good).empty());
@@ -143,33 +253,35 @@ TEST(Plan, ValidatorCatchesBrokenPlans) {
 // The plan is a function of the geometry and the stored dtypes only: compiling against loaded
 // weights (with their mapped addresses) gives the same bytes as compiling from the config.
 TEST(Plan, HoldsNoHostPointers) {
-  test::TempDir dir("plan_ptr");
-  ThreadPool pool(2, false);
-  make_random_checkpoint(preset_config("tiny"), dir.path(), 3, 1, pool);
-  Model m(dir.path(), ModelOptions{Precision::BF16, 1, false, false});
-  PlanOptions o;
-  o.batch = 3;
-  o.workers = 2;
-  Plan a = compile_decode_plan(m.config(), &m.weights(), o);
-  Plan b = compile_decode_plan(m.config(), nullptr, o);
-  ASSERT_EQ(a.instrs.size(), b.instrs.size());
-  EXPECT_EQ(0, std::memcmp(a.instrs.data(), b.instrs.data(), a.instrs.size() * sizeof(Instr)));
-  ASSERT_EQ(a.buffers.size(), b.buffers.size());
-  EXPECT_EQ(0,
-            std::memcmp(a.buffers.data(), b.buffers.data(), a.buffers.size() * sizeof(BufferDesc)));
-  ASSERT_EQ(a.weights.size(), b.weights.size());
-  EXPECT_EQ(0,
-            std::memcmp(a.weights.data(), b.weights.data(), a.weights.size() * sizeof(WeightRef)));
-  for (size_t w = 0; w < a.queues.size(); ++w)
+  for (const char* preset : {"tiny", "k3-tiny"}) {
+    test::TempDir dir("plan_ptr");
+    ThreadPool pool(2, false);
+    make_random_checkpoint(preset_config(preset), dir.path(), 3, 1, pool);
+    Model m(dir.path(), ModelOptions{Precision::BF16, 1, false, false});
+    PlanOptions o;
+    o.batch = 3;
+    o.workers = 2;
+    Plan a = compile_decode_plan(m.config(), &m.weights(), o);
+    Plan b = compile_decode_plan(m.config(), nullptr, o);
+    ASSERT_EQ(a.instrs.size(), b.instrs.size());
+    EXPECT_EQ(0, std::memcmp(a.instrs.data(), b.instrs.data(), a.instrs.size() * sizeof(Instr)));
+    ASSERT_EQ(a.buffers.size(), b.buffers.size());
     EXPECT_EQ(
-        0, std::memcmp(a.queues[w].data(), b.queues[w].data(), a.queues[w].size() * sizeof(Instr)));
+        0, std::memcmp(a.buffers.data(), b.buffers.data(), a.buffers.size() * sizeof(BufferDesc)));
+    ASSERT_EQ(a.weights.size(), b.weights.size());
+    EXPECT_EQ(
+        0, std::memcmp(a.weights.data(), b.weights.data(), a.weights.size() * sizeof(WeightRef)));
+    for (size_t w = 0; w < a.queues.size(); ++w)
+      EXPECT_EQ(0, std::memcmp(a.queues[w].data(), b.queues[w].data(),
+                               a.queues[w].size() * sizeof(Instr)));
+  }
 }
 
 // Model check of the deadlock argument: run the queues under random interleavings (at every
 // point any worker whose head instruction's waits are met may go) for several epochs; every
 // run must finish every queue.
 TEST(Plan, RandomInterleavingsAlwaysComplete) {
-  for (const char* preset : {"tiny", "small"})
+  for (const char* preset : {"tiny", "small", "k3-tiny", "k3-small"})
     for (int workers : {1, 2, 3, 5, 7})
       for (int batch : {1, 3, 8}) {
         const Plan p = compile(preset, batch, workers);
@@ -214,6 +326,10 @@ TEST(Plan, CliSummaryAndDump) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("== queue 1"));
   EXPECT_THAT(r.out, HasSubstr("#0 embed"));
+  r = test::run_cli("plan --preset k3-small --batch 3 --workers 2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* op : {"mla_q_up", "latent_down", "latent_norm", "latent_up", "expert_gate_up"})
+    EXPECT_THAT(r.out, HasSubstr(op));
   r = test::run_cli("plan --preset tiny --batch 0");
   EXPECT_NE(r.status, 0);
   r = test::run_cli("plan --batch 2");
