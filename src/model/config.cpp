@@ -4,8 +4,10 @@
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
 
 #include "megadecode/base/error.h"
 
@@ -97,14 +99,30 @@ namespace {
 // compressed-tensors `quantization_config`. Supported: MXFP4 (`mxfp4-pack-quantized`: 4-bit float
 // e2m1 codes, one E8M0 scale per 32 inputs, symmetric, static) on the routed experts only; every
 // other weight must be excluded by `ignore`. Call after the rest of the config is parsed.
+// Python's re.match (anchored at the start) through PCRE2, whose syntax covers the patterns
+// compressed-tensors configs use. Returns -1 when the pattern does not compile, else 0 / 1.
+// (std::regex is avoided: GCC 12's <regex> trips -Wmaybe-uninitialized under ASan.)
+int regex_match_at_start(const std::string& pattern, const std::string& subject) {
+  int err = 0;
+  PCRE2_SIZE off = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_ANCHORED, &err, &off, nullptr);
+  if (!code) return -1;
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code, nullptr);
+  const int rc = md ? pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(subject.data()),
+                                  subject.size(), 0, 0, md, nullptr)
+                    : PCRE2_ERROR_NOMEMORY;
+  pcre2_match_data_free(md);
+  pcre2_code_free(code);
+  return rc >= 0 ? 1 : 0;
+}
+
 bool ignored_by(const json& ignore, const std::string& module) {
   for (const auto& e : ignore) {
     const std::string s = e.get<std::string>();
     if (s.rfind("re:", 0) == 0) {
       // compressed-tensors matches with Python's re.match: anchored at the start.
-      if (std::regex_search(module, std::regex(s.substr(3)),
-                            std::regex_constants::match_continuous))
-        return true;
+      if (regex_match_at_start(s.substr(3), module) == 1) return true;
     } else if (s == module || s == "Linear") {
       return true;
     }
@@ -173,11 +191,8 @@ void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
                p, e.dump());
       const std::string s = e.get<std::string>();
       if (s.rfind("re:", 0) == 0) {
-        try {
-          std::regex r(s.substr(3));
-        } catch (const std::regex_error&) {
-          fail("config.json: field '{}ignore' holds an invalid regular expression '{}'", p, s);
-        }
+        MD_CHECK(regex_match_at_start(s.substr(3), "") >= 0,
+                 "config.json: field '{}ignore' holds an invalid regular expression '{}'", p, s);
       }
     }
     ignore = *it;
