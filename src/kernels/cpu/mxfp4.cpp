@@ -151,16 +151,9 @@ int64_t mxfp4_find_nan_scale(const uint8_t* scales, int64_t n) {
   return -1;
 }
 
+// The selection is matmul's (one switch for both kernels).
 const char* matmul_mxfp4_isa() {
-  switch (current_isa()) {
-    case Isa::kAvx512Bf16:
-      return "avx512bf16";
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kPortable:
-      break;
-  }
-  return "portable";
+  return matmul_isa();
 }
 
 }  // namespace md::cpu
