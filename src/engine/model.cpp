@@ -57,7 +57,8 @@ void add_inplace(float* x, const float* y, int64_t n, bool round) {
 
 size_t SequenceState::bytes() const {
   size_t n = 0;
-  for (auto* v : {&kda_state, &conv_cache, &mla_cache})
+  for (auto* v : {&kda_state, &conv_cache, &mla_cache, &rowlog.kda_state0, &rowlog.conv0,
+                  &rowlog.inputs})
     for (const auto& x : *v) n += x.size() * sizeof(float);
   return n;
 }

@@ -73,17 +73,18 @@ inline HeadTiling head_tiling(int heads, int per_head, double row_bytes, const P
 class Builder {
  public:
   Builder(Plan& p, const ModelConfig& c, const ModelWeights* w)
-      : p_(p), c_(c), w_(w), B_(p.batch), W_(p.workers) {}
+      : p_(p), c_(c), w_(w), B_(p.batch), R_(p.rows), N_(p.batch * p.rows), W_(p.workers) {}
 
   // ---- tables -------------------------------------------------------------------------------
 
-  BufferDesc arena(int64_t elems_per_seq, size_t elt = 4) {
+  // An activation buffer of `elems_per_row` elements for each of the step's N token rows.
+  BufferDesc arena(int64_t elems_per_row, size_t elt = 4) {
     BufferDesc d;
     d.kind = BufKind::kArena;
-    d.count = uint32_t(elems_per_seq);
-    d.stride = align_up(uint64_t(elems_per_seq) * elt, kAlign);
+    d.count = uint32_t(elems_per_row);
+    d.stride = align_up(uint64_t(elems_per_row) * elt, kAlign);
     d.offset = p_.arena_bytes;
-    p_.arena_bytes += align_up(d.stride * uint64_t(B_), kAlign);
+    p_.arena_bytes += align_up(d.stride * uint64_t(N_), kAlign);
     return d;
   }
   uint32_t weight_id(WeightKind k, int layer, int expert = 0) {
@@ -168,17 +169,24 @@ class Builder {
     p_.stages.back().end = in.id + 1;
   }
 
-  // Per-sequence ops (embed, norms, router, latent row, combine) take ranges of sequences: one
-  // sequence per tile at small batch, up to B / (2W) at large batch, so that their instruction
-  // count does not grow with B faster than the work warrants.
-  std::vector<std::pair<int, int>> seq_ranges() const {
-    const int per = std::max(1, B_ / (2 * W_));
+  // Per-row ops (embed, norms, router, latent rows, combine, sampling) take ranges of token
+  // rows: one row per tile when there are few, up to N / (2W) when there are many, so that their
+  // instruction count does not grow with N faster than the work warrants.
+  std::vector<std::pair<int, int>> row_ranges() const {
+    const int per = std::max(1, N_ / (2 * W_));
     std::vector<std::pair<int, int>> r;
-    for (int b = 0; b < B_; b += per) r.emplace_back(b, std::min(B_, b + per));
+    for (int t = 0; t < N_; t += per) r.emplace_back(t, std::min(N_, t + per));
     return r;
   }
-  static void set_seqs(Instr& in, std::pair<int, int> r) {
-    in.seq = uint16_t(r.first);
+  // Row ranges made of whole sequences (ops whose consumers wait per sequence).
+  std::vector<std::pair<int, int>> seq_row_ranges() const {
+    const int per = std::max(1, B_ / (2 * W_));
+    std::vector<std::pair<int, int>> r;
+    for (int b = 0; b < B_; b += per) r.emplace_back(b * R_, std::min(B_, b + per) * R_);
+    return r;
+  }
+  void set_rows(Instr& in, std::pair<int, int> r) const {
+    in.seq = uint16_t(r.first / R_);  // the first row's sequence (informational)
     in.r0 = uint32_t(r.first);
     in.r1 = uint32_t(r.second);
   }
@@ -210,7 +218,7 @@ class Builder {
   // Y[b][r0:r1] = round(W X[b]) row blocks of one matrix; returns nothing, signals `sig`.
   void gemv_tiles(Op op, int layer, const BufferDesc& wbuf, int64_t rows, int64_t cols, size_t e,
                   const BufferDesc& x, const BufferDesc& y, Wait wt, uint32_t sig,
-                  int64_t rb_override = 0, uint8_t flags = 0, const BufferDesc* resid = nullptr,
+                  int64_t rb_override = 0, uint32_t flags = 0, const BufferDesc* resid = nullptr,
                   const BufferDesc* out = nullptr) {
     const int64_t rb =
         rb_override > 0 ? rb_override : tile_rows(rows, double(cols) * double(e), p_.options, W_);
@@ -222,7 +230,7 @@ class Builder {
       in.r1 = uint32_t(std::min(rows, r + rb));
       emit(in, a,
            uint64_t(in.r1 - in.r0) * uint64_t(cols) * e +
-               uint64_t(B_) * uint64_t(cols + (in.r1 - in.r0)) * 4);
+               uint64_t(N_) * uint64_t(cols + (in.r1 - in.r0)) * 4);
     }
   }
 
@@ -254,7 +262,7 @@ class Builder {
                      const BufferDesc& x, const BufferDesc& act, Wait wt, uint32_t sig);
   // The per-sequence combine tiles: `base` operands (ending in x_next, next_norm, h_next), then
   // K3's mix operands.
-  void combine_tiles(int l, const FfnIo& io, std::vector<BufferDesc> base, uint8_t flags,
+  void combine_tiles(int l, const FfnIo& io, std::vector<BufferDesc> base, uint32_t flags,
                      std::initializer_list<Wait> waits);
 
   // K3's block attention residuals: the mix operands [score weights, block summaries...,
@@ -274,7 +282,7 @@ class Builder {
   Plan& p_;
   const ModelConfig& c_;
   const ModelWeights* w_;
-  int B_, W_;
+  int B_, R_, N_, W_;  // sequences, token rows per sequence, token rows, workers
   std::map<std::tuple<int, int, int>, uint32_t> wid_;
   // K3: the completed block summaries of the residual stream (the embedding first): arena
   // buffers written earlier in the step, read by every later mix.

@@ -104,9 +104,10 @@ std::string describe_instr(const Plan& p, const Instr& in) {
     case Op::kCombine:
     case Op::kSample:
       if (in.r1 == in.r0 + 1)
-        s += fmt::format(" seq {}", in.r0);
+        s += fmt::format(" {} {}", in.op == Op::kSample ? "logit row" : "token row", in.r0);
       else
-        s += fmt::format(" seqs [{}, {})", in.r0, in.r1);
+        s += fmt::format(" {} [{}, {})", in.op == Op::kSample ? "logit rows" : "token rows", in.r0,
+                         in.r1);
       break;
     case Op::kKdaCore:
     case Op::kMlaCore:
@@ -180,7 +181,7 @@ std::vector<std::string> validate_plan(const Plan& p) {
       err(fmt::format("{}: operands out of range", describe_instr(p, in)));
   }
   for (const BufferDesc& b : p.buffers) {
-    if (b.kind == BufKind::kArena && b.offset + b.stride * uint64_t(p.batch) > p.arena_bytes)
+    if (b.kind == BufKind::kArena && b.offset + b.stride * uint64_t(p.token_rows()) > p.arena_bytes)
       err(fmt::format("arena buffer at {} exceeds the arena", b.offset));
     if (b.kind == BufKind::kArena && (b.offset % 64 || b.stride % 64))
       err(fmt::format("arena buffer at {} is not 64-byte aligned", b.offset));
@@ -309,12 +310,12 @@ std::string describe_plan(const Plan& p, bool dump) {
   const ModelConfig& c = p.cfg;
   std::string o;
   o += fmt::format(
-      "decode plan: batch {}, {} workers; {} layers ({} KDA, {} MLA); {} instructions "
-      "(64 B each), {} stages, {} op-by-op barrier phases, {} counters, {} buffer-table entries, "
-      "{} weight-table entries, arena {}; megakernel queues: {}\n",
-      p.batch, p.workers, c.num_layers, c.num_kda_layers(), c.num_mla_layers(), p.instrs.size(),
-      p.stages.size(), p.phases.size(), p.counters.size(), p.buffers.size(), p.weights.size(),
-      human_bytes(double(p.arena_bytes)),
+      "decode plan: batch {} x {} token rows, {} workers; {} layers ({} KDA, {} MLA); {} "
+      "instructions (64 B each), {} stages, {} op-by-op barrier phases, {} counters, {} "
+      "buffer-table entries, {} weight-table entries, arena {}; megakernel queues: {}\n",
+      p.batch, p.rows, p.workers, c.num_layers, c.num_kda_layers(), c.num_mla_layers(),
+      p.instrs.size(), p.stages.size(), p.phases.size(), p.counters.size(), p.buffers.size(),
+      p.weights.size(), human_bytes(double(p.arena_bytes)),
       p.options.scheduler == Scheduler::kList ? "list schedule" : "op-by-op phase shares");
   o += fmt::format("\n{:<16} {:>8} {:>12} {:>7}\n", "op", "instrs", "bytes", "share");
   for (int op = 0; op < kNumOps; ++op) {

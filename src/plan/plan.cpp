@@ -31,9 +31,9 @@ void Builder::build() {
   {
     auto a = args({io(BufKind::kTokens), weight(WeightKind::kEmbed), x,
                    weight(WeightKind::kInputNorm, 0), h});
-    for (auto r : seq_ranges()) {
+    for (auto r : row_ranges()) {
       Instr in = make(Op::kEmbed, -1, {}, ready);
-      set_seqs(in, r);
+      set_rows(in, r);
       emit(in, a, uint64_t(r.second - r.first) * uint64_t(D) * 14);
     }
   }
@@ -73,9 +73,9 @@ void Builder::build() {
       if (bs > 0) append_mix(ops, weight(WeightKind::kMlpResW, l), x_mid);
       auto a = args(ops);
       const uint64_t mix_bytes = bs > 0 ? 8 * (blocks_.size() + 1) : 0;
-      for (auto r : seq_ranges()) {
+      for (auto r : row_ranges()) {
         Instr in = make(Op::kFfnNorm, l, {all_of(attn_done)}, norm_done);
-        set_seqs(in, r);
+        set_rows(in, r);
         if (bs > 0) in.flags = kFlagAttnRes;
         emit(in, a, uint64_t(r.second - r.first) * uint64_t(D) * (12 + mix_bytes));
       }
@@ -103,20 +103,21 @@ void Builder::build() {
     ready = io.combined;
   }
 
-  // lm_head over the final normed hidden states, straight into the caller's logits.
+  // lm_head over the final normed hidden states of the logit rows (compacted by the last
+  // combine), straight into the caller's logits.
   const Mat* lm = w_ ? &w_->lm_head : nullptr;
   const uint32_t logits_done = counter(Op::kLmHead, -1);
   gemv_tiles(Op::kLmHead, -1, weight(WeightKind::kLmHead), c.vocab_size, D, elt(lm), h,
              io(BufKind::kLogits), all_of(ready), logits_done);
 
-  // Sampling, per sequence range: every vocabulary block of the batch must be in.
+  // Sampling, per range of logit rows: every vocabulary block must be in.
   BufferDesc next = arena(1, 4);
   auto a = args({io(BufKind::kLogits), next});
   p_.next_ids_buffer = a.first + 1;
   const uint32_t sampled = counter(Op::kSample, -1);
-  for (auto r : seq_ranges()) {
+  for (auto r : row_ranges()) {
     Instr in = make(Op::kSample, -1, {all_of(logits_done)}, sampled);
-    set_seqs(in, r);
+    set_rows(in, r);
     emit(in, a, uint64_t(r.second - r.first) * uint64_t(c.vocab_size) * 4);
   }
 }
@@ -232,6 +233,10 @@ void schedule_opbyop(Plan& p) {
 
 Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const PlanOptions& opt) {
   MD_CHECK(opt.batch >= 1 && opt.batch <= 1024, "plan: batch {} is outside 1..1024", opt.batch);
+  MD_CHECK(opt.rows >= 1 && opt.rows <= kMaxRows, "plan: rows {} is outside 1..{}", opt.rows,
+           kMaxRows);
+  MD_CHECK(int64_t(opt.batch) * opt.rows <= 4096,
+           "plan: {} sequences x {} rows exceed 4096 token rows", opt.batch, opt.rows);
   MD_CHECK(opt.workers >= 1 && opt.workers <= 4096, "plan: workers {} is outside 1..4096",
            opt.workers);
   MD_CHECK(cfg.num_layers >= 1 && cfg.num_layers < int(kNoLayer), "plan: bad layer count {}",
@@ -245,6 +250,7 @@ Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const Pl
            cfg.attn_res_block_size);
   Plan p;
   p.batch = opt.batch;
+  p.rows = opt.rows;
   p.workers = opt.workers;
   p.cfg = cfg;
   p.options = opt;

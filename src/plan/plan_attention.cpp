@@ -62,13 +62,13 @@ std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> Builder::kda_layer(int l, 
           Instr in = make(Op::kKdaProj, l, {in_ready}, ctr);
           in.r0 = uint32_t(r);
           in.r1 = uint32_t(r + step);
-          emit(in, *a, uint64_t(step) * uint64_t(D) * e + uint64_t(B_) * uint64_t(D + step) * 4);
+          emit(in, *a, uint64_t(step) * uint64_t(D) * e + uint64_t(N_) * uint64_t(D + step) * 4);
         }
       }
     }
   }
 
-  // Per head range and sequence: conv + gates + delta rule + gated norm.
+  // Per head range and sequence: conv + gates + delta rule + gated norm, over its R rows.
   const uint32_t core_done = counter(Op::kKdaCore, l);
   // ga: the low-rank gate input [K], or (full_gate) the gate itself [C]; g_b absent then.
   auto a = args({q, k, v, fa, ga, braw, o, weight(WeightKind::kKdaFB, l),
@@ -83,11 +83,11 @@ std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> Builder::kda_layer(int l, 
     for (int b = 0; b < B_; ++b) {
       Instr in = make(Op::kKdaCore, l, {all_of(range_ctr[r]), all_of(lowrank)}, core_done);
       in.seq = uint16_t(b);
-      in.flags = uint8_t((full_gate ? kFlagFullRankGate : 0) |
-                         (c.kda_bounded_decay ? kFlagBoundedDecay : 0));
+      in.flags = uint32_t((full_gate ? kFlagFullRankGate : 0) |
+                          (c.kda_bounded_decay ? kFlagBoundedDecay : 0));
       in.r0 = uint32_t(int(r) * hpr);
       in.r1 = uint32_t(std::min(H, int(r + 1) * hpr));
-      emit(in, a, head_bytes * (in.r1 - in.r0));
+      emit(in, a, head_bytes * (in.r1 - in.r0) * uint64_t(R_));
     }
   return {o, core_done, C, L ? &L->kda.o : nullptr};
 }
@@ -133,22 +133,23 @@ std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> Builder::mla_layer(int l, 
       in.r1 = uint32_t(std::min(QW, r + rb));
       emit(in, a,
            uint64_t(in.r1 - in.r0) * uint64_t(Q) * e +
-               uint64_t(B_) * uint64_t(2 * Q + (in.r1 - in.r0)) * 4);
+               uint64_t(N_) * uint64_t(2 * Q + (in.r1 - in.r0)) * 4);
     }
   } else {
     gemv_tiles(Op::kMlaProj, l, weight(WeightKind::kMlaQ, l), QW, D, elt(L ? &L->mla.q : nullptr),
                h, q, in_ready, q_done);
   }
 
-  // Latent cache row per sequence (the executor grows the cache before the step).
+  // Latent cache rows of whole sequences (the executor grows the caches before the step), so
+  // that a sequence's cores wait for one counter.
   std::vector<uint32_t> latent(static_cast<size_t>(B_));  // counter of b's range
   {
     auto a = args({a_out, weight(WeightKind::kMlaKvANorm, l), state(StateKind::kMlaCache, l)});
-    for (auto r : seq_ranges()) {
+    for (auto r : seq_row_ranges()) {
       const uint32_t ctr = counter(Op::kMlaLatent, l, uint32_t(r.first));
-      for (int b = r.first; b < r.second; ++b) latent[size_t(b)] = ctr;
+      for (int t = r.first; t < r.second; t += R_) latent[size_t(t / R_)] = ctr;
       Instr in = make(Op::kMlaLatent, l, {all_of(kva_done)}, ctr);
-      set_seqs(in, r);
+      set_rows(in, r);
       emit(in, a, uint64_t(r.second - r.first) * uint64_t(CW) * 12);
     }
   }
@@ -180,7 +181,7 @@ std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> Builder::mla_layer(int l, 
         in.flags = gated ? kFlagOutputGate : 0;
         in.r0 = uint32_t(h0);
         in.r1 = uint32_t(std::min(H, h0 + per));
-        emit(in, a, uint64_t(in.r1 - in.r0) * uint64_t(N + V) * uint64_t(R) * e);
+        emit(in, a, uint64_t(in.r1 - in.r0) * uint64_t(N + V) * uint64_t(R) * e * uint64_t(R_));
       }
     return {att, core_done, int64_t(H) * V, L ? &L->mla.o : nullptr};
   }

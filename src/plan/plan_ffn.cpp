@@ -8,21 +8,22 @@
 
 namespace md::plan::detail {
 
-void Builder::combine_tiles(int l, const FfnIo& io, std::vector<BufferDesc> base, uint8_t flags,
+void Builder::combine_tiles(int l, const FfnIo& io, std::vector<BufferDesc> base, uint32_t flags,
                             std::initializer_list<Wait> waits) {
   const int64_t D = c_.hidden_size;
   const bool mix = io.next_res.kind != BufKind::kNull;
   if (mix) {
     append_mix(base, io.next_res, io.x_next);
-    flags = uint8_t(flags | kFlagAttnRes);
+    flags = uint32_t(flags | kFlagAttnRes);
   }
   const uint64_t srcs = mix ? blocks_.size() + 1 : 0;
+  if (l + 1 == c_.num_layers) flags |= kFlagLogitRows;  // h_next: the lm_head's input rows
   const bool moe = flags & kFlagMoeCombine, latent = flags & kFlagLatentMoe;
   const uint64_t reads = moe && !latent ? uint64_t(c_.num_experts_per_token) + 4 : 5;
   auto a = args(base);
-  for (auto r : seq_ranges()) {
+  for (auto r : row_ranges()) {
     Instr in = make(Op::kCombine, l, waits, io.combined);
-    set_seqs(in, r);
+    set_rows(in, r);
     in.flags = flags;
     emit(in, a, uint64_t(r.second - r.first) * (reads + srcs * 2) * uint64_t(D) * 4);
   }
@@ -51,7 +52,7 @@ void Builder::gate_up_tiles(Op op, int l, const BufferDesc& g, const BufferDesc&
     Instr in = make(op, l, {wt}, sig);
     in.r0 = uint32_t(r);
     in.r1 = uint32_t(std::min(I, r + rb));
-    emit(in, a, 2ull * (in.r1 - in.r0) * uint64_t(D) * e + uint64_t(B_) * uint64_t(D) * 4);
+    emit(in, a, 2ull * (in.r1 - in.r0) * uint64_t(D) * e + uint64_t(N_) * uint64_t(D) * 4);
   }
 }
 
@@ -77,9 +78,9 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
     auto a =
         args({io.h2, weight(WeightKind::kRouter, l), weight(WeightKind::kRouterBias, l), ids, wts});
     p_.router_ids_buffer[size_t(l)] = a.first + 3;
-    for (auto r : seq_ranges()) {
+    for (auto r : row_ranges()) {
       Instr in = make(Op::kRouter, l, {normed}, routed);
-      set_seqs(in, r);
+      set_rows(in, r);
       emit(in, a,
            uint64_t(E) * uint64_t(D) * re + uint64_t(r.second - r.first - 1) * uint64_t(E) * 64);
     }
@@ -105,11 +106,11 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
                   weight(WeightKind::kSharedUp, l), IS, se, io.h2, sact, normed, sgu);
   }
 
-  // Routed experts by slot: slot u runs the u-th distinct expert the batch selected (in
-  // ascending id) for every sequence that selected it, so each selected expert is read once
+  // Routed experts by slot: slot u runs the u-th distinct expert the step's rows selected (in
+  // ascending id) for every row that selected it, so each selected expert is read once
   // per step. Slots beyond the number of distinct experts are empty at run time. MXFP4 experts
   // count 4.25 bits per weight.
-  const int U = std::min(B_ * k, E);
+  const int U = std::min(N_ * k, E);
   const double ee = expert_elt(L ? &L->moe.experts[0].gate : nullptr);
   const int64_t rb_gu = tile_rows(I, 2.0 * double(X) * ee, p_.options, W_, U);
   const int64_t rb_dn = tile_rows(X, double(I) * ee, p_.options, W_, U);
@@ -150,7 +151,7 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
   if (!latent) {
     // Weighted sum in ascending expert id, shared expert, residual, next norm.
     combine_tiles(l, io, {io.x_mid, wts, dn, sout, io.x_next, io.next_norm, io.h_next},
-                  uint8_t(kFlagMoeCombine | (shared ? kFlagSharedExpert : 0)),
+                  uint32_t(kFlagMoeCombine | (shared ? kFlagSharedExpert : 0)),
                   {all_of(expert_done), shared_done});
     return;
   }
@@ -161,9 +162,9 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
   const uint32_t lnorm = counter(Op::kLatentNorm, l);
   {
     auto a = args({wts, dn, c.latent_norm ? weight(WeightKind::kLatentNorm, l) : null(), r_lat});
-    for (auto r : seq_ranges()) {
+    for (auto r : row_ranges()) {
       Instr in = make(Op::kLatentNorm, l, {all_of(expert_done)}, lnorm);
-      set_seqs(in, r);
+      set_rows(in, r);
       emit(in, a, uint64_t(r.second - r.first) * uint64_t(k + 3) * uint64_t(X) * 4);
     }
   }
@@ -173,7 +174,7 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
   // Operands as the Kimi Linear combine's (x_next, norm, h_next at 4..6); the routed output is
   // `up` (operand 2), no weights.
   combine_tiles(l, io, {io.x_mid, null(), up, sout, io.x_next, io.next_norm, io.h_next},
-                uint8_t(kFlagMoeCombine | kFlagLatentMoe | (shared ? kFlagSharedExpert : 0)),
+                uint32_t(kFlagMoeCombine | kFlagLatentMoe | (shared ? kFlagSharedExpert : 0)),
                 {all_of(lup), shared_done});
 }
 

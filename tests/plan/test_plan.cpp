@@ -318,7 +318,7 @@ TEST(Plan, RandomInterleavingsAlwaysComplete) {
 TEST(Plan, CliSummaryAndDump) {
   auto r = test::run_cli("plan --preset small --batch 2 --workers 3");
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("decode plan: batch 2, 3 workers"));
+  EXPECT_THAT(r.out, HasSubstr("decode plan: batch 2 x 1 token rows, 3 workers"));
   EXPECT_THAT(r.out, HasSubstr("kda_core"));
   EXPECT_THAT(r.out, HasSubstr("critical path:"));
   EXPECT_THAT(r.out, HasSubstr("worker"));

@@ -34,6 +34,14 @@ struct SequenceState {
   std::vector<std::vector<float>> kda_state;   // per layer (KDA layers): [H][K][V] fp32
   std::vector<std::vector<float>> conv_cache;  // per layer (KDA): [3 (q,k,v)][W-1][C]
   std::vector<std::vector<float>> mla_cache;   // per layer (MLA): [pos][R+P] (c then k_pe)
+  // Kept by a multi-row plan step that may be cut back to a prefix of its rows
+  // (DecodeExecutor::commit): the position before the step, its row count, and per KDA layer the
+  // state and conv cache before it and every row's recurrence inputs. rows == 0: nothing kept.
+  struct RowLog {
+    int64_t pos0 = 0;
+    int rows = 0;
+    std::vector<std::vector<float>> kda_state0, conv0, inputs;  // per layer
+  } rowlog;
   size_t bytes() const;
 };
 
@@ -57,8 +65,7 @@ class Model {
   // Feeds ids to the sequence (T = ids.size() >= 1 tokens: T > 1 is a prefill, T == 1 a decode
   // step) and advances it. logits, when not null, receives [T][vocab] (all_positions) or the last
   // position's [vocab]. Ids outside the vocabulary are an md::Error (the state is unchanged).
-  void forward(SequenceState& seq, std::span<const int32_t> ids, float* logits,
-               bool all_positions);
+  void forward(SequenceState& seq, std::span<const int32_t> ids, float* logits, bool all_positions);
 
  private:
   struct Impl;

@@ -1,4 +1,5 @@
-// The decode plan: one decode step of a Kimi Linear or Kimi K3 model for a batch of B sequences,
+// The decode plan: one step of a Kimi Linear or Kimi K3 model for a batch of B sequences that each
+// feed R consecutive token rows (R = 1: decode; R > 1: a speculative verify or a prefill chunk),
 // compiled into fixed-size instructions for W workers (DESIGN.md "The decode plan",
 // docs/architecture.md "The decode plan").
 //
@@ -65,6 +66,11 @@ constexpr uint32_t kNone = 0xffffffffu;
 // partial sum): 93 layers in blocks of 12 need 9.
 constexpr int kMaxResSources = 64;
 constexpr uint16_t kNoLayer = 0xffff;
+// Token rows per sequence in one step. Up to kMaxChainedRows the KDA cores run the recurrence
+// row by row (bit-identical to that many decode steps, and what a commit to a prefix replays);
+// above, the chunked form of the reference prefill.
+constexpr int kMaxRows = 64;
+constexpr int kMaxChainedRows = 16;
 
 // A wait is satisfied at step epoch e (the number of steps this plan has completed on this
 // executor) when counter >= target + e * counters[counter].per_step. Counters are monotonic and
@@ -74,28 +80,41 @@ struct Wait {
   uint32_t target = 0;
 };
 
-// Instruction flags.
-enum : uint8_t {
-  kFlagMoeCombine = 1,    // kCombine: routed experts (else: the dense MLP's output)
-  kFlagSharedExpert = 2,  // kCombine: add the shared expert's output
-  kFlagResidual = 4,      // kAttnOut: add the residual
-  // Op-specific (K3):
-  kFlagFullRankGate = 8,   // kKdaCore: the output gate is a full-rank projection (no g_b)
-  kFlagLatentMoe = 8,      // kCombine: the routed output is the latent MoE's up-projection
-  kFlagBoundedDecay = 16,  // kKdaCore: lower-bounded decay gate
-  kFlagOutputGate = 32,    // kMlaCore / kMlaMerge: sigmoid output gate on the attention output
-  kFlagAttnRes = 64,       // kFfnNorm / kCombine: norm of the block attention residual mix
-  kFlagTestStall = 0x80,   // test hook: the instruction never completes (watchdog tests)
-};
+// Instruction flags: one bit, one meaning (32 bits: room to grow).
+inline constexpr uint32_t kFlagMoeCombine =
+    1u << 0;  // kCombine: routed experts (else: the dense MLP's output)
+inline constexpr uint32_t kFlagSharedExpert = 1u << 1;  // kCombine: add the shared expert's output
+inline constexpr uint32_t kFlagResidual = 1u << 2;      // kAttnOut: add the residual
+// K3:
+inline constexpr uint32_t kFlagFullRankGate =
+    1u << 3;  // kKdaCore: the output gate is a full-rank projection (no g_b)
+inline constexpr uint32_t kFlagLatentMoe =
+    1u << 4;  // kCombine: the routed output is the latent MoE's up-projection
+inline constexpr uint32_t kFlagBoundedDecay = 1u << 5;  // kKdaCore: lower-bounded decay gate
+inline constexpr uint32_t kFlagOutputGate =
+    1u << 6;  // kMlaCore / kMlaMerge: sigmoid output gate on the attention output
+inline constexpr uint32_t kFlagAttnRes =
+    1u << 7;  // kFfnNorm / kCombine: norm of the block attention residual mix
+// Step shape:
+inline constexpr uint32_t kFlagLogitRows =
+    1u << 8;  // kCombine of the last layer: the final norm's output goes to the
+//                                 compact logit-row buffer (only the rows that asked for logits)
+inline constexpr uint32_t kFlagTestStall =
+    1u << 31;  // test hook: the instruction never completes (watchdog tests)
+
+// Token rows. A step's activations hold N = batch * rows token rows: row t is token t % rows of
+// sequence t / rows (at position pos[seq] + t % rows). Per-row tiles take ranges [r0, r1) of
+// these rows; the rows whose logits are wanted are compacted into "logit rows" (lm_head and
+// sampling run over those only).
 
 // One tile of one op. 64 bytes, trivially copyable, no pointers.
 struct alignas(64) Instr {
   Op op = Op::kEmbed;
-  uint8_t flags = 0;
+  uint8_t pad0 = 0;
   uint16_t layer = kNoLayer;
   uint16_t seq = 0;         // sequence index within the batch (per-sequence tiles)
   uint16_t slot = 0;        // expert slot (kExpertGateUp / kExpertDown); KV split (kMlaCore)
-  uint32_t r0 = 0, r1 = 0;  // tile range: rows, heads or channels (op-specific)
+  uint32_t r0 = 0, r1 = 0;  // tile range: matrix rows, heads, or token rows (op-specific)
   Wait wait[2];
   uint32_t signal = kNone;  // counter incremented (release) when the tile is done
   uint32_t args = 0;        // operands: buffer-table entries args .. args + nargs - 1
@@ -103,7 +122,8 @@ struct alignas(64) Instr {
   uint32_t id = 0;         // index in Plan::instrs (the global topological order)
   uint32_t est_bytes = 0;  // bytes the tile is expected to move (weights, state, activations)
   uint32_t splits = 0;     // kMlaCore / kMlaMerge: KV splits of the attention (0: unsplit)
-  uint32_t reserved[2] = {0, 0};
+  uint32_t flags = 0;      // kFlag* bits
+  uint32_t reserved = 0;
 };
 static_assert(sizeof(Instr) == 64, "an instruction is one 64-byte line");
 
@@ -113,8 +133,8 @@ enum class BufKind : uint8_t {
   kArena,   // activations: offset bytes into the arena, `stride` bytes per sequence
   kWeight,  // weights: weight-table ids offset .. offset + count - 1 (count > 1: one per expert)
   kState,   // per-sequence state of `layer`: sub = StateKind
-  kTokens,  // the step's input token ids [B] (int32)
-  kLogits,  // the step's output logits [B][vocab]
+  kTokens,  // the step's input token ids [N] (int32), one per token row
+  kLogits,  // the step's output logits [logit rows][vocab]
   kNull,    // an absent operand
 };
 enum class StateKind : uint8_t { kKdaState, kConvCache, kMlaCache };
@@ -213,6 +233,9 @@ enum class Scheduler : uint8_t {
 
 struct PlanOptions {
   int batch = 1;
+  // Token rows per sequence (1..kMaxRows): 1 is a decode step; more are a speculative verify
+  // or a prefill chunk. Every sequence of a step feeds this many rows.
+  int rows = 1;
   int workers = 1;
   // Target weight bytes per GEMV tile: row blocks are sized to about this (16-row multiples),
   // and every matrix is split into at least `workers` tiles where its rows allow, but no tile
@@ -227,14 +250,15 @@ struct PlanOptions {
   Scheduler scheduler = Scheduler::kPhases;
   // MLA attention split over the cache rows (flash-decoding: a partial per split, then a merge
   // per head range). 0: automatic (split only when there are at least 4 workers per head range
-  // of the batch, i.e. wide GPUs; never on a few CPU cores); 1: never; n: n splits. The merge changes the fp32 summation order, so a split plan
-  // agrees with Model::forward within fp32 rounding, not bitwise (both executors still agree
-  // bitwise with each other).
+  // of the batch, i.e. wide GPUs; never on a few CPU cores); 1: never; n: n splits. The merge
+  // changes the fp32 summation order, so a split plan agrees with Model::forward within fp32
+  // rounding, not bitwise (both executors still agree bitwise with each other).
   int mla_kv_splits = 0;
 };
 
 struct Plan {
-  int batch = 0, workers = 0;
+  int batch = 0, rows = 1, workers = 0;
+  int token_rows() const { return batch * rows; }
   ModelConfig cfg;
   PlanOptions options;
 
@@ -259,7 +283,7 @@ struct Plan {
   // Arena offsets the executor needs outside the instruction stream: the router output of each
   // MoE layer (expert ids, int32 [B][k]) for the step statistics; kNone where absent.
   std::vector<uint32_t> router_ids_buffer;  // per layer: buffer-table index
-  // The sampled next token of each sequence (int32 [B], written by the kSample tiles).
+  // The sampled next token of each logit row (int32 [N], written by the kSample tiles).
   uint32_t next_ids_buffer = kNone;  // buffer-table index
 };
 

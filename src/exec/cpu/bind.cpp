@@ -115,7 +115,7 @@ WeightView bind_weight(const ModelWeights& w, const plan::WeightRef& r) {
 }  // namespace exec
 
 StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
-                            int distinct_experts) {
+                            int distinct_experts, int rows) {
   const ModelConfig& c = m.config();
   const ModelWeights& w = m.weights();
   // Every matrix but the experts and the embedding table (one row per sequence).
@@ -143,16 +143,18 @@ StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
   }
   StepStats s;
   s.batch = int(positions.size());
+  s.rows = rows;
   s.distinct_experts = distinct_experts;
-  s.weight_bytes =
-      fixed + double(s.batch) * double(c.hidden_size) * 2 + double(distinct_experts) * expert;
+  s.weight_bytes = fixed + double(s.batch) * rows * double(c.hidden_size) * 2 +
+                   double(distinct_experts) * expert;
   const double per_seq_state =
       double(c.num_kda_layers()) *
       (2.0 * 4 * double(c.kda_num_heads) * c.kda_head_dim * c.kda_head_dim +
        2.0 * 4 * 3 * double(c.kda_dim()) * (c.kda_conv_size - 1));
   s.state_bytes = per_seq_state * s.batch;
   for (int64_t p : positions)
-    s.cache_bytes += double(c.num_mla_layers()) * double(p + 1) * double(c.mla_cache_width()) * 4;
+    s.cache_bytes +=
+        double(c.num_mla_layers()) * double(p + rows) * double(c.mla_cache_width()) * 4;
   return s;
 }
 

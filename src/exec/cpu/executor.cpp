@@ -184,7 +184,7 @@ struct DecodeExecutor::Impl {
   int W;
   double spin_seconds;
   std::unique_ptr<ThreadPool> pool;
-  std::map<int, std::unique_ptr<PlanRuntime>> plans;
+  std::map<std::pair<int, int>, std::unique_ptr<PlanRuntime>> plans;  // by (batch, rows)
   std::unique_ptr<uint8_t, AlignedFree> arena;
   size_t arena_cap = 0;
   std::vector<exec::Scratch> scratch;
@@ -214,12 +214,13 @@ struct DecodeExecutor::Impl {
 
   // ---- plans --------------------------------------------------------------------------------
 
-  PlanRuntime& runtime(int batch) {
-    auto it = plans.find(batch);
+  PlanRuntime& runtime(int batch, int rows) {
+    auto it = plans.find({batch, rows});
     if (it != plans.end()) return *it->second;
     auto rt = std::make_unique<PlanRuntime>();
     plan::PlanOptions po = opt.plan;
     po.batch = batch;
+    po.rows = rows;
     po.workers = W;
     rt->plan = plan::compile_decode_plan(model.config(), &model.weights(), po);
     for (const plan::WeightRef& r : rt->plan.weights) {
@@ -241,7 +242,7 @@ struct DecodeExecutor::Impl {
       arena.reset(static_cast<uint8_t*>(p));
       arena_cap = cap;
     }
-    return *plans.emplace(batch, std::move(rt)).first->second;
+    return *plans.emplace(std::make_pair(batch, rows), std::move(rt)).first->second;
   }
 
   // ---- waiting and the watchdog -------------------------------------------------------------
@@ -494,80 +495,116 @@ struct DecodeExecutor::Impl {
 
   // ---- a step -------------------------------------------------------------------------------
 
-  void check_inputs(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
-                    const float* logits) const {
+  void check_inputs(std::span<const StepSeq> seqs, const float* logits, int R,
+                    const StepOptions& so) const {
     const ModelConfig& c = model.config();
     const int B = int(seqs.size());
-    MD_CHECK(B >= 1 && B <= max_batch, "decode step: batch of {} sequences is outside 1..{}", B,
+    MD_CHECK(B >= 1 && B <= max_batch, "step: batch of {} sequences is outside 1..{}", B,
              max_batch);
-    MD_CHECK(tokens.size() == seqs.size(), "decode step: {} tokens for {} sequences", tokens.size(),
-             seqs.size());
-    MD_CHECK(logits != nullptr, "decode step: no logits buffer");
+    MD_CHECK(R >= 1 && R <= plan::kMaxRows, "step: {} token rows per sequence is outside 1..{}", R,
+             plan::kMaxRows);
+    MD_CHECK(!so.keep_for_commit || R <= plan::kMaxChainedRows,
+             "step: a step that may be committed to a prefix takes at most {} rows, not {}",
+             plan::kMaxChainedRows, R);
     const size_t state = size_t(c.kda_num_heads) * c.kda_head_dim * c.kda_head_dim;
     const size_t conv = size_t(3) * size_t(c.kda_conv_size - 1) * size_t(c.kda_dim());
     for (int b = 0; b < B; ++b) {
-      const SequenceState* s = seqs[size_t(b)];
-      MD_CHECK(s != nullptr, "decode step: sequence {} is null", b);
+      const SequenceState* s = seqs[size_t(b)].seq;
+      MD_CHECK(s != nullptr, "step: sequence {} is null", b);
+      MD_CHECK(int(seqs[size_t(b)].tokens.size()) == R,
+               "step: sequence {} feeds {} tokens, sequence 0 {} (a step feeds the same number "
+               "of rows for every sequence)",
+               b, seqs[size_t(b)].tokens.size(), R);
       for (int a = 0; a < b; ++a)
-        MD_CHECK(seqs[size_t(a)] != s, "decode step: sequences {} and {} are the same state", a, b);
-      MD_CHECK(tokens[size_t(b)] >= 0 && tokens[size_t(b)] < c.vocab_size,
-               "token id {} (sequence {}) is outside the vocabulary [0, {})", tokens[size_t(b)], b,
-               c.vocab_size);
+        MD_CHECK(seqs[size_t(a)].seq != s, "step: sequences {} and {} are the same state", a, b);
+      for (int32_t id : seqs[size_t(b)].tokens)
+        MD_CHECK(id >= 0 && id < c.vocab_size,
+                 "token id {} (sequence {}) is outside the vocabulary [0, {})", id, b,
+                 c.vocab_size);
       MD_CHECK(s->pos >= 0 && int(s->kda_state.size()) == c.num_layers &&
                    int(s->conv_cache.size()) == c.num_layers &&
                    int(s->mla_cache.size()) == c.num_layers,
-               "decode step: sequence {} was not made by this model", b);
+               "step: sequence {} was not made by this model", b);
       for (int l = 0; l < c.num_layers; ++l) {
         if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
           MD_CHECK(
               s->kda_state[size_t(l)].size() == state && s->conv_cache[size_t(l)].size() == conv,
-              "decode step: sequence {} has a KDA state of the wrong size in layer {}", b, l);
+              "step: sequence {} has a KDA state of the wrong size in layer {}", b, l);
         } else {
           MD_CHECK(s->mla_cache[size_t(l)].size() == size_t(s->pos) * size_t(c.mla_cache_width()),
-                   "decode step: sequence {} has {} latent-cache values in layer {} for position "
-                   "{}",
-                   b, s->mla_cache[size_t(l)].size(), l, s->pos);
+                   "step: sequence {} has {} latent-cache values in layer {} for position {}", b,
+                   s->mla_cache[size_t(l)].size(), l, s->pos);
         }
       }
     }
+    MD_CHECK(logits != nullptr || logit_row_count(seqs) == 0, "step: no logits buffer");
   }
 
-  void step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits,
-            int32_t* next_ids, std::span<const DecodeExecutor::SampleSpec> sampling) {
-    check_inputs(seqs, tokens, logits);
-    MD_CHECK(sampling.empty() || sampling.size() == seqs.size(),
-             "decode step: {} sampling specs for {} sequences", sampling.size(), seqs.size());
-    std::vector<exec::SampleBinding> bind(sampling.size());
-    for (size_t b = 0; b < sampling.size(); ++b) {
-      Sampler* sp = sampling[b].sampler;
-      if (sp) {
-        MD_CHECK(sp->vocab() == model.config().vocab_size,
-                 "decode step: sampler {} has vocabulary {}, the model {}", b, sp->vocab(),
-                 model.config().vocab_size);
-        for (size_t a = 0; a < b; ++a)
-          MD_CHECK(sampling[a].sampler != sp, "decode step: sequences {} and {} share a sampler",
-                   a, b);
-      }
-      bind[b] = exec::SampleBinding{sp, sampling[b].history.data(), sampling[b].history.size()};
-    }
+  void step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
+            std::span<const DecodeExecutor::SampleSpec> sampling, const StepOptions& so) {
+    const int R = seqs.empty() ? 0 : int(seqs[0].tokens.size());
+    check_inputs(seqs, logits, R, so);
     const ModelConfig& c = model.config();
-    const int B = int(seqs.size()), L = c.num_layers;
-    PlanRuntime& rt = runtime(B);
+    const int B = int(seqs.size()), L = c.num_layers, N = B * R;
+    // Logit rows: which token rows return logits, compacted in row order.
+    std::vector<int32_t> logit_of_row(size_t(N), -1);
+    int n_logits = 0;
+    for (int b = 0; b < B; ++b)
+      for (int i = 0; i < R; ++i) {
+        const LogitRows lr = seqs[size_t(b)].logits;
+        if (lr == LogitRows::kAll || (lr == LogitRows::kLast && i == R - 1))
+          logit_of_row[size_t(b * R + i)] = n_logits++;
+      }
+    MD_CHECK(sampling.empty() || int(sampling.size()) == n_logits,
+             "step: {} sampling specs for {} logit rows", sampling.size(), n_logits);
+    std::vector<exec::SampleBinding> bind(sampling.size());
+    for (size_t j = 0; j < sampling.size(); ++j) {
+      Sampler* sp = sampling[j].sampler;
+      if (sp) {
+        MD_CHECK(sp->vocab() == c.vocab_size, "step: sampler {} has vocabulary {}, the model {}", j,
+                 sp->vocab(), c.vocab_size);
+        for (size_t a = 0; a < j; ++a)
+          MD_CHECK(sampling[a].sampler != sp, "step: logit rows {} and {} share a sampler", a, j);
+      }
+      bind[j] = exec::SampleBinding{sp, sampling[j].history.data(), sampling[j].history.size()};
+    }
+    PlanRuntime& rt = runtime(B, R);
 
-    // Host-side preparation: grow each latent cache by the row this step writes, then resolve
-    // every state pointer (vectors do not move while the workers run).
+    // Host-side preparation: grow each latent cache by the rows this step writes, set up the
+    // row logs, then resolve every state pointer (vectors do not move while the workers run).
     std::vector<exec::SeqView> views(size_t(B) * size_t(L));
     std::vector<int64_t> pos(static_cast<size_t>(B), 0);
+    std::vector<int32_t> tokens(static_cast<size_t>(N));
+    const int64_t row_log = exec::row_log_floats(c);
     for (int b = 0; b < B; ++b) {
-      SequenceState& s = *seqs[size_t(b)];
+      SequenceState& s = *seqs[size_t(b)].seq;
+      std::copy(seqs[size_t(b)].tokens.begin(), seqs[size_t(b)].tokens.end(),
+                tokens.begin() + int64_t(b) * R);
       pos[size_t(b)] = s.pos;
+      SequenceState::RowLog& lg = s.rowlog;
+      lg.rows = 0;
+      if (so.keep_for_commit) {
+        lg.pos0 = s.pos;
+        lg.rows = R;
+        lg.kda_state0.resize(size_t(L));
+        lg.conv0.resize(size_t(L));
+        lg.inputs.resize(size_t(L));
+      }
       for (int l = 0; l < L; ++l) {
         exec::SeqView& v = views[size_t(b) * size_t(L) + size_t(l)];
         if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
           v.kda_state = s.kda_state[size_t(l)].data();
           v.conv_cache = s.conv_cache[size_t(l)].data();
+          if (so.keep_for_commit) {
+            lg.kda_state0[size_t(l)].resize(s.kda_state[size_t(l)].size());
+            lg.conv0[size_t(l)].resize(s.conv_cache[size_t(l)].size());
+            lg.inputs[size_t(l)].resize(size_t(R) * size_t(row_log));
+            v.kda_state0 = lg.kda_state0[size_t(l)].data();
+            v.conv0 = lg.conv0[size_t(l)].data();
+            v.rowlog = lg.inputs[size_t(l)].data();
+          }
         } else {
-          s.mla_cache[size_t(l)].resize(size_t(s.pos + 1) * size_t(c.mla_cache_width()));
+          s.mla_cache[size_t(l)].resize(size_t(s.pos + R) * size_t(c.mla_cache_width()));
           v.mla_cache = s.mla_cache[size_t(l)].data();
         }
       }
@@ -590,8 +627,12 @@ struct DecodeExecutor::Impl {
     ctx.arena = arena.get();
     ctx.weights = rt.weights.data();
     ctx.batch = B;
+    ctx.rows = R;
+    ctx.n = N;
     ctx.tokens = tokens.data();
     ctx.logits = logits;
+    ctx.n_logits = n_logits;
+    ctx.logit_of_row = logit_of_row.data();
     ctx.seqs = views.data();
     ctx.pos = pos.data();
     ctx.sampling = bind.empty() ? nullptr : bind.data();
@@ -624,17 +665,18 @@ struct DecodeExecutor::Impl {
       // Every worker has returned; start the next step from clean counters and barrier.
       rt.reset_counters();
       bar_count.store(0, std::memory_order_relaxed);
+      for (const StepSeq& q : seqs) q.seq->rowlog.rows = 0;
       throw Error(err.empty() ? std::string("decode step failed") : err);
     }
     const double t_run = now_seconds() - t_start;
     ++rt.epoch;
     if (next_ids) {
       const plan::BufferDesc& d = rt.plan.buffers[rt.plan.next_ids_buffer];
-      for (int b = 0; b < B; ++b)
-        std::memcpy(&next_ids[b], arena.get() + d.offset + d.stride * uint64_t(b), 4);
+      for (int j = 0; j < n_logits; ++j)
+        std::memcpy(&next_ids[j], arena.get() + d.offset + d.stride * uint64_t(j), 4);
     }
-    for (SequenceState* s : seqs) ++s->pos;
-    compute_stats(rt, seqs);
+    for (const StepSeq& q : seqs) q.seq->pos += R;
+    compute_stats(rt, pos, R);
     stats.seconds = t_run;
     for (int w = 0; w < W; ++w) {
       stats.wait_seconds += status[w].wait_s;
@@ -645,9 +687,9 @@ struct DecodeExecutor::Impl {
     }
   }
 
-  void compute_stats(const PlanRuntime& rt, std::span<SequenceState* const> seqs) {
+  void compute_stats(const PlanRuntime& rt, const std::vector<int64_t>& pos, int rows) {
     const ModelConfig& c = model.config();
-    const int B = int(seqs.size());
+    const int B = rt.plan.token_rows();
     std::vector<char> mark(static_cast<size_t>(std::max(c.num_experts, 1)));
     int distinct = 0;
     for (int l = 0; l < c.num_layers; ++l) {
@@ -665,9 +707,7 @@ struct DecodeExecutor::Impl {
           }
       }
     }
-    std::vector<int64_t> pos;
-    for (SequenceState* q : seqs) pos.push_back(q->pos - 1);
-    stats = decode_step_bytes(model, pos, distinct);
+    stats = decode_step_bytes(model, pos, distinct, rows);
   }
 };
 
@@ -686,20 +726,38 @@ DecodeExecutor::~DecodeExecutor() = default;
 
 void DecodeExecutor::step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
                           float* logits) {
-  impl_->step(seqs, tokens, logits, nullptr, {});
+  step(seqs, tokens, logits, nullptr, {});
 }
 
 void DecodeExecutor::step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
                           float* logits, int32_t* next_ids, std::span<const SampleSpec> sampling) {
-  impl_->step(seqs, tokens, logits, next_ids, sampling);
+  MD_CHECK(tokens.size() == seqs.size(), "decode step: {} tokens for {} sequences", tokens.size(),
+           seqs.size());
+  std::vector<StepSeq> ss(seqs.size());
+  for (size_t b = 0; b < seqs.size(); ++b)
+    ss[b] = StepSeq{seqs[b], tokens.subspan(b, 1), LogitRows::kLast};
+  impl_->step(ss, logits, next_ids, sampling, {});
 }
 
-const plan::Plan& DecodeExecutor::plan(int batch) {
+void DecodeExecutor::step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
+                          std::span<const SampleSpec> sampling, const StepOptions& options) {
+  impl_->step(seqs, logits, next_ids, sampling, options);
+}
+
+ThreadPool& DecodeExecutor::pool_for_commit() {
+  return *impl_->pool;
+}
+
+const plan::Plan& DecodeExecutor::plan(int batch, int rows) {
   MD_CHECK(batch >= 1 && batch <= impl_->max_batch, "batch {} is outside 1..{}", batch,
            impl_->max_batch);
-  return impl_->runtime(batch).plan;
+  MD_CHECK(rows >= 1 && rows <= plan::kMaxRows, "rows {} is outside 1..{}", rows, plan::kMaxRows);
+  return impl_->runtime(batch, rows).plan;
 }
 
+const Model& DecodeExecutor::model() const {
+  return impl_->model;
+}
 int DecodeExecutor::workers() const {
   return impl_->W;
 }
@@ -719,7 +777,7 @@ void DecodeExecutor::set_watchdog_seconds(double s) {
 
 void DecodeExecutor::edit_instr_for_testing(int batch, uint32_t id,
                                             const std::function<void(plan::Instr&)>& f) {
-  PlanRuntime& rt = impl_->runtime(batch);
+  PlanRuntime& rt = impl_->runtime(batch, 1);
   MD_CHECK(id < rt.plan.instrs.size(), "no instruction {}", id);
   f(rt.plan.instrs[id]);
   for (auto& q : rt.plan.queues)

@@ -1,6 +1,9 @@
-// One instruction of the decode plan on the CPU kernels. Every tile reproduces, for its rows /
-// heads / sequence, exactly the operations and bf16 rounding points of Model::forward's decode
-// path (engine/model.cpp); the comments name the reference statement each step mirrors.
+// One instruction of the decode plan on the CPU kernels: the dense ops, the FFN and MoE tiles,
+// sampling, the dispatch, the scratch sizes and the weight prefetcher (the attention tiles are in
+// tiles_attention.cpp). Every tile reproduces, for its matrix rows / heads / token rows, exactly
+// the operations and bf16 rounding points of Model::forward's decode path (engine/model.cpp),
+// the comments name the reference statement each step mirrors. Activations are per token row
+// (StepCtx: N = batch * rows); a row's arithmetic does not depend on how many rows a step has.
 #include "tiles.h"
 
 #include <algorithm>
@@ -31,32 +34,10 @@ inline void add_inplace(float* x, const float* y, int64_t n, bool round) {
   else
     for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
-inline void maybe_round(float* x, int64_t n, bool round) {
-  if (round) cpu::round_bf16_inplace(x, n);
-}
+}  // namespace
 
-struct Args {
-  const StepCtx& s;
-  const BufferDesc* a;
-  int layer;
-  // Activation row of sequence b.
-  float* f(int i, int b = 0) const {
-    return reinterpret_cast<float*>(s.arena + a[i].offset + a[i].stride * uint64_t(b));
-  }
-  int32_t* ints(int i, int b = 0) const {
-    return reinterpret_cast<int32_t*>(s.arena + a[i].offset + a[i].stride * uint64_t(b));
-  }
-  int64_t ld(int i) const { return int64_t(a[i].stride / 4); }
-  const WeightView& w(int i, int e = 0) const { return s.weights[a[i].offset + uint64_t(e)]; }
-  const float* vec(int i) const { return static_cast<const float*>(w(i).data); }
-  bool present(int i) const { return a[i].kind != BufKind::kNull; }
-  const SeqView& seq(int b) const {
-    return s.seqs[size_t(b) * size_t(s.cfg->num_layers) + size_t(layer)];
-  }
-};
+namespace detail {
 
-// Y[b][0 .. r1-r0) = W[r0:r1] X[b], the reference's matmul for those rows (a row's result does
-// not depend on the range or batch it is computed in).
 void gemv_rows(const WeightView& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
                float* Y, int64_t ldy, bool x_bf16) {
   if (w.dtype == DType::U8) {  // MXFP4: rows r0.. of the packed codes and of the scales
@@ -72,15 +53,25 @@ void gemv_rows(const WeightView& w, int64_t r0, int64_t r1, const float* X, int 
   }
 }
 
-// [W, X, Y]: Y[b][r0:r1] = round(W X[b]) for every sequence of the batch.
+}  // namespace detail
+
+namespace {
+
+using detail::Args;
+using detail::gemv_rows;
+using detail::maybe_round;
+
+// [W, X, Y]: Y[t][r0:r1] = round(W X[t]) for every token row (lm_head: every logit row).
 void gemv_tile(const StepCtx& s, const Instr& in, const Args& a) {
   const WeightView& w = a.w(0);
-  const int B = s.batch;
+  int B = s.n;
   float* Y;
   int64_t ldy;
   if (a.a[2].kind == BufKind::kLogits) {
     Y = s.logits;
     ldy = s.cfg->vocab_size;
+    B = s.n_logits;
+    if (B == 0) return;
   } else {
     Y = a.f(2);
     ldy = a.ld(2);
@@ -95,7 +86,7 @@ void gemv_tile(const StepCtx& s, const Instr& in, const Args& a) {
 // Without kFlagResidual (K3, a new block's partial sum): [W, X, out], out = round(W X).
 void attn_out_tile(const StepCtx& s, const Instr& in, const Args& a) {
   if (!(in.flags & plan::kFlagResidual)) return gemv_tile(s, in, a);
-  const int B = s.batch;
+  const int B = s.n;
   const int64_t n = int64_t(in.r1) - in.r0;
   float* out = a.f(3);
   gemv_rows(a.w(0), in.r0, in.r1, a.f(1), B, a.ld(1), out + in.r0, a.ld(3), s.rnd);
@@ -132,9 +123,9 @@ const float* res_mix(const StepCtx& s, const Instr& in, const Args& a, int first
   return out;
 }
 
-// [Wg, Wu, X, act]: act[b][r0:r1] = glu(round(G X), round(U X)).
+// [Wg, Wu, X, act]: act[t][r0:r1] = glu(round(G X), round(U X)).
 void gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
-  const int B = s.batch;
+  const int B = s.n;
   const int64_t n = int64_t(in.r1) - in.r0;
   float* g = sc.f.data();
   float* u = g + B * n;
@@ -145,7 +136,7 @@ void gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc)
   for (int b = 0; b < B; ++b) glu(s, g + b * n, u + b * n, n, a.f(3, b) + in.r0);
 }
 
-// [tokens, embed, x0, norm, h0]
+// [tokens, embed, x0, norm, h0] of token row b
 void embed_seq(const StepCtx& s, const Args& a, int b) {
   const int64_t D = s.cfg->hidden_size;
   const WeightView& e = a.w(1);
@@ -161,124 +152,15 @@ void embed_seq(const StepCtx& s, const Args& a, int b) {
   cpu::rmsnorm(x, a.vec(3), D, s.eps, a.f(4, b), s.rnd);
 }
 
-// [tokens, embed, x0, norm, h0]; sequences [r0, r1).
+// [tokens, embed, x0, norm, h0]; token rows [r0, r1).
 void embed_tile(const StepCtx& s, const Instr& in, const Args& a) {
   for (int b = int(in.r0); b < int(in.r1); ++b) embed_seq(s, a, b);
 }
 
-// [q, k, v, fa, ga, braw, o, f_b, g_b, q_conv, k_conv, v_conv, A_log, dt_bias, o_norm,
-//  kda_state, conv_cache]: heads [r0, r1) of sequence seq (Impl::kda for T == 1; every step is
-// per channel or per head, so a head range computes exactly what the whole layer does there).
-void kda_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
-  const ModelConfig& c = *s.cfg;
-  const int b = in.seq, h0 = int(in.r0), h1 = int(in.r1);
-  const int K = c.kda_head_dim, Wc = c.kda_conv_size;
-  const int64_t C = c.kda_dim(), c0 = int64_t(h0) * K, c1 = int64_t(h1) * K, n = c1 - c0;
-  // Channel-indexed scratch (the kernels take absolute channel indices).
-  float* f = sc.f.data();
-  float* gate = f + C;
-  float* qc = gate + C;
-  float* kc = qc + C;
-  float* vc = kc + C;
-  // f = round(f_b fa), gate = round(g_b ga) on these heads' rows (K3's full-rank gate is
-  // operand 4 itself, round(g h) from the projection tiles).
-  const bool full_gate = in.flags & plan::kFlagFullRankGate;
-  gemv_rows(a.w(7), c0, c1, a.f(3, b), 1, a.ld(3), f + c0, n, s.rnd);
-  maybe_round(f + c0, n, s.rnd);
-  if (full_gate) {
-    gate = a.f(4, b);
-  } else {
-    gemv_rows(a.w(8), c0, c1, a.f(4, b), 1, a.ld(4), gate + c0, n, s.rnd);
-    maybe_round(gate + c0, n, s.rnd);
-  }
-  // Short convolutions + SiLU on these channels, then the decay gate.
-  const SeqView& sv = a.seq(b);
-  const int64_t cstride = int64_t(Wc - 1) * C;
-  cpu::short_conv_decode(a.f(0, b), sv.conv_cache, a.vec(9), Wc, C, c0, c1, qc, s.rnd);
-  cpu::short_conv_decode(a.f(1, b), sv.conv_cache + cstride, a.vec(10), Wc, C, c0, c1, kc, s.rnd);
-  cpu::short_conv_decode(a.f(2, b), sv.conv_cache + 2 * cstride, a.vec(11), Wc, C, c0, c1, vc,
-                         s.rnd);
-  if (in.flags & plan::kFlagBoundedDecay)
-    cpu::kda_decay_gate_bounded(f, a.vec(12), a.vec(13), K, float(c.kda_gate_lower_bound), c0, c1);
-  else
-    cpu::kda_decay_gate(f, a.vec(12), a.vec(13), K, c0, c1);
-  // Delta rule per head, then round(o), gated norm, round(o).
-  float* o = a.f(6, b);
-  const float* braw = a.f(5, b);
-  for (int h = h0; h < h1; ++h) {
-    float beta = cpu::sigmoidf(braw[h]);
-    if (s.round_beta) beta = round_bf16(beta);
-    const int64_t ch = int64_t(h) * K;
-    cpu::kda_decode_head(sv.kda_state + ch * K, qc + ch, kc + ch, vc + ch, f + ch, beta, K, o + ch);
-  }
-  maybe_round(o + c0, n, s.rnd);
-  cpu::kda_gated_norm(o, gate, a.vec(14), K, h0, h1, s.eps);
-  maybe_round(o + c0, n, s.rnd);
-}
-
-// [a, kv_a_norm, mla_cache]: the new cache row of sequence seq.
-void mla_latent_tile(const StepCtx& s, const Instr& in, const Args& a) {
-  const ModelConfig& c = *s.cfg;
-  const int R = c.kv_lora_rank;
-  const int64_t CW = c.mla_cache_width();
-  for (int b = int(in.r0); b < int(in.r1); ++b) {
-    float* row = a.seq(b).mla_cache + s.pos[b] * CW;
-    const float* x = a.f(0, b);
-    cpu::rmsnorm(x, a.vec(1), R, s.latent_eps, row, s.rnd);
-    std::copy(x + R, x + CW, row + R);
-  }
-}
-
-// [q, kv_b, mla_cache, att]: heads [r0, r1) of sequence seq over its cache rows [0, pos].
-void mla_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
-  const ModelConfig& c = *s.cfg;
-  const int b = in.seq;
-  const cpu::MlaDims d{c.mla_num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
-                       c.kv_lora_rank};
-  const int T = int(s.pos[b] + 1);
-  if (in.splits > 1) {
-    // [q, kv_b, cache, parts]: split `slot`'s partials of heads [r0, r1).
-    int t0 = 0, t1 = 0;
-    cpu::mla_split_rows(T, int(in.splits), in.slot, &t0, &t1);
-    float* part = a.f(3, b) + (int64_t(in.slot) * d.H + in.r0) * (d.R + 2);
-    cpu::mla_decode_partial(a.f(0, b), a.seq(b).mla_cache, c.mla_cache_width(), t0, t1,
-                            static_cast<const bf16*>(a.w(1).data), d, int(in.r0), int(in.r1), part,
-                            sc.f.data());
-    return;
-  }
-  // [q, kv_b, cache, att]; the scratch holds the unsplit decode's workspace (scratch_floats).
-  float* att = a.f(3, b);
-  cpu::mla_decode_absorbed(a.f(0, b), a.seq(b).mla_cache, c.mla_cache_width(), T,
-                           static_cast<const bf16*>(a.w(1).data), d, int(in.r0), int(in.r1), att,
-                           sc.f.data());
-  const int64_t o0 = int64_t(in.r0) * d.V, on = int64_t(in.r1 - in.r0) * d.V;
-  maybe_round(att + o0, on, s.rnd);
-  // K3: att *= sigmoid(g) on these heads (operand 4: round(g_proj h)).
-  if (in.flags & plan::kFlagOutputGate)
-    cpu::sigmoid_gate_inplace(att + o0, a.f(4, b) + o0, on, s.rnd);
-}
-
-// [parts, kv_b, att]: heads [r0, r1) of one sequence, splits merged in ascending order.
-void mla_merge_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
-  const ModelConfig& c = *s.cfg;
-  const int b = in.seq;
-  const cpu::MlaDims d{c.mla_num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
-                       c.kv_lora_rank};
-  const float* part = a.f(0, b) + int64_t(in.r0) * (d.R + 2);
-  float* att = a.f(2, b);
-  cpu::mla_decode_merge(part, int64_t(d.H) * (d.R + 2), int(in.splits),
-                        static_cast<const bf16*>(a.w(1).data), d, int(in.r0), int(in.r1), att,
-                        sc.f.data());
-  const int64_t o0 = int64_t(in.r0) * d.V, on = int64_t(in.r1 - in.r0) * d.V;
-  maybe_round(att + o0, on, s.rnd);
-  if (in.flags & plan::kFlagOutputGate)
-    cpu::sigmoid_gate_inplace(att + o0, a.f(3, b) + o0, on, s.rnd);
-}
-
-// [logits, next]: sequences [r0, r1) pick their next token.
+// [logits, next]: logit rows [r0, r1) (of those the step has) pick their next token.
 void sample_tile(const StepCtx& s, const Instr& in, const Args& a) {
   const int64_t V = s.cfg->vocab_size;
-  for (int b = int(in.r0); b < int(in.r1); ++b) {
+  for (int b = int(in.r0); b < std::min(int(in.r1), s.n_logits); ++b) {
     const float* row = s.logits + int64_t(b) * V;
     const SampleBinding* sb = s.sampling ? &s.sampling[b] : nullptr;
     int32_t id = 0;
@@ -291,20 +173,6 @@ void sample_tile(const StepCtx& s, const Instr& in, const Args& a) {
     }
     a.ints(1, b)[0] = id;
   }
-}
-
-// [q_b, qa, q_a_norm, q]: K3's q LoRA, rows [r0, r1) of q = round(q_b RMSNorm(qa)) for the batch
-// (Forward::mla: q_a_layernorm with the latent norms' eps). Each tile normalises the batch's qa.
-void mla_q_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
-  const int64_t Q = s.cfg->q_lora_rank;
-  const int B = s.batch;
-  float* qn = sc.f.data();
-  for (int b = 0; b < B; ++b) cpu::rmsnorm(a.f(1, b), a.vec(2), Q, s.latent_eps, qn + b * Q, s.rnd);
-  const int64_t n = int64_t(in.r1) - in.r0;
-  float* Y = a.f(3);
-  gemv_rows(a.w(0), in.r0, in.r1, qn, B, Q, Y + in.r0, a.ld(3), s.rnd);
-  if (s.rnd)
-    for (int b = 0; b < B; ++b) cpu::round_bf16_inplace(Y + b * a.ld(3) + in.r0, n);
 }
 
 // [x_mid, norm, h2] (+ K3's [res_w, sources...]: the norm of the mix, not of x_mid)
@@ -326,10 +194,10 @@ void router_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) 
     cpu::route_topk(logits + int64_t(i) * E, a.vec(2), s.router, a.ints(3, b0 + i), a.f(4, b0 + i));
 }
 
-// The u-th distinct expert chosen by the batch (ascending id) and the (sequence, slot) pairs
-// that chose it, in sequence order. Returns false when the batch chose fewer experts.
+// The u-th distinct expert chosen by the step's token rows (ascending id) and the (row, slot)
+// pairs that chose it, in row order. Returns false when the rows chose fewer experts.
 bool expert_slot(const StepCtx& s, const Args& a, int u, Scratch& sc, int* expert, int* n) {
-  const int E = s.cfg->num_experts, k = s.cfg->num_experts_per_token, B = s.batch;
+  const int E = s.cfg->num_experts, k = s.cfg->num_experts_per_token, B = s.n;
   int* mark = sc.i.data();
   int* members = mark + E;  // pairs (b, j)
   std::fill(mark, mark + E, 0);
@@ -444,9 +312,16 @@ void combine_seq(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc, 
   } else {
     add_inplace(x, a.f(1, b), D, s.rnd);
   }
+  // The last layer's combine writes the final norm only for the rows that asked for logits,
+  // compacted (the lm_head's input).
+  int dst = b;
+  if (in.flags & plan::kFlagLogitRows) {
+    dst = s.logit_of_row[b];
+    if (dst < 0) return;
+  }
   const float* src = x;
   if (in.flags & plan::kFlagAttnRes) src = res_mix(s, in, a, moe ? 7 : 5, b, sc.f.data() + 2 * D);
-  cpu::rmsnorm(src, a.vec(nn), D, s.eps, a.f(hn, b), s.rnd);
+  cpu::rmsnorm(src, a.vec(nn), D, s.eps, a.f(hn, dst), s.rnd);
 }
 
 // [wts, dn, latent_norm (or null), r]: K3's routed sum of sequences [r0, r1) in the latent:
@@ -479,12 +354,12 @@ void combine_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc)
 
 size_t scratch_floats(const plan::Plan& p) {
   const ModelConfig& c = p.cfg;
-  const int64_t B = p.batch, D = c.hidden_size;
+  const int64_t B = p.token_rows(), R = p.rows, D = c.hidden_size;
   const int64_t I = std::max({c.intermediate_size, c.moe_intermediate_size,
                               c.moe_intermediate_size * std::max(c.num_shared_experts, 1)});
-  const int64_t X = std::max(D, c.expert_dim());  // the routed experts' width
-  int64_t n = 3 * D;                              // combine (+ K3's mix)
-  n = std::max<int64_t>(n, 5 * c.kda_dim());    // kda core
+  const int64_t X = std::max(D, c.expert_dim());                      // the routed experts' width
+  int64_t n = 3 * D;                                                  // combine (+ K3's mix)
+  n = std::max<int64_t>(n, R * (5 * c.kda_dim() + c.kda_num_heads));  // kda core
   n = std::max<int64_t>(n, B * c.num_experts);  // router (a range of sequences)
   n = std::max<int64_t>(n, 2 * B * I);          // gate/up
   n = std::max<int64_t>(n, B * X + 2 * B * I);  // expert gate/up (+ gathered inputs)
@@ -498,10 +373,12 @@ size_t scratch_floats(const plan::Plan& p) {
 }
 
 size_t scratch_ints(const plan::Plan& p) {
-  return size_t(p.cfg.num_experts + 2 * p.batch * std::max(p.cfg.num_experts_per_token, 1) + 16);
+  return size_t(p.cfg.num_experts + 2 * p.token_rows() * std::max(p.cfg.num_experts_per_token, 1) +
+                16);
 }
 
 void run_instr(const StepCtx& s, const Instr& in, Scratch& sc) {
+  using namespace detail;
   const Args a{s, s.plan->buffers.data() + in.args, in.layer};
   switch (in.op) {
     case Op::kEmbed:
@@ -605,7 +482,8 @@ void Prefetcher::start(const StepCtx& s, const Instr& in, bool expert_ids_visibl
     }
     case Op::kMlaMerge: {  // the W_UV rows of the heads
       const int N = s.cfg->qk_nope_head_dim, NV = N + s.cfg->v_head_dim;
-      for (uint32_t h = in.r0; h < in.r1 && h < in.r0 + 3; ++h) rows_of(1, h * NV + N, (h + 1) * NV);
+      for (uint32_t h = in.r0; h < in.r1 && h < in.r0 + 3; ++h)
+        rows_of(1, h * NV + N, (h + 1) * NV);
       break;
     }
     case Op::kExpertGateUp:
@@ -615,9 +493,9 @@ void Prefetcher::start(const StepCtx& s, const Instr& in, bool expert_ids_visibl
       const int E = s.cfg->num_experts, k = s.cfg->num_experts_per_token;
       if (int(mark_.size()) < E) mark_.resize(size_t(E));
       std::fill(mark_.begin(), mark_.begin() + E, 0);
-      for (int b = 0; b < s.batch; ++b) {
-        const int32_t* ids = reinterpret_cast<const int32_t*>(s.arena + a[0].offset +
-                                                              a[0].stride * uint64_t(b));
+      for (int b = 0; b < s.n; ++b) {
+        const int32_t* ids =
+            reinterpret_cast<const int32_t*>(s.arena + a[0].offset + a[0].stride * uint64_t(b));
         for (int j = 0; j < k; ++j) mark_[size_t(ids[j])] = 1;
       }
       int e = -1;

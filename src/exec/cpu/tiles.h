@@ -1,4 +1,5 @@
-// The CPU interpreter of one instruction (tiles.cpp) and the per-step context it reads.
+// The CPU interpreter of one instruction (tiles.cpp: dense ops, FFN, sampling;
+// tiles_attention.cpp: KDA and MLA) and the per-step context it reads.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -22,7 +23,7 @@ struct WeightView {
   const uint8_t* scales = nullptr;
 };
 
-// How the kSample tile picks sequence b's next token: its sampler (penalties look at history),
+// How the kSample tile picks a logit row's next token: its sampler (penalties look at history),
 // or greedy argmax (ties to the lowest id) when sampler is null.
 struct SampleBinding {
   Sampler* sampler = nullptr;
@@ -30,12 +31,24 @@ struct SampleBinding {
   size_t history_len = 0;
 };
 
-// Per (sequence, layer) state pointers, resolved before every step.
+// Per (sequence, layer) state pointers, resolved before every step. With a row log (a step
+// that may be committed to a prefix of its rows), a KDA core tile first copies its heads' state
+// and conv channels to kda_state0 / conv0, and records every row's recurrence inputs in rowlog
+// ([rows][RowLog layout], see row_log_floats), which is all a commit needs to replay a prefix.
 struct SeqView {
   float* kda_state = nullptr;
   float* conv_cache = nullptr;
   float* mla_cache = nullptr;
+  float* kda_state0 = nullptr;  // null: no row log this step
+  float* conv0 = nullptr;
+  float* rowlog = nullptr;
 };
+
+// One row's entry in a KDA layer's row log: raw q, k, v (the conv inputs), the conv outputs
+// qc, kc, vc, the decay gate f (each C floats), then beta (H floats).
+inline int64_t row_log_floats(const ModelConfig& c) {
+  return 7 * c.kda_dim() + c.kda_num_heads;
+}
 
 struct StepCtx {
   const plan::Plan* plan = nullptr;
@@ -47,12 +60,19 @@ struct StepCtx {
   cpu::RouterParams router;
   uint8_t* arena = nullptr;
   const WeightView* weights = nullptr;
-  int batch = 0;
-  const int32_t* tokens = nullptr;
-  float* logits = nullptr;
-  const SeqView* seqs = nullptr;  // [b * layers + l]
-  const int64_t* pos = nullptr;   // [b]: position of this step's token (cache rows before it)
-  const SampleBinding* sampling = nullptr;  // [b], or null: greedy for every sequence
+  int batch = 0;                    // sequences
+  int rows = 1;                     // token rows per sequence
+  int n = 0;                        // token rows (batch * rows)
+  const int32_t* tokens = nullptr;  // [n]
+  float* logits = nullptr;          // [n_logits][vocab]
+  int n_logits = 0;
+  const int32_t* logit_of_row = nullptr;  // [n]: the row's logit-row index, or -1
+  const SeqView* seqs = nullptr;          // [b * layers + l]
+  const int64_t* pos = nullptr;  // [b]: position of the sequence's first row (cache rows before)
+  const SampleBinding* sampling = nullptr;  // [n_logits], or null: greedy for every row
+  // Sequence and position of token row t.
+  int seq_of(int t) const { return t / rows; }
+  int64_t pos_of(int t) const { return pos[t / rows] + t % rows; }
 };
 
 // Scratch owned by one worker; sized by scratch_floats() for the plan.
@@ -64,6 +84,52 @@ size_t scratch_floats(const plan::Plan& p);
 size_t scratch_ints(const plan::Plan& p);
 
 void run_instr(const StepCtx& s, const plan::Instr& in, Scratch& sc);
+
+// Replays the first k rows of the row log of a KDA layer's heads [h0, h1) onto its state (which
+// the caller restored from kda_state0), as the KDA core tiles computed them; and rebuilds the
+// conv cache of channels [c0, c1) as it was after those k rows (commit to a prefix).
+void replay_kda_rows(const ModelConfig& c, const SeqView& v, int k, int h0, int h1, float* scratch);
+
+namespace detail {
+
+// An instruction's operands (Instr::args ..), resolved against the step.
+struct Args {
+  const StepCtx& s;
+  const plan::BufferDesc* a;
+  int layer;
+  // Activation row t (token row, or for compact buffers the logit row).
+  float* f(int i, int t = 0) const {
+    return reinterpret_cast<float*>(s.arena + a[i].offset + a[i].stride * uint64_t(t));
+  }
+  int32_t* ints(int i, int t = 0) const {
+    return reinterpret_cast<int32_t*>(s.arena + a[i].offset + a[i].stride * uint64_t(t));
+  }
+  int64_t ld(int i) const { return int64_t(a[i].stride / 4); }
+  const WeightView& w(int i, int e = 0) const { return s.weights[a[i].offset + uint64_t(e)]; }
+  const float* vec(int i) const { return static_cast<const float*>(w(i).data); }
+  bool present(int i) const { return a[i].kind != plan::BufKind::kNull; }
+  const SeqView& seq(int b) const {
+    return s.seqs[size_t(b) * size_t(s.cfg->num_layers) + size_t(layer)];
+  }
+};
+
+inline void maybe_round(float* x, int64_t n, bool round) {
+  if (round) cpu::round_bf16_inplace(x, n);
+}
+
+// Y[t][0 .. r1-r0) = W[r0:r1] X[t] for B rows, the reference's matmul for those rows (a row's
+// result does not depend on the range or batch it is computed in).
+void gemv_rows(const WeightView& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
+               float* Y, int64_t ldy, bool x_bf16);
+
+// The attention tiles (tiles_attention.cpp).
+void kda_core_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
+void mla_latent_tile(const StepCtx& s, const plan::Instr& in, const Args& a);
+void mla_core_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
+void mla_merge_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
+void mla_q_up_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
+
+}  // namespace detail
 
 // The model memory a weight-table entry names (bind.cpp).
 WeightView bind_weight(const ModelWeights& w, const plan::WeightRef& r);
