@@ -61,10 +61,11 @@ Generator::Generator(Model& model, const Tokenizer& tokenizer, std::string chat_
            model.config().vocab_size);
   try {
     // A checkpoint without a template whose tokenizer has Kimi K3's structure tokens is K3.
-    kind_ = chat_template.empty()
-                ? detect_template(tok_.chat_template(),
-                                  [this](std::string_view t) { return tok_.special_id(t).has_value(); })
-                : template_from_name(chat_template);
+    kind_ =
+        chat_template.empty()
+            ? detect_template(tok_.chat_template(),
+                              [this](std::string_view t) { return tok_.special_id(t).has_value(); })
+            : template_from_name(chat_template);
   } catch (const Error& e) {
     kind_error_ = e.what();  // reported when a chat is rendered, not for raw prompts
   }
@@ -122,13 +123,16 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
 
   // Reuse the sequence when the prompt extends what it has consumed (at least one new token must
   // run to produce logits); otherwise start over.
-  bool extends = fed_.size() < prompt.size() &&
-                 std::equal(fed_.begin(), fed_.end(), prompt.begin());
+  bool extends =
+      fed_.size() < prompt.size() && std::equal(fed_.begin(), fed_.end(), prompt.begin());
   if (!extends) reset();
   std::vector<int32_t> todo(prompt.begin() + std::ptrdiff_t(fed_.size()), prompt.end());
   std::vector<float> logits(size_t(V), 0.0f);
   double t0 = now_seconds();
-  model_.forward(seq_, todo, logits.data(), false);
+  if (executor_)
+    executor_->prefill(seq_, todo, logits.data(), prefill_chunk_);
+  else
+    model_.forward(seq_, todo, logits.data(), false);
   fed_.insert(fed_.end(), todo.begin(), todo.end());
   r.prefilled = int(todo.size());
   double t1 = now_seconds();

@@ -4,8 +4,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/threads.h"
@@ -53,6 +53,40 @@ TEST_F(Cli, LogitsPrintsOneJsonLinePerPosition) {
   EXPECT_THAT(r.out, HasSubstr("{\"pos\": 3, \"logits\": ["));
 }
 
+// --rows feeds every id through the plan R per sequence per step; with a batch the lines carry
+// "seq". Every line equals the executor's one-row-per-step output (bit-identical rows), and the
+// greedy ids of generate through the plan equal the reference's in fp32.
+TEST_F(Cli, LogitsRowsThroughThePlan) {
+  const std::string ids = " --ids 1,2,3,4,5,6,7,8,9,10,11";
+  auto one = test::run_cli("logits --model " + model() + ids + " --executor megakernel --rows 1");
+  ASSERT_EQ(one.status, 0) << one.err;
+  EXPECT_EQ(std::count(one.out.begin(), one.out.end(), '\n'), 11);
+  for (const char* r : {"3", "8", "16"}) {
+    auto got = test::run_cli("logits --model " + model() + ids +
+                             " --executor opbyop --workers 2 --rows " + r);
+    ASSERT_EQ(got.status, 0) << got.err;
+    EXPECT_EQ(got.out, one.out) << "--rows " << r;
+  }
+  auto batch = test::run_cli("logits --model " + model() +
+                             " --batch-ids \"1,2,3,4,5;6,7\" --executor megakernel --rows 4");
+  ASSERT_EQ(batch.status, 0) << batch.err;
+  EXPECT_EQ(std::count(batch.out.begin(), batch.out.end(), '\n'), 7);
+  EXPECT_THAT(batch.out, HasSubstr("{\"seq\": 1, \"pos\": 1, \"logits\": ["));
+  expect_one_line_error(test::run_cli("logits --model " + model() + ids + " --rows 4"),
+                        "--rows runs the plan");
+  expect_one_line_error(
+      test::run_cli("logits --model " + model() + ids + " --executor opbyop --rows 4 --prefill 2"),
+      "--prefill does not apply");
+  auto ref = test::run_cli("generate --model " + model() +
+                           " --ids 1,2,3,4,5,6,7 --max-tokens 6 --ignore-eos --precision fp32");
+  auto plan = test::run_cli("generate --model " + model() +
+                            " --ids 1,2,3,4,5,6,7 --max-tokens 6 --ignore-eos --precision fp32 "
+                            "--executor megakernel --prefill-chunk 3");
+  ASSERT_EQ(ref.status, 0) << ref.err;
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  EXPECT_EQ(plan.out, ref.out);
+}
+
 TEST_F(Cli, GenerateAndInspect) {
   auto r = test::run_cli("generate --model " + model() + " --ids 1,2 --max-tokens 5 --ignore-eos");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -79,13 +113,9 @@ TEST_F(Cli, BadModelDirectory) {
   expect_one_line_error(test::run_cli("logits --model /nonexistent/dir --ids 1"),
                         "/nonexistent/dir does not exist");
   test::TempDir d("cli_bad");
-  {
-    std::ofstream(d / "config.json") << "{ not json";
-  }
+  { std::ofstream(d / "config.json") << "{ not json"; }
   expect_one_line_error(test::run_cli("inspect --model " + d.path()), "invalid JSON");
-  {
-    std::ofstream(d / "config.json") << "{\"model_type\": \"kimi_linear\"}";
-  }
+  { std::ofstream(d / "config.json") << "{\"model_type\": \"kimi_linear\"}"; }
   expect_one_line_error(test::run_cli("inspect --model " + d.path()), "missing field");
 }
 
@@ -98,9 +128,7 @@ TEST_F(Cli, DamagedCheckpoint) {
     damage(d->path() + "/model.safetensors");
     return d;
   };
-  auto truncate_to = [](size_t n) {
-    return [n](const std::string& f) { fs::resize_file(f, n); };
-  };
+  auto truncate_to = [](size_t n) { return [n](const std::string& f) { fs::resize_file(f, n); }; };
   auto d1 = damaged("trunc", truncate_to(100000));
   expect_one_line_error(test::run_cli("inspect --model " + d1->path()), "model.safetensors");
   auto d2 = damaged("short", truncate_to(5));
@@ -128,12 +156,14 @@ TEST_F(Cli, RunStreamsTextAndJson) {
   EXPECT_EQ(j["tokens"].size(), 5u);
   EXPECT_EQ(j["finish_reason"], "length");
   // Greedy is deterministic; a different seed does not matter at temperature 0.
-  auto r2 = test::run_cli("run --model " + model() + " --prompt 'Hello' -n 5 -t 0 --raw --json --seed 9");
+  auto r2 =
+      test::run_cli("run --model " + model() + " --prompt 'Hello' -n 5 -t 0 --raw --json --seed 9");
   EXPECT_EQ(nlohmann::json::parse(r2.out)["tokens"], j["tokens"]);
 }
 
 TEST_F(Cli, ChatReplTakesTurnsAndResets) {
-  auto r = test::run_cli("chat --model " + model() + " -n 4 -t 0", "hello\n/reset\nhi again\n/exit\nnever\n");
+  auto r = test::run_cli("chat --model " + model() + " -n 4 -t 0",
+                         "hello\n/reset\nhi again\n/exit\nnever\n");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;
   EXPECT_THAT(r.err, HasSubstr("(history cleared)"));
@@ -159,16 +189,15 @@ TEST_F(Cli, TextBadInput) {
                         "prompt is empty");
   expect_one_line_error(test::run_cli("run --model " + model() + " --prompt x --raw --chat"),
                         "--raw and --chat exclude each other");
-  expect_one_line_error(test::run_cli("run --model " + model() + " --prompt x --top-p 0"),
-                        "top_p");
-  expect_one_line_error(test::run_cli("detokenize --model " + model() + " --ids 5000"),
-                        "5000");
+  expect_one_line_error(test::run_cli("run --model " + model() + " --prompt x --top-p 0"), "top_p");
+  expect_one_line_error(test::run_cli("detokenize --model " + model() + " --ids 5000"), "5000");
   expect_one_line_error(test::run_cli("tokenize --model " + model()),
                         "give exactly one of --text and --file");
   // Invalid UTF-8 in a prompt is replaced with U+FFFD (documented), not rejected.
   auto r = test::run_cli("tokenize --model " + model() + " --text \"$(printf 'a\\377b')\" --json");
   ASSERT_EQ(r.status, 0) << r.err;
-  auto r2 = test::run_cli("tokenize --model " + model() + " --text \"$(printf 'a\\357\\277\\275b')\" --json");
+  auto r2 = test::run_cli("tokenize --model " + model() +
+                          " --text \"$(printf 'a\\357\\277\\275b')\" --json");
   EXPECT_EQ(r.out, r2.out);
   // A checkpoint without tokenizer files: the error names the missing file.
   namespace fs = std::filesystem;
@@ -221,8 +250,8 @@ TEST(CliK3, MakeModelWritesAK3TokenizerAndChatStopsAtEndOfMessage) {
   ASSERT_EQ(r.status, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   std::vector<int32_t> want;
-  for (const ChatSegment& s : render_chat_segments(TemplateKind::kKimiK3,
-                                                   {{"user", "Hello there", "", "", {}, ""}}, true)) {
+  for (const ChatSegment& s : render_chat_segments(
+           TemplateKind::kKimiK3, {{"user", "Hello there", "", "", {}, ""}}, true)) {
     auto part = tok.encode(s.text, s.allow_special);
     want.insert(want.end(), part.begin(), part.end());
   }
@@ -239,13 +268,15 @@ TEST(CliK3, MakeModelWritesAK3TokenizerAndChatStopsAtEndOfMessage) {
   {
     const std::string path = d / "model.safetensors";
     std::ifstream in(path, std::ios::binary);
-    std::vector<uint8_t> buf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<uint8_t> buf((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
     in.close();
     SafetensorsContents st = parse_safetensors_buffer(buf.data(), buf.size(), path);
     const TensorInfo& lm = st.tensors.at("language_model.lm_head.weight");
     const int64_t D = lm.shape[1];
     auto* w = static_cast<uint16_t*>(const_cast<void*>(lm.data));
-    for (int64_t k = 0; k < D; ++k) w[eom * D + k] = f32_to_bf16(2.0f * bf16_to_f32(w[first * D + k]));
+    for (int64_t k = 0; k < D; ++k)
+      w[eom * D + k] = f32_to_bf16(2.0f * bf16_to_f32(w[first * D + k]));
     std::ofstream(path, std::ios::binary | std::ios::trunc)
         .write(reinterpret_cast<const char*>(buf.data()), std::streamsize(buf.size()));
   }

@@ -51,8 +51,8 @@ void register_make_model(CLI::App& app) {
   auto o = std::make_shared<Opts>();
   auto* c = app.add_subcommand("make-model", "write a random-weight checkpoint of a preset");
   c->add_option("--preset", o->preset,
-                 "tiny | small | kl48-e32 | kl48 (Kimi Linear) | k3-tiny | k3-small | k3-slice "
-                 "(Kimi K3)")
+                "tiny | small | kl48-e32 | kl48 (Kimi Linear) | k3-tiny | k3-small | k3-slice "
+                "(Kimi K3)")
       ->required();
   c->add_option("--seed", o->seed, "random seed (same seed, same bytes)");
   c->add_option("--out", o->out, "output directory")->required();
@@ -71,8 +71,9 @@ void register_make_model(CLI::App& app) {
     // tokens); its config eos is <|end_of_msg|>, where generation stops.
     const int32_t ranks = int32_t(cfg.vocab_size - 256);
     const bool k3 = cfg.model_type == "kimi_k3";
-    const std::vector<SpecialToken> specials = k3 ? kimi_k3_tokenizer_specials(ranks, cfg.vocab_size)
-                                                  : kimi_special_tokens(ranks, cfg.vocab_size);
+    const std::vector<SpecialToken> specials =
+        k3 ? kimi_k3_tokenizer_specials(ranks, cfg.vocab_size)
+           : kimi_special_tokens(ranks, cfg.vocab_size);
     if (k3) {
       const auto eom = std::find_if(specials.begin(), specials.end(), [](const SpecialToken& t) {
         return t.content == kKimiK3EndOfMessage;
@@ -94,7 +95,7 @@ void register_run_commands(CLI::App& app) {
     struct Opts {
       RunFlags f;
       std::string ids, batch_ids, executor = "reference";
-      int prefill = -1, workers = 0;
+      int prefill = -1, workers = 0, rows = 0;
     };
     auto o = std::make_shared<Opts>();
     auto* c = app.add_subcommand("logits", "print the logits at every position as JSON lines");
@@ -114,8 +115,18 @@ void register_run_commands(CLI::App& app) {
         ->check(CLI::IsMember({"reference", "megakernel", "opbyop"}));
     c->add_option("--workers", o->workers, "executor workers (0: one per CPU)")
         ->check(CLI::Range(0, 4096));
+    auto* rows_opt = c->add_option(
+        "--rows", o->rows,
+        "feed every id, the prompt included, through the plan this many tokens per sequence per "
+        "step (needs --executor megakernel|opbyop; a step's row count is the smallest of this "
+        "and what every sequence in it has left)");
+    rows_opt->check(CLI::Range(1, 64));
     c->callback([o] {
       MD_CHECK(!o->ids.empty() || !o->batch_ids.empty(), "logits: give --ids or --batch-ids");
+      MD_CHECK(o->rows == 0 || o->executor != "reference",
+               "logits: --rows runs the plan; give --executor megakernel or opbyop");
+      MD_CHECK(o->rows == 0 || o->prefill < 0,
+               "logits: --rows feeds every id through the plan; --prefill does not apply");
       const bool batched = !o->batch_ids.empty();
       std::vector<std::vector<int32_t>> lists;
       if (batched) {
@@ -151,7 +162,7 @@ void register_run_commands(CLI::App& app) {
       std::vector<float> logits;
       for (size_t s = 0; s < S; ++s) {
         const int n = int(lists[s].size());
-        const int p = o->prefill < 0 ? n : std::min(o->prefill, n);
+        const int p = o->rows > 0 ? 0 : o->prefill < 0 ? n : std::min(o->prefill, n);
         states.push_back(m.new_sequence());
         if (p > 0) {
           logits.resize(size_t(p) * size_t(V));
@@ -165,6 +176,23 @@ void register_run_commands(CLI::App& app) {
         for (size_t s = 0; s < S; ++s)
           if (cursor[s] < lists[s].size()) active.push_back(s);
         if (active.empty()) break;
+        if (o->rows > 0) {
+          // R rows per sequence, every row's logits.
+          size_t R = size_t(o->rows);
+          for (size_t s : active) R = std::min(R, lists[s].size() - cursor[s]);
+          std::vector<StepSeq> q;
+          for (size_t s : active)
+            q.push_back(
+                StepSeq{&states[s], std::span(lists[s]).subspan(cursor[s], R), LogitRows::kAll});
+          logits.resize(active.size() * R * size_t(V));
+          ex->step(q, logits.data());
+          for (size_t a = 0; a < active.size(); ++a)
+            for (size_t i = 0; i < R; ++i)
+              print(active[a], int64_t(cursor[active[a]] + i),
+                    logits.data() + (a * R + i) * size_t(V));
+          for (size_t s : active) cursor[s] += R;
+          continue;
+        }
         std::vector<SequenceState*> seqs;
         std::vector<int32_t> toks;
         for (size_t s : active) {
@@ -189,8 +217,8 @@ void register_run_commands(CLI::App& app) {
   {
     struct Opts {
       RunFlags f;
-      std::string ids;
-      int max_tokens = 16;
+      std::string ids, executor = "reference";
+      int max_tokens = 16, workers = 0, prefill_chunk = 16;
       bool ignore_eos = false;
     };
     auto o = std::make_shared<Opts>();
@@ -200,26 +228,50 @@ void register_run_commands(CLI::App& app) {
     c->add_option("--max-tokens", o->max_tokens, "tokens to generate")
         ->check(CLI::Range(0, 1 << 24));
     c->add_flag("--ignore-eos", o->ignore_eos, "keep generating after an end-of-sequence id");
+    c->add_option("--executor", o->executor,
+                  "what runs: reference (Model::forward) or megakernel / opbyop (the plan: the "
+                  "prompt in chunks of --prefill-chunk rows, then greedy decode steps)")
+        ->check(CLI::IsMember({"reference", "megakernel", "opbyop"}));
+    c->add_option("--workers", o->workers, "executor workers (0: one per CPU)")
+        ->check(CLI::Range(0, 4096));
+    c->add_option("--prefill-chunk", o->prefill_chunk, "token rows per plan step of the prompt")
+        ->check(CLI::Range(1, 64));
     c->callback([o] {
       std::vector<int32_t> ids = parse_ids(o->ids);
+      MD_CHECK(!ids.empty(), "generate: --ids is empty");
       Model m(o->f.model, o->f.options());
       if (!m.weights().note.empty()) std::fprintf(stderr, "%s\n", m.weights().note.c_str());
       const ModelConfig& cfg = m.config();
+      for (int32_t id : ids)
+        MD_CHECK(id >= 0 && id < cfg.vocab_size, "token id {} is outside the vocabulary [0, {})",
+                 id, cfg.vocab_size);
+      std::unique_ptr<DecodeExecutor> ex;
+      if (o->executor != "reference")
+        ex = std::make_unique<DecodeExecutor>(m, 1, o->workers, parse_executor_kind(o->executor));
       SequenceState s = m.new_sequence();
       std::vector<float> logits(size_t(cfg.vocab_size));
       double t0 = now_seconds();
-      m.forward(s, ids, logits.data(), false);
+      if (ex)
+        ex->prefill(s, ids, logits.data(), o->prefill_chunk);
+      else
+        m.forward(s, ids, logits.data(), false);
       double t1 = now_seconds();
       std::vector<int32_t> out;
+      int32_t planned = -1;  // the plan's in-step greedy pick
       for (int i = 0; i < o->max_tokens; ++i) {
-        int32_t next = int32_t(argmax(logits.data(), cfg.vocab_size));
+        int32_t next = planned >= 0 ? planned : int32_t(argmax(logits.data(), cfg.vocab_size));
         out.push_back(next);
         std::printf("%s%d", i ? " " : "", next);
         std::fflush(stdout);
         bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) !=
                    cfg.eos_token_ids.end();
         if ((eos && !o->ignore_eos) || i + 1 == o->max_tokens) break;
-        m.forward(s, std::span(&next, 1), logits.data(), false);
+        if (ex) {
+          SequenceState* sp = &s;
+          ex->step(std::span(&sp, 1), std::span(&next, 1), logits.data(), &planned);
+        } else {
+          m.forward(s, std::span(&next, 1), logits.data(), false);
+        }
       }
       double t2 = now_seconds();
       std::printf("\n");
@@ -244,8 +296,8 @@ void register_run_commands(CLI::App& app) {
       for (int l = 0; l < cfg.num_layers; ++l)
         pattern += cfg.attn_kind[l] == AttnKind::MLA ? 'M' : 'K';
       std::printf("model          %s (%s)\n", o->c_str(), cfg.model_type.c_str());
-      std::printf("layers         %d: %d KDA + %d MLA  [%s]  (K = KDA, M = MLA)\n",
-                  cfg.num_layers, cfg.num_kda_layers(), cfg.num_mla_layers(), pattern.c_str());
+      std::printf("layers         %d: %d KDA + %d MLA  [%s]  (K = KDA, M = MLA)\n", cfg.num_layers,
+                  cfg.num_kda_layers(), cfg.num_mla_layers(), pattern.c_str());
       std::printf("hidden         %lld, vocab %lld, eps %g\n", (long long)cfg.hidden_size,
                   (long long)cfg.vocab_size, cfg.rms_norm_eps);
       std::printf("KDA            %d heads x %d, conv %d\n", cfg.kda_num_heads, cfg.kda_head_dim,
@@ -256,28 +308,27 @@ void register_run_commands(CLI::App& app) {
                     cfg.kda_bounded_decay
                         ? fmt::format("lower-bounded ({})", cfg.kda_gate_lower_bound).c_str()
                         : "softplus");
-      std::printf("MLA            %d heads, %s, kv_lora %d, nope %d, rope %d (NoPE), v %d%s\n",
-                  cfg.mla_num_heads,
-                  cfg.q_lora_rank > 0 ? fmt::format("q_lora {}", cfg.q_lora_rank).c_str()
-                                      : "plain q_proj",
-                  cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim,
-                  cfg.mla_output_gate ? ", output gate" : "");
+      std::printf(
+          "MLA            %d heads, %s, kv_lora %d, nope %d, rope %d (NoPE), v %d%s\n",
+          cfg.mla_num_heads,
+          cfg.q_lora_rank > 0 ? fmt::format("q_lora {}", cfg.q_lora_rank).c_str() : "plain q_proj",
+          cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim,
+          cfg.mla_output_gate ? ", output gate" : "");
       std::printf("MoE            %d experts, top-%d, %d shared, intermediate %lld, scale %g\n",
                   cfg.num_experts, cfg.num_experts_per_token, cfg.num_shared_experts,
                   (long long)cfg.moe_intermediate_size, cfg.routed_scaling_factor);
       if (cfg.latent_size > 0 || cfg.experts_mxfp4)
         std::printf("experts        %s%s%s\n",
-                    cfg.latent_size > 0
-                        ? fmt::format("latent {}{}", cfg.latent_size,
-                                      cfg.latent_norm ? " (normed)" : "")
-                              .c_str()
-                        : "hidden width",
+                    cfg.latent_size > 0 ? fmt::format("latent {}{}", cfg.latent_size,
+                                                      cfg.latent_norm ? " (normed)" : "")
+                                              .c_str()
+                                        : "hidden width",
                     cfg.experts_mxfp4 ? ", MXFP4 (4.25 bits per weight)" : ", bf16", "");
-      std::printf("activation     %s\n",
-                  cfg.uses_situ() ? fmt::format("SiTU (beta {}, linear beta {})", cfg.situ_beta,
-                                                cfg.situ_linear_beta)
-                                        .c_str()
-                                  : "SiLU");
+      std::printf("activation     %s\n", cfg.uses_situ()
+                                             ? fmt::format("SiTU (beta {}, linear beta {})",
+                                                           cfg.situ_beta, cfg.situ_linear_beta)
+                                                   .c_str()
+                                             : "SiLU");
       if (cfg.attn_res_block_size > 0)
         std::printf("residuals      block attention residuals, block size %d (%d blocks)\n",
                     cfg.attn_res_block_size,
@@ -285,7 +336,8 @@ void register_run_commands(CLI::App& app) {
       std::printf("parameters     %.3f B total, %.3f B active per token\n",
                   double(s.total_params) / 1e9, double(s.active_params) / 1e9);
       std::printf("weights        %s on disk (%s in checkpoint files)\n",
-                  human_bytes(s.total_bytes).c_str(), human_bytes(double(ck.total_bytes())).c_str());
+                  human_bytes(s.total_bytes).c_str(),
+                  human_bytes(double(ck.total_bytes())).c_str());
       std::printf("decode bytes   %s of weights per token at batch 1\n",
                   human_bytes(s.active_bytes).c_str());
       std::printf("state          KDA %s per sequence; MLA cache %s per token\n",

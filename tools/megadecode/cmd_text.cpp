@@ -63,7 +63,8 @@ struct ThinkingFlags {
   void add(CLI::App* c) {
     c->add_flag("--no-thinking", no_thinking,
                 "Kimi K3: answer without the think channel (the prompt opens the response)");
-    c->add_option("--thinking-effort", effort, "Kimi K3: low | high | max | none (no effort message)")
+    c->add_option("--thinking-effort", effort,
+                  "Kimi K3: low | high | max | none (no effort message)")
         ->check(CLI::IsMember({"low", "high", "max", "none"}));
     c->add_flag("--show-thinking", show_thinking,
                 "Kimi K3: also print the think channel (between [thinking] and [/thinking])");
@@ -84,13 +85,17 @@ struct ThinkingFlags {
 struct DecoderFlags {
   std::string executor = "reference";
   int workers = 0;
+  int prefill_chunk = 16;
   void add(CLI::App* app) {
     app->add_option("--executor", executor,
-                    "what decodes: reference (Model::forward), megakernel or opbyop (the decode "
-                    "plan, sampling inside the step); the tokens are the same")
+                    "what runs: reference (Model::forward), megakernel or opbyop (the decode "
+                    "plan: the prompt in chunks of rows, sampling inside the step)")
         ->check(CLI::IsMember({"reference", "megakernel", "opbyop"}));
     app->add_option("--workers", workers, "plan executor workers (0: one per CPU)")
         ->check(CLI::Range(0, 4096));
+    app->add_option("--prefill-chunk", prefill_chunk,
+                    "token rows per plan step when the prompt goes through the plan")
+        ->check(CLI::Range(1, 64));
   }
   // The executor (null for the reference path), attached to the generator.
   std::unique_ptr<DecodeExecutor> attach(Model& m, Generator& g) const {
@@ -98,7 +103,7 @@ struct DecoderFlags {
     ExecutorOptions eo;
     eo.workers = workers;
     auto ex = std::make_unique<DecodeExecutor>(m, 1, parse_executor_kind(executor), eo);
-    g.set_executor(ex.get());
+    g.set_executor(ex.get(), prefill_chunk);
     return ex;
   }
 };
@@ -196,7 +201,8 @@ void register_text_commands(CLI::App& app) {
                             {"completion_tokens", r.tokens.size()},
                             {"prefill_ms", r.prefill_seconds * 1e3},
                             {"decode_tokens_per_s", r.decode_tokens_per_second()}};
-        std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+        std::printf("%s\n",
+                    j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
         return;
       }
       StreamPrinter out{o->t.show_thinking};
@@ -236,8 +242,9 @@ void register_text_commands(CLI::App& app) {
         if (!o->system.empty()) history.push_back({"system", o->system, "", "", {}, ""});
       };
       start();
-      if (tty) std::fprintf(stderr, "chat with %s; /reset clears the history, /exit or Ctrl-D quits\n",
-                            o->f.model.c_str());
+      if (tty)
+        std::fprintf(stderr, "chat with %s; /reset clears the history, /exit or Ctrl-D quits\n",
+                     o->f.model.c_str());
       std::string line;
       for (;;) {
         if (tty) std::fprintf(stderr, "> ");
@@ -286,8 +293,9 @@ void register_text_commands(CLI::App& app) {
       for (int32_t id : ids) {
         std::string piece(t.token_bytes(id));
         std::printf("%d\t%s\n", id,
-                    nlohmann::json(piece).dump(-1, ' ', false,
-                                               nlohmann::json::error_handler_t::replace).c_str());
+                    nlohmann::json(piece)
+                        .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                        .c_str());
       }
     });
   }

@@ -83,11 +83,17 @@ class Generator {
                             const std::function<bool(std::string_view)>& on_text = {},
                             const std::function<bool(std::string_view)>& on_reasoning = {});
 
-  // Decode through a decode-plan executor (megakernel or opbyop, built on the same model) instead
-  // of Model::forward: each step runs the plan, whose sample instruction draws the next token
-  // with this generation's sampler. Prefill stays on the reference path. nullptr: reference.
-  // The executors are bit-identical to Model::forward, so the tokens do not change.
-  void set_executor(DecodeExecutor* executor) { executor_ = executor; }
+  // Run through a decode-plan executor (megakernel or opbyop, built on the same model) instead
+  // of Model::forward: the prompt goes through the plan in steps of `prefill_chunk` rows, then
+  // each decode step runs the plan, whose sample instruction draws the next token with this
+  // generation's sampler. nullptr: the reference path. The plan's rows compute what the
+  // reference path computes one token at a time, bit for bit; the reference's one-call prefill
+  // differs from that in fp32 order only, so the tokens can differ only where two logits
+  // are within rounding of each other.
+  void set_executor(DecodeExecutor* executor, int prefill_chunk = 16) {
+    executor_ = executor;
+    prefill_chunk_ = prefill_chunk;
+  }
 
   void reset();  // forget the sequence
   const Tokenizer& tokenizer() const { return tok_; }
@@ -101,6 +107,7 @@ class Generator {
   SequenceState seq_;
   std::vector<int32_t> fed_;  // ids the sequence state has consumed
   DecodeExecutor* executor_ = nullptr;
+  int prefill_chunk_ = 16;
 };
 
 }  // namespace md
