@@ -199,7 +199,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
     if (i + 1 == params.max_tokens) break;
     if (executor_) {
       SequenceState* sp = &seq_;
-      const DecodeExecutor::SampleSpec spec{&sampler, history};
+      const SampleSpec spec{&sampler, history};
       executor_->step(std::span(&sp, 1), std::span(&next, 1), logits.data(), &planned,
                       std::span(&spec, 1));
     } else {

@@ -18,7 +18,7 @@
 #include "megadecode/base/threads.h"
 #include "megadecode/base/util.h"
 #include "megadecode/engine/model.h"
-#include "megadecode/exec/executor.h"
+#include "megadecode/exec/cpu_executor.h"
 #include "megadecode/model/presets.h"
 #include "test_util.h"
 
@@ -97,8 +97,8 @@ void check_equivalence(Model& m, int workers, ExecutorOptions eo = {}) {
   std::vector<SequenceState> ref = prefilled(m, 12);
   std::vector<SequenceState> mk = ref, ob = ref;
   eo.workers = workers;
-  DecodeExecutor emk(m, 8, ExecutorKind::kMegakernel, eo);
-  DecodeExecutor eob(m, 8, ExecutorKind::kOpByOp, eo);
+  CpuExecutor emk(m, 8, ExecutorKind::kMegakernel, eo);
+  CpuExecutor eob(m, 8, ExecutorKind::kOpByOp, eo);
   const std::vector<std::vector<int>> batches = {
       {0}, {0, 1},   {1, 2, 0}, {0, 1, 2, 3, 4, 5, 6, 7}, {2, 8, 5}, {9, 3, 10, 11, 4, 6, 7, 0},
       {8}, {11, 10}, {5, 1, 9}};
@@ -241,7 +241,7 @@ TEST_F(Executor, K3StepBytesCountMxfp4Experts) {
   }
   EXPECT_DOUBLE_EQ(a.weight_bytes, fixed);
   // Run through an executor: the distinct experts of the step are counted from the router.
-  DecodeExecutor ex(m, 2, 2, ExecutorKind::kMegakernel);
+  CpuExecutor ex(m, 2, 2, ExecutorKind::kMegakernel);
   SequenceState s0 = m.new_sequence(), s1 = m.new_sequence();
   std::vector<SequenceState*> seqs = {&s0, &s1};
   std::vector<int32_t> toks = {5, 9};
@@ -270,8 +270,8 @@ TEST_F(Executor, SamplingInThePlanMatchesTheSamplerOutside) {
   std::vector<SequenceState> mk = prefilled(m, B), ob = mk;
   ExecutorOptions eo;
   eo.workers = 2;
-  DecodeExecutor emk(m, B, ExecutorKind::kMegakernel, eo);
-  DecodeExecutor eob(m, B, ExecutorKind::kOpByOp, eo);
+  CpuExecutor emk(m, B, ExecutorKind::kMegakernel, eo);
+  CpuExecutor eob(m, B, ExecutorKind::kOpByOp, eo);
   std::vector<Sampler> smk, sob, sref;
   std::vector<std::vector<int32_t>> hist(B);
   for (int b = 0; b < B; ++b) {
@@ -285,7 +285,7 @@ TEST_F(Executor, SamplingInThePlanMatchesTheSamplerOutside) {
   int differs_from_greedy = 0;
   for (int step = 0; step < 12; ++step) {
     std::vector<SequenceState*> pm, po;
-    std::vector<DecodeExecutor::SampleSpec> qm, qo;
+    std::vector<SampleSpec> qm, qo;
     for (int b = 0; b < B; ++b) {
       pm.push_back(&mk[size_t(b)]);
       po.push_back(&ob[size_t(b)]);
@@ -302,7 +302,8 @@ TEST_F(Executor, SamplingInThePlanMatchesTheSamplerOutside) {
       const int32_t want = sref[size_t(b)].sample(row, hist[size_t(b)]);
       EXPECT_EQ(nm[size_t(b)], want) << "megakernel step " << step << " seq " << b;
       EXPECT_EQ(no[size_t(b)], want) << "opbyop step " << step << " seq " << b;
-      differs_from_greedy += want != int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+      differs_from_greedy +=
+          want != int32_t(std::max_element(row.begin(), row.end()) - row.begin());
       hist[size_t(b)].push_back(want);
       tokens[size_t(b)] = want;
     }
@@ -312,10 +313,10 @@ TEST_F(Executor, SamplingInThePlanMatchesTheSamplerOutside) {
   std::vector<SequenceState*> pm = {&mk[0], &mk[1], &mk[2]};
   std::vector<float> lm(size_t(B * V));
   std::vector<int32_t> nm(B);
-  std::vector<DecodeExecutor::SampleSpec> shared = {{&smk[0], {}}, {&smk[0], {}}, {nullptr, {}}};
+  std::vector<SampleSpec> shared = {{&smk[0], {}}, {&smk[0], {}}, {nullptr, {}}};
   const int64_t pos0 = mk[0].pos;
   EXPECT_THROW(emk.step(pm, tokens, lm.data(), nm.data(), shared), Error);
-  std::vector<DecodeExecutor::SampleSpec> shortv = {{nullptr, {}}};
+  std::vector<SampleSpec> shortv = {{nullptr, {}}};
   EXPECT_THROW(emk.step(pm, tokens, lm.data(), nm.data(), shortv), Error);
   EXPECT_EQ(mk[0].pos, pos0);
 }
@@ -333,8 +334,8 @@ TEST_F(Executor, MlaKvSplitsMatchReference) {
         ExecutorOptions eo;
         eo.workers = 2;
         eo.plan.mla_kv_splits = splits;
-        DecodeExecutor emk(m, 4, ExecutorKind::kMegakernel, eo);
-        DecodeExecutor eob(m, 4, ExecutorKind::kOpByOp, eo);
+        CpuExecutor emk(m, 4, ExecutorKind::kMegakernel, eo);
+        CpuExecutor eob(m, 4, ExecutorKind::kOpByOp, eo);
         const plan::Plan& pl = emk.plan(3);
         // Every (MLA layer, sequence, head) is merged exactly once, from `splits` partials.
         std::map<std::tuple<int, int, uint32_t>, int> merged;
@@ -433,7 +434,7 @@ TEST(ExecutorGolden, BitEqualToModelForward) {
           m.forward(s, std::span(&decode[i], 1), want.data() + i * size_t(V), false);
       }
       for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
-        DecodeExecutor ex(m, 3, 3, kind);
+        CpuExecutor ex(m, 3, 3, kind);
         SequenceState g = m.new_sequence(), a = m.new_sequence(), b = m.new_sequence();
         m.forward(g, prompt, nullptr, false);
         m.forward(a, std::span(prompt.data(), prompt.size() / 2), nullptr, false);
@@ -464,7 +465,7 @@ TEST_F(Executor, WatchdogReportsAnUnreachableWait) {
   ExecutorOptions o;
   o.workers = 2;
   o.watchdog_seconds = 0.3;
-  DecodeExecutor ex(m, 4, ExecutorKind::kMegakernel, o);
+  CpuExecutor ex(m, 4, ExecutorKind::kMegakernel, o);
   uint32_t victim = plan::kNone;
   for (const plan::Instr& in : ex.plan(2).instrs)
     if (in.op == plan::Op::kKdaCore && in.layer == 2) {
@@ -506,7 +507,7 @@ TEST_F(Executor, WatchdogReportsAStalledTileInBothExecutors) {
       ExecutorOptions o;
       o.workers = workers;
       o.watchdog_seconds = 0.2;
-      DecodeExecutor ex(m, 2, kind, o);
+      CpuExecutor ex(m, 2, kind, o);
       const uint32_t victim = uint32_t(ex.plan(1).instrs.size() / 2);
       ex.edit_instr_for_testing(1, victim,
                                 [](plan::Instr& in) { in.flags |= plan::kFlagTestStall; });
@@ -527,7 +528,7 @@ TEST_F(Executor, WatchdogReportsAStalledTileInBothExecutors) {
 TEST_F(Executor, BadInputIsAnErrorAndChangesNothing) {
   Model m(model("tiny"), opts(Precision::BF16));
   Model other(model("small"), opts(Precision::BF16));
-  DecodeExecutor ex(m, 2, 2, ExecutorKind::kMegakernel);
+  CpuExecutor ex(m, 2, 2, ExecutorKind::kMegakernel);
   SequenceState a = m.new_sequence(), b = m.new_sequence(), c = m.new_sequence();
   SequenceState foreign = other.new_sequence();
   std::vector<float> logits(3 * size_t(m.config().vocab_size));
@@ -544,7 +545,7 @@ TEST_F(Executor, BadInputIsAnErrorAndChangesNothing) {
   EXPECT_EQ(a.pos, 0);
   EXPECT_EQ(b.pos, 0);
   EXPECT_THROW(parse_executor_kind("fast"), Error);
-  EXPECT_THROW(DecodeExecutor(m, 0, 1, ExecutorKind::kOpByOp), Error);
+  EXPECT_THROW(CpuExecutor(m, 0, 1, ExecutorKind::kOpByOp), Error);
 }
 
 }  // namespace

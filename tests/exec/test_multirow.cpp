@@ -20,7 +20,7 @@
 
 #include "megadecode/base/error.h"
 #include "megadecode/engine/model.h"
-#include "megadecode/exec/executor.h"
+#include "megadecode/exec/cpu_executor.h"
 #include "test_util.h"
 
 namespace md {
@@ -78,7 +78,7 @@ std::vector<float> reference_stepwise(Model& m, const std::vector<int32_t>& ids,
 }
 
 // The plan in chunks of R rows (the last chunk shorter), logits of every row.
-std::vector<float> plan_chunks(DecodeExecutor& ex, Model& m, const std::vector<int32_t>& ids, int R,
+std::vector<float> plan_chunks(CpuExecutor& ex, Model& m, const std::vector<int32_t>& ids, int R,
                                SequenceState* out = nullptr) {
   const int64_t V = m.config().vocab_size;
   SequenceState s = m.new_sequence();
@@ -134,7 +134,7 @@ TEST_P(MultiRow, ChunksEqualTheReferenceAtEveryPosition) {
     m.forward(s, ids, pre.data(), true);
   }
   for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
-    DecodeExecutor ex(m, 4, 2, kind);
+    CpuExecutor ex(m, 4, 2, kind);
     for (int R : {1, 3, 8, 16, 32}) {
       SCOPED_TRACE(std::string(executor_name(kind)) + " R=" + std::to_string(R));
       SequenceState st;
@@ -155,7 +155,7 @@ TEST_P(MultiRow, ChunksEqualTheReferenceAtEveryPosition) {
   ExecutorOptions eo;
   eo.workers = 3;
   eo.plan.mla_kv_splits = 2;
-  DecodeExecutor mk(m, 1, ExecutorKind::kMegakernel, eo), ob(m, 1, ExecutorKind::kOpByOp, eo);
+  CpuExecutor mk(m, 1, ExecutorKind::kMegakernel, eo), ob(m, 1, ExecutorKind::kOpByOp, eo);
   const std::vector<float> a = plan_chunks(mk, m, ids, 8), b = plan_chunks(ob, m, ids, 8);
   EXPECT_TRUE(same_bits(a.data(), b.data(), a.size()));
   if (c.precision == Precision::FP32) {
@@ -168,7 +168,7 @@ TEST_P(MultiRow, SeveralSequencesEqualTheirSingleRuns) {
   Model m(golden(c.model), opts(c.precision));
   const int64_t V = m.config().vocab_size;
   const int R = 4, B = 3;
-  DecodeExecutor ex(m, B, 2, ExecutorKind::kMegakernel);
+  CpuExecutor ex(m, B, 2, ExecutorKind::kMegakernel);
   // Sequences at different positions (prefilled on the reference path), then two R-row steps.
   std::vector<SequenceState> batch, alone;
   std::vector<std::vector<int32_t>> feed;
@@ -215,7 +215,7 @@ TEST_P(MultiRow, CommitToEveryPrefix) {
   const int R = 8;
   const std::vector<int32_t> ctx = prompt(m, 11, 2), draft = prompt(m, R, 3);
   for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
-    DecodeExecutor ex(m, 1, 2, kind);
+    CpuExecutor ex(m, 1, 2, kind);
     SequenceState base = m.new_sequence();
     m.forward(base, ctx, nullptr, false);
     for (int k = 0; k <= R; ++k) {
@@ -269,7 +269,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(MultiRowErrors, BadShapesAndCommits) {
   Model m(golden("tiny"), opts(Precision::BF16));
-  DecodeExecutor ex(m, 2, 1, ExecutorKind::kMegakernel);
+  CpuExecutor ex(m, 2, 1, ExecutorKind::kMegakernel);
   const int64_t V = m.config().vocab_size;
   std::vector<float> logits(size_t(80) * size_t(V));
   SequenceState a = m.new_sequence(), b = m.new_sequence();
@@ -320,7 +320,7 @@ TEST(MultiRowErrors, BadShapesAndCommits) {
   // Sampling specs must match the logit rows.
   {
     const StepSeq q{&b, std::span(ids).subspan(0, 3), LogitRows::kAll};
-    const DecodeExecutor::SampleSpec spec{};
+    const SampleSpec spec{};
     EXPECT_THAT(
         error_of([&] { ex.step(std::span(&q, 1), logits.data(), nullptr, std::span(&spec, 1)); }),
         HasSubstr("1 sampling specs for 3 logit rows"));

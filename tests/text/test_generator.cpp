@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "megadecode/base/error.h"
+#include "megadecode/exec/cpu_executor.h"
 #include "megadecode/model/presets.h"
 #include "megadecode/text/generator.h"
 #include "megadecode/tokenizer/bpe_train.h"
@@ -92,7 +93,7 @@ TEST_F(GeneratorTest, PlanExecutorsGiveTheSameTokens) {
     // FP32: the reference path; BF16: the plan prefilling one row per step.
     ExecutorOptions eo;
     eo.workers = 2;
-    DecodeExecutor one(*model_, 1, ExecutorKind::kOpByOp, eo);
+    CpuExecutor one(*model_, 1, ExecutorKind::kOpByOp, eo);
     Generator ref(*model_, *tok_);
     if (prec == Precision::BF16) ref.set_executor(&one, 1);
     auto p1 = ref.encode("The quick brown fox");
@@ -105,7 +106,7 @@ TEST_F(GeneratorTest, PlanExecutorsGiveTheSameTokens) {
       for (int chunk : {3, 16}) {
         SCOPED_TRACE(std::string(executor_name(kind)) + " chunk " + std::to_string(chunk) +
                      (prec == Precision::BF16 ? " bf16" : " fp32"));
-        DecodeExecutor ex(*model_, 1, kind, eo);
+        CpuExecutor ex(*model_, 1, kind, eo);
         Generator g(*model_, *tok_);
         g.set_executor(&ex, chunk);
         EXPECT_EQ(g.generate(p1, greedy(10)).tokens, g1.tokens);

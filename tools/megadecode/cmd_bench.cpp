@@ -104,7 +104,7 @@ struct TempCheckpoint {
 // One executor under test: a plan executor, or the reference path one sequence at a time.
 struct Runner {
   std::string name;
-  std::unique_ptr<DecodeExecutor> ex;  // null: reference
+  std::unique_ptr<Executor> ex;  // null: reference
 };
 
 int64_t argmax(const float* v, int64_t n) {
@@ -202,8 +202,11 @@ void register_bench(CLI::App& app) {
     for (const std::string& n : names) {
       Runner r;
       r.name = n;
-      if (n != "reference")
-        r.ex = std::make_unique<DecodeExecutor>(m, maxb, W, parse_executor_kind(n));
+      if (n != "reference") {
+        ExecutorOptions eo;
+        eo.workers = W;
+        r.ex = make_executor(m, parse_executor_kind(n), maxb, eo);
+      }
       runners.push_back(std::move(r));
     }
     const size_t E = runners.size();

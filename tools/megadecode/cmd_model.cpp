@@ -149,10 +149,12 @@ void register_run_commands(CLI::App& app) {
       if (!m.weights().note.empty()) std::fprintf(stderr, "%s\n", m.weights().note.c_str());
       const int64_t V = m.config().vocab_size;
       const size_t S = lists.size();
-      std::unique_ptr<DecodeExecutor> ex;
-      if (o->executor != "reference")
-        ex = std::make_unique<DecodeExecutor>(m, int(S), o->workers,
-                                              parse_executor_kind(o->executor));
+      std::unique_ptr<Executor> ex;
+      if (o->executor != "reference") {
+        ExecutorOptions eo;
+        eo.workers = o->workers;
+        ex = make_executor(m, parse_executor_kind(o->executor), int(S), eo);
+      }
       auto print = [&](size_t seq, int64_t pos, const float* v) {
         if (batched) std::printf("{\"seq\": %zu, ", seq);
         print_logits_line(pos, v, V, batched);
@@ -245,9 +247,12 @@ void register_run_commands(CLI::App& app) {
       for (int32_t id : ids)
         MD_CHECK(id >= 0 && id < cfg.vocab_size, "token id {} is outside the vocabulary [0, {})",
                  id, cfg.vocab_size);
-      std::unique_ptr<DecodeExecutor> ex;
-      if (o->executor != "reference")
-        ex = std::make_unique<DecodeExecutor>(m, 1, o->workers, parse_executor_kind(o->executor));
+      std::unique_ptr<Executor> ex;
+      if (o->executor != "reference") {
+        ExecutorOptions eo;
+        eo.workers = o->workers;
+        ex = make_executor(m, parse_executor_kind(o->executor), 1, eo);
+      }
       SequenceState s = m.new_sequence();
       std::vector<float> logits(size_t(cfg.vocab_size));
       double t0 = now_seconds();

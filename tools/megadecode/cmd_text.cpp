@@ -98,11 +98,11 @@ struct DecoderFlags {
         ->check(CLI::Range(1, 64));
   }
   // The executor (null for the reference path), attached to the generator.
-  std::unique_ptr<DecodeExecutor> attach(Model& m, Generator& g) const {
+  std::unique_ptr<Executor> attach(Model& m, Generator& g) const {
     if (executor == "reference") return nullptr;
     ExecutorOptions eo;
     eo.workers = workers;
-    auto ex = std::make_unique<DecodeExecutor>(m, 1, parse_executor_kind(executor), eo);
+    auto ex = make_executor(m, parse_executor_kind(executor), 1, eo);
     g.set_executor(ex.get(), prefill_chunk);
     return ex;
   }
@@ -178,7 +178,7 @@ void register_text_commands(CLI::App& app) {
       std::string text = o->prompt_file.empty() ? o->prompt : read_file(o->prompt_file);
       LoadedModel lm = load_model(o->f);
       Generator g(*lm.model, *lm.tokenizer, o->chat_template);
-      std::unique_ptr<DecodeExecutor> executor = o->d.attach(*lm.model, g);
+      std::unique_ptr<Executor> executor = o->d.attach(*lm.model, g);
       std::vector<int32_t> ids;
       if (o->raw) {
         ids = g.encode(text);
@@ -231,7 +231,7 @@ void register_text_commands(CLI::App& app) {
     c->callback([o] {
       LoadedModel lm = load_model(o->f);
       Generator g(*lm.model, *lm.tokenizer, o->chat_template);
-      std::unique_ptr<DecodeExecutor> executor = o->d.attach(*lm.model, g);
+      std::unique_ptr<Executor> executor = o->d.attach(*lm.model, g);
       const ChatOptions chat_options = o->t.options();
       g.render({{"user", "", "", "", {}, ""}}, true, chat_options);  // fail early: bad template
       SamplingParams p = o->s.params(g);

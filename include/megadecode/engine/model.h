@@ -35,7 +35,7 @@ struct SequenceState {
   std::vector<std::vector<float>> conv_cache;  // per layer (KDA): [3 (q,k,v)][W-1][C]
   std::vector<std::vector<float>> mla_cache;   // per layer (MLA): [pos][R+P] (c then k_pe)
   // Kept by a multi-row plan step that may be cut back to a prefix of its rows
-  // (DecodeExecutor::commit): the position before the step, its row count, and per KDA layer the
+  // (Executor::commit): the position before the step, its row count, and per KDA layer the
   // state and conv cache before it and every row's recurrence inputs. rows == 0: nothing kept.
   struct RowLog {
     int64_t pos0 = 0;

@@ -1,17 +1,13 @@
-// Executors of the decode plan on CPU threads (docs/architecture.md "Executors").
+// The executor interface of the decode plan (docs/architecture.md "Executors"): what the
+// generator, the benchmark, the CLI and (later) the server hold. A backend implements it by
+// interpreting the plan's instructions: exec/cpu (CpuExecutor: persistent CPU threads, as a
+// megakernel or op by op), later exec/cuda. Every backend computes, bit for bit, what
+// Model::forward computes for each sequence fed one token at a time.
 //
-//  * megakernel: W persistent threads pinned to cores, each walking its own instruction queue;
-//    between tiles a worker only waits for the counters its next tile names (acquire), and
-//    signals its own (release) when done. No barrier inside a step.
-//  * opbyop: the same instructions, grouped into barrier phases (one op, or several independent
-//    ops); every worker runs its share of a phase, then all meet at a barrier.
-//
-// Both compute, bit for bit, what Model::forward computes for each sequence decoded alone (same
-// kernels, same rounding points; matmul rows do not depend on how they are split or batched).
 // A step feeds every sequence R >= 1 consecutive token rows (decode, a speculative verify, a
-// prefill chunk); each row computes what a decode step of that token would.
-// A watchdog turns a step that stops progressing into an md::Error naming the stuck worker,
-// instruction and counter instead of a hang.
+// prefill chunk); each row computes what a decode step of that token would, attending causally
+// to the rows before it. A watchdog turns a step that stops progressing into an md::Error naming
+// the stuck worker, instruction and counter instead of a hang.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -21,7 +17,6 @@
 #include <string>
 #include <string_view>
 
-#include "megadecode/base/threads.h"
 #include "megadecode/engine/model.h"
 #include "megadecode/engine/sampler.h"
 #include "megadecode/plan/plan.h"
@@ -87,71 +82,65 @@ struct StepOptions {
 // Logit rows of a step: the sum over its sequences of 0, 1 or R.
 int logit_row_count(std::span<const StepSeq> seqs);
 
-class DecodeExecutor {
+// How a logit row's next token is drawn inside the step: by `sampler` (penalties see `history`),
+// or the greedy argmax (ties to the lowest id) when sampler is null. A sampler must not be
+// shared by two rows of a step.
+struct SampleSpec {
+  Sampler* sampler = nullptr;
+  std::span<const int32_t> history;
+};
+
+class Executor {
  public:
-  DecodeExecutor(Model& model, int max_batch, int workers, ExecutorKind kind);
-  DecodeExecutor(Model& model, int max_batch, ExecutorKind kind, const ExecutorOptions& opt);
-  ~DecodeExecutor();
-  DecodeExecutor(const DecodeExecutor&) = delete;
-  DecodeExecutor& operator=(const DecodeExecutor&) = delete;
-
-  // One decode step: sequence b consumes tokens[b] at its own position and logits[b * vocab ..]
-  // receives its next-token logits (bf16-valued in BF16 precision, as Model::forward). The batch
-  // may differ from step to step (1..max_batch distinct sequences of this model). Bad input
-  // (batch size, token id, a foreign or repeated sequence) is an md::Error before anything
-  // changes. A step that fails while running (watchdog) leaves the batch's states undefined.
-  void step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits);
-
-  // The same step with sampling inside the plan (the kSample instructions, one per sequence
-  // range, after the lm_head blocks): next_ids[b] receives sequence b's next token, drawn by
-  // sampling[b].sampler from its logits (penalties see sampling[b].history), or the greedy
-  // argmax (ties to the lowest id) when sampling is empty or sampler is null. A sampler must
-  // not be shared by two sequences of the step.
-  struct SampleSpec {
-    Sampler* sampler = nullptr;
-    std::span<const int32_t> history;
-  };
-  void step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits,
-            int32_t* next_ids, std::span<const SampleSpec> sampling = {});
+  virtual ~Executor() = default;
+  Executor() = default;
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
 
   // The general step: every sequence feeds its R tokens (1 <= R <= plan::kMaxRows, the same R for
-  // all), row i at position pos + i, attending causally to the rows before it. logits receives
-  // [logit rows][vocab] (logit_row_count: in sequence order, rows in order), next_ids (if not
-  // null) the token sampled for each logit row, by sampling[j] (one spec per logit row, or
-  // empty: greedy). Each sequence advances by R.
+  // all), row i at position pos + i. logits receives [logit rows][vocab] (logit_row_count: in
+  // sequence order, rows in order; bf16-valued in BF16 precision, as Model::forward), next_ids
+  // (if not null) the token sampled for each logit row by sampling[j] (one spec per logit row,
+  // or empty: greedy). Each sequence advances by R. The batch may differ from step to step
+  // (1..max_batch distinct sequences of this model). Bad input (shape, token id, a foreign or
+  // repeated sequence) is an md::Error before anything changes; a step that fails while running
+  // (watchdog) leaves the batch's states undefined.
   void step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids = nullptr,
-            std::span<const SampleSpec> sampling = {}, const StepOptions& options = {});
+            std::span<const SampleSpec> sampling = {}, const StepOptions& options = {}) {
+    run_step(seqs, logits, next_ids, sampling, options);
+  }
+  // A decode step: one token per sequence, its next-token logits at logits[b * vocab], and
+  // (with next_ids) the token sampled inside the step.
+  void step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits,
+            int32_t* next_ids = nullptr, std::span<const SampleSpec> sampling = {});
 
   // After a step with keep_for_commit: cut the sequence back to the first k of that step's R
   // rows (0 <= k <= R): its KDA states, conv and MLA caches become exactly those of a sequence
   // that was fed only those k tokens, and pos = pos before the step + k. Reads no weights (the
   // KDA recurrence of the k rows is replayed from the row log). Any other call is an md::Error.
-  void commit(SequenceState& seq, int k);
+  virtual void commit(SequenceState& seq, int k) = 0;
 
   // Feeds a prompt through the plan in steps of at most `chunk` rows (the last one shorter);
   // logits (if not null) receives the last row's [vocab].
   void prefill(SequenceState& seq, std::span<const int32_t> ids, float* logits, int chunk = 16);
 
   // The plan for a step shape (compiled on first use and cached).
-  const plan::Plan& plan(int batch, int rows = 1);
+  virtual const plan::Plan& plan(int batch, int rows = 1) = 0;
 
-  const Model& model() const;
-  int workers() const;
-  int max_batch() const;
-  ExecutorKind kind() const;
-  const StepStats& last_step_stats() const;
-  void set_watchdog_seconds(double s);
+  virtual std::string_view name() const = 0;  // e.g. "megakernel", "opbyop"
+  virtual const Model& model() const = 0;
+  virtual int workers() const = 0;
+  virtual int max_batch() const = 0;
+  virtual const StepStats& last_step_stats() const = 0;
+  virtual void set_watchdog_seconds(double s) = 0;
 
-  // Test hooks: edit one instruction of the cached plan for `batch` (its global copy and its
-  // queue copy), e.g. an unreachable wait or the kFlagTestStall flag; drop_plans() forgets all
-  // plans (and counters) so the next step recompiles.
-  void edit_instr_for_testing(int batch, uint32_t id, const std::function<void(plan::Instr&)>& f);
-  void drop_plans();
-
- private:
-  ThreadPool& pool_for_commit();  // the workers' pool (commit's replay runs on it)
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+ protected:
+  virtual void run_step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
+                        std::span<const SampleSpec> sampling, const StepOptions& options) = 0;
 };
+
+// A plan executor of the given kind on this machine's backend (today: CPU threads).
+std::unique_ptr<Executor> make_executor(Model& model, ExecutorKind kind, int max_batch,
+                                        const ExecutorOptions& opt = {});
 
 }  // namespace md

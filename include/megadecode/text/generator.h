@@ -90,7 +90,7 @@ class Generator {
   // reference path computes one token at a time, bit for bit; the reference's one-call prefill
   // differs from that in fp32 order only, so the tokens can differ only where two logits
   // are within rounding of each other.
-  void set_executor(DecodeExecutor* executor, int prefill_chunk = 16) {
+  void set_executor(Executor* executor, int prefill_chunk = 16) {
     executor_ = executor;
     prefill_chunk_ = prefill_chunk;
   }
@@ -106,7 +106,7 @@ class Generator {
   std::string kind_error_;
   SequenceState seq_;
   std::vector<int32_t> fed_;  // ids the sequence state has consumed
-  DecodeExecutor* executor_ = nullptr;
+  Executor* executor_ = nullptr;
   int prefill_chunk_ = 16;
 };
 

@@ -1,23 +1,14 @@
-// Multi-row steps on the plan executors: cutting a step back to a prefix of its rows (what a
-// speculative verify needs) and prefill in chunks of rows.
+// Cutting a multi-row step back to a prefix of its rows on the CPU (what a speculative verify
+// needs): the KDA layers' state and conv cache are restored from the row log and the prefix's
+// recurrence replayed; the MLA caches are truncated.
 #include <algorithm>
 
 #include "megadecode/base/error.h"
-#include "megadecode/exec/executor.h"
 #include "tiles.h"
 
-namespace md {
+namespace md::exec {
 
-int logit_row_count(std::span<const StepSeq> seqs) {
-  int n = 0;
-  for (const StepSeq& s : seqs)
-    n += s.logits == LogitRows::kAll                         ? int(s.tokens.size())
-         : s.logits == LogitRows::kLast && !s.tokens.empty() ? 1
-                                                             : 0;
-  return n;
-}
-
-void DecodeExecutor::commit(SequenceState& seq, int k) {
+void commit_rows(const ModelConfig& c, SequenceState& seq, int k, ThreadPool& pool) {
   SequenceState::RowLog& lg = seq.rowlog;
   MD_CHECK(lg.rows > 0,
            "commit: the sequence's last step kept no row log (StepOptions::"
@@ -26,15 +17,14 @@ void DecodeExecutor::commit(SequenceState& seq, int k) {
   MD_CHECK(seq.pos == lg.pos0 + lg.rows,
            "commit: the sequence moved on since the step (position {}, expected {})", seq.pos,
            lg.pos0 + lg.rows);
-  const ModelConfig& c = model().config();
   const int L = c.num_layers;
   if (k < lg.rows) {
     // The KDA layers: restore and replay k rows, one (layer, head) unit per task.
-    std::vector<exec::SeqView> views(static_cast<size_t>(L));
+    std::vector<SeqView> views(static_cast<size_t>(L));
     std::vector<int> kda_layers;
     for (int l = 0; l < L; ++l) {
       if (c.attn_kind[size_t(l)] != AttnKind::KDA) continue;
-      exec::SeqView& v = views[size_t(l)];
+      SeqView& v = views[size_t(l)];
       v.kda_state = seq.kda_state[size_t(l)].data();
       v.conv_cache = seq.conv_cache[size_t(l)].data();
       v.kda_state0 = lg.kda_state0[size_t(l)].data();
@@ -43,14 +33,13 @@ void DecodeExecutor::commit(SequenceState& seq, int k) {
       kda_layers.push_back(l);
     }
     const int H = c.kda_num_heads;
-    ThreadPool& pool = pool_for_commit();
     std::vector<std::vector<float>> scratch(size_t(pool.size()),
                                             std::vector<float>(size_t(c.kda_head_dim) + 16));
     pool.run([&](int w, int nw) {
       const size_t units = kda_layers.size() * size_t(H);
       for (size_t u = size_t(w); u < units; u += size_t(nw)) {
         const int l = kda_layers[u / size_t(H)], h = int(u % size_t(H));
-        exec::replay_kda_rows(c, views[size_t(l)], k, h, h + 1, scratch[size_t(w)].data());
+        replay_kda_rows(c, views[size_t(l)], k, h, h + 1, scratch[size_t(w)].data());
       }
     });
     // The MLA layers: drop the cache rows past the prefix.
@@ -62,17 +51,4 @@ void DecodeExecutor::commit(SequenceState& seq, int k) {
   lg.rows = 0;
 }
 
-void DecodeExecutor::prefill(SequenceState& seq, std::span<const int32_t> ids, float* logits,
-                             int chunk) {
-  MD_CHECK(!ids.empty(), "prefill: no tokens given");
-  MD_CHECK(chunk >= 1 && chunk <= plan::kMaxRows, "prefill: chunk {} is outside 1..{}", chunk,
-           plan::kMaxRows);
-  for (size_t i = 0; i < ids.size(); i += size_t(chunk)) {
-    const size_t n = std::min(ids.size() - i, size_t(chunk));
-    const bool last = i + n == ids.size();
-    const StepSeq s{&seq, ids.subspan(i, n), last && logits ? LogitRows::kLast : LogitRows::kNone};
-    step(std::span(&s, 1), logits, nullptr, {}, {});
-  }
-}
-
-}  // namespace md
+}  // namespace md::exec

@@ -25,7 +25,7 @@
 // goes on. Chains of waits compose (happens-before is transitive), which the plan relies on: a
 // tile reads buffers whose producers it reaches through several waits. Steps are separated by the
 // thread pool's fork-join, which orders one step's tiles before the next step's.
-#include "megadecode/exec/executor.h"
+#include "megadecode/exec/cpu_executor.h"
 
 #include <fmt/format.h>
 #include <sched.h>
@@ -176,14 +176,14 @@ struct PlanRuntime {
 
 }  // namespace
 
-struct DecodeExecutor::Impl {
+struct CpuExecutor::Impl {
   Model& model;
   int max_batch;
   ExecutorKind kind;
   ExecutorOptions opt;
   int W;
   double spin_seconds;
-  std::unique_ptr<ThreadPool> pool;
+  std::unique_ptr<ThreadPool> pool;  // the workers (and commit's replay)
   std::map<std::pair<int, int>, std::unique_ptr<PlanRuntime>> plans;  // by (batch, rows)
   std::unique_ptr<uint8_t, AlignedFree> arena;
   size_t arena_cap = 0;
@@ -541,7 +541,7 @@ struct DecodeExecutor::Impl {
   }
 
   void step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
-            std::span<const DecodeExecutor::SampleSpec> sampling, const StepOptions& so) {
+            std::span<const SampleSpec> sampling, const StepOptions& so) {
     const int R = seqs.empty() ? 0 : int(seqs[0].tokens.size());
     check_inputs(seqs, logits, R, so);
     const ModelConfig& c = model.config();
@@ -711,72 +711,59 @@ struct DecodeExecutor::Impl {
   }
 };
 
-DecodeExecutor::DecodeExecutor(Model& model, int max_batch, int workers, ExecutorKind kind)
-    : DecodeExecutor(model, max_batch, kind, [&] {
+CpuExecutor::CpuExecutor(Model& model, int max_batch, int workers, ExecutorKind kind)
+    : CpuExecutor(model, max_batch, kind, [&] {
         ExecutorOptions o;
         o.workers = workers;
         return o;
       }()) {}
 
-DecodeExecutor::DecodeExecutor(Model& model, int max_batch, ExecutorKind kind,
-                               const ExecutorOptions& opt)
+CpuExecutor::CpuExecutor(Model& model, int max_batch, ExecutorKind kind, const ExecutorOptions& opt)
     : impl_(std::make_unique<Impl>(model, max_batch, kind, opt)) {}
 
-DecodeExecutor::~DecodeExecutor() = default;
+CpuExecutor::~CpuExecutor() = default;
 
-void DecodeExecutor::step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
-                          float* logits) {
-  step(seqs, tokens, logits, nullptr, {});
-}
-
-void DecodeExecutor::step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
-                          float* logits, int32_t* next_ids, std::span<const SampleSpec> sampling) {
-  MD_CHECK(tokens.size() == seqs.size(), "decode step: {} tokens for {} sequences", tokens.size(),
-           seqs.size());
-  std::vector<StepSeq> ss(seqs.size());
-  for (size_t b = 0; b < seqs.size(); ++b)
-    ss[b] = StepSeq{seqs[b], tokens.subspan(b, 1), LogitRows::kLast};
-  impl_->step(ss, logits, next_ids, sampling, {});
-}
-
-void DecodeExecutor::step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
-                          std::span<const SampleSpec> sampling, const StepOptions& options) {
+void CpuExecutor::run_step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
+                           std::span<const SampleSpec> sampling, const StepOptions& options) {
   impl_->step(seqs, logits, next_ids, sampling, options);
 }
 
-ThreadPool& DecodeExecutor::pool_for_commit() {
-  return *impl_->pool;
-}
-
-const plan::Plan& DecodeExecutor::plan(int batch, int rows) {
+const plan::Plan& CpuExecutor::plan(int batch, int rows) {
   MD_CHECK(batch >= 1 && batch <= impl_->max_batch, "batch {} is outside 1..{}", batch,
            impl_->max_batch);
   MD_CHECK(rows >= 1 && rows <= plan::kMaxRows, "rows {} is outside 1..{}", rows, plan::kMaxRows);
   return impl_->runtime(batch, rows).plan;
 }
 
-const Model& DecodeExecutor::model() const {
+void CpuExecutor::commit(SequenceState& seq, int k) {
+  exec::commit_rows(impl_->model.config(), seq, k, *impl_->pool);
+}
+
+std::string_view CpuExecutor::name() const {
+  return executor_name(impl_->kind);
+}
+const Model& CpuExecutor::model() const {
   return impl_->model;
 }
-int DecodeExecutor::workers() const {
+int CpuExecutor::workers() const {
   return impl_->W;
 }
-int DecodeExecutor::max_batch() const {
+int CpuExecutor::max_batch() const {
   return impl_->max_batch;
 }
-ExecutorKind DecodeExecutor::kind() const {
+ExecutorKind CpuExecutor::kind() const {
   return impl_->kind;
 }
-const StepStats& DecodeExecutor::last_step_stats() const {
+const StepStats& CpuExecutor::last_step_stats() const {
   return impl_->stats;
 }
-void DecodeExecutor::set_watchdog_seconds(double s) {
+void CpuExecutor::set_watchdog_seconds(double s) {
   MD_CHECK(s > 0, "executor: the watchdog timeout must be positive");
   impl_->opt.watchdog_seconds = s;
 }
 
-void DecodeExecutor::edit_instr_for_testing(int batch, uint32_t id,
-                                            const std::function<void(plan::Instr&)>& f) {
+void CpuExecutor::edit_instr_for_testing(int batch, uint32_t id,
+                                         const std::function<void(plan::Instr&)>& f) {
   PlanRuntime& rt = impl_->runtime(batch, 1);
   MD_CHECK(id < rt.plan.instrs.size(), "no instruction {}", id);
   f(rt.plan.instrs[id]);
@@ -787,7 +774,7 @@ void DecodeExecutor::edit_instr_for_testing(int batch, uint32_t id,
   rt.reset_counters();
 }
 
-void DecodeExecutor::drop_plans() {
+void CpuExecutor::drop_plans() {
   impl_->plans.clear();
 }
 

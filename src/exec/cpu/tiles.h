@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "megadecode/base/dtype.h"
+#include "megadecode/base/threads.h"
+#include "megadecode/engine/model.h"
 #include "megadecode/engine/sampler.h"
 #include "megadecode/kernels/cpu/ops.h"
 #include "megadecode/model/config.h"
@@ -89,6 +91,10 @@ void run_instr(const StepCtx& s, const plan::Instr& in, Scratch& sc);
 // the caller restored from kda_state0), as the KDA core tiles computed them; and rebuilds the
 // conv cache of channels [c0, c1) as it was after those k rows (commit to a prefix).
 void replay_kda_rows(const ModelConfig& c, const SeqView& v, int k, int h0, int h1, float* scratch);
+
+// Executor::commit on the CPU (commit.cpp): checks the row log, replays the prefix's KDA
+// recurrence (on `pool`) and truncates the MLA caches.
+void commit_rows(const ModelConfig& c, SequenceState& seq, int k, ThreadPool& pool);
 
 namespace detail {
 

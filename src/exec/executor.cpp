@@ -1,0 +1,49 @@
+// The backend-independent parts of the executor interface: step shapes, the decode-step and
+// prefill conveniences over Executor::step, and the backend factory.
+#include "megadecode/exec/executor.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "megadecode/base/error.h"
+#include "megadecode/exec/cpu_executor.h"
+
+namespace md {
+
+int logit_row_count(std::span<const StepSeq> seqs) {
+  int n = 0;
+  for (const StepSeq& s : seqs) {
+    if (s.logits == LogitRows::kAll) n += int(s.tokens.size());
+    if (s.logits == LogitRows::kLast && !s.tokens.empty()) n += 1;
+  }
+  return n;
+}
+
+void Executor::step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
+                    float* logits, int32_t* next_ids, std::span<const SampleSpec> sampling) {
+  MD_CHECK(tokens.size() == seqs.size(), "decode step: {} tokens for {} sequences", tokens.size(),
+           seqs.size());
+  std::vector<StepSeq> ss(seqs.size());
+  for (size_t b = 0; b < seqs.size(); ++b)
+    ss[b] = StepSeq{seqs[b], tokens.subspan(b, 1), LogitRows::kLast};
+  run_step(ss, logits, next_ids, sampling, {});
+}
+
+void Executor::prefill(SequenceState& seq, std::span<const int32_t> ids, float* logits, int chunk) {
+  MD_CHECK(!ids.empty(), "prefill: no tokens given");
+  MD_CHECK(chunk >= 1 && chunk <= plan::kMaxRows, "prefill: chunk {} is outside 1..{}", chunk,
+           plan::kMaxRows);
+  for (size_t i = 0; i < ids.size(); i += size_t(chunk)) {
+    const size_t n = std::min(ids.size() - i, size_t(chunk));
+    const bool last = i + n == ids.size();
+    const StepSeq s{&seq, ids.subspan(i, n), last && logits ? LogitRows::kLast : LogitRows::kNone};
+    run_step(std::span(&s, 1), logits, nullptr, {}, {});
+  }
+}
+
+std::unique_ptr<Executor> make_executor(Model& model, ExecutorKind kind, int max_batch,
+                                        const ExecutorOptions& opt) {
+  return std::make_unique<CpuExecutor>(model, max_batch, kind, opt);
+}
+
+}  // namespace md
