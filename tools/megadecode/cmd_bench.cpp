@@ -1,7 +1,6 @@
-// bench: decode speed per batch size and executor against the machine's read bandwidth,
-// measured in the same run. Executors are interleaved (A B A B ...) repetition by repetition,
-// with a bandwidth sample before each repetition, and the megakernel / op-by-op ratio is the
-// median of the per-repetition ratios (BENCHMARKS.md "Rules for figures").
+// bench: the CLI over the benchmark module (bench/bench.h): decode speed per batch size and
+// executor against the read bandwidth measured in the same run, prompt prefill through the plan,
+// and the verify step's cost; printed as a table, optionally as JSON and an SVG plot.
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -21,6 +20,7 @@
 #include "common.h"
 #include "megadecode/base/error.h"
 #include "megadecode/base/util.h"
+#include "megadecode/bench/bench.h"
 #include "megadecode/exec/executor.h"
 #include "megadecode/kernels/cpu/bandwidth.h"
 #include "megadecode/kernels/cpu/kda.h"
@@ -31,31 +31,6 @@
 namespace md::cli {
 
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-double current_rss_bytes() {
-  std::ifstream f("/proc/self/statm");
-  double pages_total = 0, pages_resident = 0;
-  f >> pages_total >> pages_resident;
-  return pages_resident * double(sysconf(_SC_PAGESIZE));
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("model name", 0) == 0) {
-      auto p = line.find(':');
-      return p == std::string::npos ? line : line.substr(p + 2);
-    }
-  return "unknown";
-}
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -101,19 +76,6 @@ struct TempCheckpoint {
   }
 };
 
-// One executor under test: a plan executor, or the reference path one sequence at a time.
-struct Runner {
-  std::string name;
-  std::unique_ptr<Executor> ex;  // null: reference
-};
-
-int64_t argmax(const float* v, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (v[i] > v[best]) best = i;
-  return best;
-}
-
 class Progress {
  public:
   Progress(double total) : total_(total), tty_(isatty(2)) {}
@@ -134,6 +96,25 @@ class Progress {
   bool tty_;
 };
 
+std::vector<int> parse_ints(const std::string& flag, const std::string& list, int lo, int hi) {
+  std::vector<int> out;
+  for (const std::string& t : split(list, ',')) {
+    char* end = nullptr;
+    const long v = std::strtol(t.c_str(), &end, 10);
+    MD_CHECK(!t.empty() && end && *end == '\0' && v >= lo && v <= hi,
+             "{}: '{}' is not an integer in {}..{}", flag, t, lo, hi);
+    out.push_back(int(v));
+  }
+  return out;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char date[64];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return date;
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -143,46 +124,65 @@ void register_bench(CLI::App& app) {
     uint64_t seed = 1;
     std::string batches = "1";
     std::string executors = "megakernel,opbyop,reference";
+    std::string what = "decode";
     int steps = 16, reps = 5, context = 16, workers = 0;
+    int prompt = 512, verify_rows = 8;
+    std::string chunks = "8,16,32,64";
     std::string json, plot;
   };
   auto o = std::make_shared<Opts>();
   auto* c = app.add_subcommand(
-      "bench", "decode tokens/s per batch size and executor vs the measured read bandwidth");
+      "bench",
+      "decode tokens/s per batch size and executor vs the measured read bandwidth; "
+      "prefill and verify steps through the plan");
   o->f.add(c, /*model_required=*/false);
   c->add_option("--preset", o->preset,
                 "bench a preset's random checkpoint (built in a temporary directory, deleted "
                 "after) instead of --model");
   c->add_option("--seed", o->seed, "seed of the --preset checkpoint");
-  c->add_option("--batch", o->batches, "comma-separated batch sizes, e.g. 1,2,4,8");
+  c->add_option("--what", o->what,
+                "comma-separated: decode (batch sizes x executors), prefill (a --prompt-token "
+                "prompt through the plan in --chunks rows per step vs the reference prefill), "
+                "verify (a --verify-rows step of one sequence vs a decode step)");
+  c->add_option("--batch", o->batches, "decode: comma-separated batch sizes, e.g. 1,2,4,8");
   c->add_option("--executor", o->executors,
                 "comma-separated executors: megakernel, opbyop, reference");
   c->add_option("--workers", o->workers, "executor workers (0: one per CPU)")
       ->check(CLI::Range(0, 4096));
-  c->add_option("--steps", o->steps, "timed decode steps per executor and repetition")
+  c->add_option("--steps", o->steps, "timed steps per executor and repetition")
       ->check(CLI::Range(1, 100000));
   c->add_option("--reps", o->reps, "interleaved repetitions (bandwidth measured before each)")
       ->check(CLI::Range(1, 1000));
   c->add_option("--context", o->context, "prompt tokens prefilled per sequence before decoding")
       ->check(CLI::Range(1, 1 << 20));
+  c->add_option("--prompt", o->prompt, "prefill: prompt tokens")->check(CLI::Range(1, 1 << 20));
+  c->add_option("--chunks", o->chunks, "prefill: comma-separated token rows per plan step");
+  c->add_option("--verify-rows", o->verify_rows, "verify: rows of the step (anchor + drafts)")
+      ->check(CLI::Range(2, 16));
   c->add_option("--json", o->json, "also write the results as JSON to this file");
-  c->add_option("--plot", o->plot, "also write an SVG plot of tokens/s vs batch size");
+  c->add_option("--plot", o->plot, "also write an SVG plot of decode tokens/s vs batch size");
   c->callback([o] {
     MD_CHECK(o->f.model.empty() != o->preset.empty(),
-             "bench: give exactly one of --model or "
-             "--preset");
-    std::vector<int> batches;
-    for (const std::string& t : split(o->batches, ',')) {
-      char* end = nullptr;
-      const long v = std::strtol(t.c_str(), &end, 10);
-      MD_CHECK(!t.empty() && end && *end == '\0' && v >= 1 && v <= 1024,
-               "--batch: '{}' is not a batch size in 1..1024", t);
-      batches.push_back(int(v));
-    }
+             "bench: give exactly one of --model or --preset");
+    const std::vector<int> batches = parse_ints("--batch", o->batches, 1, 1024);
+    const std::vector<int> chunks = parse_ints("--chunks", o->chunks, 1, 64);
     std::vector<std::string> names = split(o->executors, ',');
     for (const std::string& n : names)
       MD_CHECK(n == "megakernel" || n == "opbyop" || n == "reference",
                "--executor: unknown executor '{}' (megakernel, opbyop, reference)", n);
+    std::vector<std::string> plan_names;
+    for (const std::string& n : names)
+      if (n != "reference") plan_names.push_back(n);
+    bool decode = false, prefill = false, verify = false;
+    for (const std::string& w : split(o->what, ',')) {
+      MD_CHECK(w == "decode" || w == "prefill" || w == "verify",
+               "--what: unknown benchmark '{}' (decode, prefill, verify)", w);
+      decode |= w == "decode";
+      prefill |= w == "prefill";
+      verify |= w == "verify";
+    }
+    MD_CHECK(!(prefill || verify) || !plan_names.empty(),
+             "bench: prefill and verify need a plan executor (megakernel or opbyop)");
     TempCheckpoint tmp;
     std::string dir = o->f.model;
     if (!o->preset.empty()) {
@@ -195,205 +195,168 @@ void register_bench(CLI::App& app) {
     if (rf.threads == 0) rf.threads = W;
     LoadedModel lm = load_model(rf, /*with_tokenizer=*/false);
     Model& m = *lm.model;
-    const ModelConfig& cfg = m.config();
-    const int64_t V = cfg.vocab_size;
-    const int maxb = *std::max_element(batches.begin(), batches.end());
-    std::vector<Runner> runners;
-    for (const std::string& n : names) {
-      Runner r;
-      r.name = n;
-      if (n != "reference") {
-        ExecutorOptions eo;
-        eo.workers = W;
-        r.ex = make_executor(m, parse_executor_kind(n), maxb, eo);
-      }
-      runners.push_back(std::move(r));
-    }
-    const size_t E = runners.size();
-
-    struct Cell {
-      std::vector<double> ms;  // per repetition
-      double bytes = 0;
-      int n = 0;
+    const bench::Machine mach = bench::this_machine();
+    const std::string model_name = o->preset.empty() ? o->f.model : "preset " + o->preset;
+    Progress progress(1.0);
+    auto on_progress = [&](double f, const std::string& what) { progress.update(f, what); };
+    nlohmann::json j = {
+        {"machine",
+         {{"cpu_model", mach.cpu_model},
+          {"cores", mach.cores},
+          {"matmul_isa", mach.matmul_isa},
+          {"kda_isa", mach.kda_isa}}},
+        {"date", utc_now()},
+        {"model", o->preset.empty() ? o->f.model : "preset:" + o->preset},
+        {"precision", o->f.precision},
+        {"workers", W},
+        {"reference_threads", m.pool().size()},
     };
-    std::map<std::pair<int, size_t>, Cell> cells;
-    std::vector<double> bw;
-    double rss = current_rss_bytes();
-    int64_t max_pos = 0;
-    Progress progress(double(batches.size()) * o->reps * double(E));
-    double done = 0;
-    Rng rng(7);
-    for (int B : batches) {
-      // B sequences prefilled with `context` random tokens; decode continues greedily.
-      std::vector<SequenceState> seqs;
-      std::vector<int32_t> tokens(static_cast<size_t>(B));
-      std::vector<float> logits(size_t(B) * size_t(V));
-      for (int b = 0; b < B; ++b) {
-        progress.update(done, fmt::format("batch {}: prefill {}/{}", B, b + 1, B));
-        SequenceState s = m.new_sequence();
-        std::vector<int32_t> prompt(static_cast<size_t>(o->context));
-        for (auto& id : prompt) id = int32_t(rng.next() % uint64_t(std::max<int64_t>(V - 256, 1)));
-        m.forward(s, prompt, logits.data(), false);
-        tokens[size_t(b)] = int32_t(argmax(logits.data(), V));
-        seqs.push_back(std::move(s));
+    std::printf("model %s, %d workers (reference path: %d threads), precision %s, matmul %s\n",
+                model_name.c_str(), W, m.pool().size(), o->f.precision.c_str(),
+                mach.matmul_isa.c_str());
+    std::printf("machine: %s, %d CPUs\n", mach.cpu_model.c_str(), mach.cores);
+    if (decode) {
+      bench::DecodeOptions d;
+      d.batches = batches;
+      d.executors = names;
+      d.steps = o->steps;
+      d.reps = o->reps;
+      d.context = o->context;
+      d.workers = W;
+      d.progress = on_progress;
+      const bench::DecodeResult r = bench::run_decode(m, d);
+      progress.done();
+      std::printf(
+          "\n== decode: positions %d..%lld (every timed block restarts from the prefilled "
+          "context); read bandwidth median %.1f GB/s (samples:",
+          o->context, (long long)r.max_pos, r.bandwidth_gbps);
+      for (double b : r.bandwidth_samples_gbps) std::printf(" %.1f", b);
+      std::printf(")\n%d timed steps x %d interleaved repetitions per executor and batch\n\n",
+                  o->steps, o->reps);
+      std::printf("%-6s %-11s %10s %10s %12s %9s %7s\n", "batch", "executor", "ms/step", "tok/s",
+                  "bytes/step", "GB/s", "% bw");
+      nlohmann::json results = nlohmann::json::array(), ratios = nlohmann::json::object();
+      std::vector<PlotSeries> series(names.size());
+      for (size_t e = 0; e < names.size(); ++e) series[e].name = names[e];
+      for (size_t i = 0; i < r.cells.size(); ++i) {
+        const bench::DecodeCell& cl = r.cells[i];
+        std::printf("%-6d %-11s %10.3f %10.1f %12s %9.2f %6.1f%%\n", cl.batch, cl.executor.c_str(),
+                    cl.ms, cl.tokens_per_s, human_bytes(cl.bytes).c_str(), cl.gbps,
+                    cl.pct_of_bandwidth);
+        results.push_back({{"batch", cl.batch},
+                           {"executor", cl.executor},
+                           {"ms_per_step", cl.ms},
+                           {"ms_per_step_reps", cl.ms_reps},
+                           {"tokens_per_s", cl.tokens_per_s},
+                           {"bytes_per_step", cl.bytes},
+                           {"gbps", cl.gbps},
+                           {"pct_of_bandwidth", cl.pct_of_bandwidth}});
+        series[i % names.size()].points.emplace_back(cl.batch, cl.tokens_per_s);
+        const bool last_of_batch = i + 1 == r.cells.size() || r.cells[i + 1].batch != cl.batch;
+        if (last_of_batch && r.megakernel_over_opbyop.count(cl.batch)) {
+          const double ratio = r.megakernel_over_opbyop.at(cl.batch);
+          ratios[std::to_string(cl.batch)] = ratio;
+          std::printf("%-6s megakernel / opbyop speed: %.3fx (median of %d interleaved reps)\n", "",
+                      ratio, o->reps);
+        }
       }
-      // Every timed block starts from this snapshot, so each executor and repetition decodes
-      // the same tokens at the same positions (context .. context + steps).
-      const std::vector<SequenceState> snapshot = seqs;
-      const std::vector<int32_t> first_tokens = tokens;
-      auto restore = [&] {
-        for (size_t b = 0; b < seqs.size(); ++b) seqs[b] = snapshot[b];
-        tokens = first_tokens;
-      };
-      std::vector<SequenceState*> ptrs;
-      for (auto& s : seqs) ptrs.push_back(&s);
-      // One step of a runner (timed part only: the argmax that picks the next tokens is not).
-      auto step = [&](Runner& r, double* seconds, double* bytes) {
-        std::vector<int64_t> pos;
-        for (auto* s : ptrs) pos.push_back(s->pos);
-        const double t0 = now_seconds();
-        if (r.ex) {
-          r.ex->step(ptrs, tokens, logits.data());
-        } else {
-          for (int b = 0; b < B; ++b)
-            m.forward(*ptrs[size_t(b)], std::span(&tokens[size_t(b)], 1),
-                      logits.data() + size_t(b) * size_t(V), false);
-        }
-        if (seconds) *seconds += now_seconds() - t0;
-        if (bytes) {
-          if (r.ex) {
-            *bytes += r.ex->last_step_stats().total();
-          } else {
-            // One forward per sequence: each reads every weight it uses.
-            int moe = 0;
-            for (FfnKind k : cfg.ffn_kind) moe += k == FfnKind::MoE;
-            for (int64_t p : pos)
-              *bytes +=
-                  decode_step_bytes(m, std::span(&p, 1), cfg.num_experts_per_token * moe).total();
-          }
-        }
-        for (int b = 0; b < B; ++b)
-          tokens[size_t(b)] = int32_t(argmax(logits.data() + size_t(b) * size_t(V), V));
-      };
-      for (Runner& r : runners) {  // warm-up: plans compiled, weights and caches touched
-        restore();
-        for (int i = 0; i < 2; ++i) step(r, nullptr, nullptr);
-      }
-      for (int rep = 0; rep < o->reps; ++rep) {
-        progress.update(done, fmt::format("batch {}: read bandwidth", B));
-        bw.push_back(cpu::measure_read_bandwidth_gbps(m.pool(), size_t(1) << 29, 1));
-        for (size_t e = 0; e < E; ++e) {
-          Runner& r = runners[e];
-          progress.update(done, fmt::format("batch {}: {} rep {}/{}", B, r.name, rep + 1, o->reps));
-          // Let the previous runner's idle threads stop spinning, then one untimed step (on a
-          // scratch copy) to wake this runner's threads.
-          restore();
-          std::this_thread::sleep_for(std::chrono::milliseconds(3));
-          step(r, nullptr, nullptr);
-          restore();
-          double secs = 0, bytes = 0;
-          for (int i = 0; i < o->steps; ++i) step(r, &secs, &bytes);
-          for (auto* s : ptrs) max_pos = std::max(max_pos, s->pos);
-          Cell& cell = cells[{B, e}];
-          cell.ms.push_back(secs / o->steps * 1e3);
-          cell.bytes += bytes;
-          cell.n += o->steps;
-          done += 1;
-        }
-        rss = std::max(rss, current_rss_bytes());
+      const double weights = double(m.checkpoint().total_bytes());
+      std::printf("peak RSS while decoding %s (weights %s)\n",
+                  human_bytes(r.peak_rss_bytes).c_str(), human_bytes(weights).c_str());
+      j["context"] = o->context;
+      j["steps"] = o->steps;
+      j["reps"] = o->reps;
+      j["read_bandwidth_gbps"] = r.bandwidth_gbps;
+      j["bandwidth_samples_gbps"] = r.bandwidth_samples_gbps;
+      j["results"] = results;
+      j["ratio_megakernel_over_opbyop"] = ratios;
+      j["peak_rss_bytes"] = r.peak_rss_bytes;
+      j["weight_bytes"] = weights;
+      if (!o->plot.empty()) {
+        std::ofstream f(o->plot);
+        f << line_plot_svg(
+            fmt::format("decode throughput, {} ({} workers)",
+                        o->preset.empty() ? std::filesystem::path(o->f.model).filename().string()
+                                          : o->preset,
+                        W),
+            "batch size", "tokens / s", series, true);
+        MD_CHECK(f.good(), "cannot write {}", o->plot);
       }
     }
-    progress.done();
-    cpu::release_bandwidth_buffer();
-
-    const double gbw = median(bw);
-    std::printf(
-        "model %s, %d workers (reference path: %d threads), precision %s, matmul %s, "
-        "positions %d..%lld (every timed block restarts from the prefilled context)\n",
-        o->preset.empty() ? o->f.model.c_str() : ("preset " + o->preset).c_str(), W,
-        m.pool().size(), o->f.precision.c_str(), cpu::matmul_isa(), o->context, (long long)max_pos);
-    std::printf("machine: %s, %d CPUs; read bandwidth median %.1f GB/s (samples:",
-                cpu_model().c_str(), online_cpus(), gbw);
-    for (double b : bw) std::printf(" %.1f", b);
-    std::printf(")\n%d timed steps x %d interleaved repetitions per executor and batch\n\n",
-                o->steps, o->reps);
-    std::printf("%-6s %-11s %10s %10s %12s %9s %7s\n", "batch", "executor", "ms/step", "tok/s",
-                "bytes/step", "GB/s", "% bw");
-    nlohmann::json results = nlohmann::json::array(), ratios = nlohmann::json::object();
-    std::vector<PlotSeries> series(E);
-    for (size_t e = 0; e < E; ++e) series[e].name = runners[e].name;
-    for (int B : batches) {
-      size_t mk = E, ob = E;
-      for (size_t e = 0; e < E; ++e) {
-        const Cell& cell = cells[{B, e}];
-        const double ms = median(cell.ms), bytes = cell.bytes / std::max(cell.n, 1);
-        const double gbps = bytes / (ms * 1e-3) / 1e9, tps = B * 1e3 / ms;
-        std::printf("%-6d %-11s %10.3f %10.1f %12s %9.2f %6.1f%%\n", B, runners[e].name.c_str(), ms,
-                    tps, human_bytes(bytes).c_str(), gbps, 100.0 * gbps / gbw);
-        results.push_back({{"batch", B},
-                           {"executor", runners[e].name},
-                           {"ms_per_step", ms},
-                           {"ms_per_step_reps", cell.ms},
-                           {"tokens_per_s", tps},
-                           {"bytes_per_step", bytes},
-                           {"gbps", gbps},
-                           {"pct_of_bandwidth", 100.0 * gbps / gbw}});
-        series[e].points.emplace_back(B, tps);
-        if (runners[e].name == "megakernel") mk = e;
-        if (runners[e].name == "opbyop") ob = e;
+    if (prefill) {
+      bench::PrefillOptions p;
+      p.prompt = o->prompt;
+      p.chunks = chunks;
+      p.executors = plan_names;
+      p.reference = std::find(names.begin(), names.end(), "reference") != names.end();
+      p.reps = o->reps;
+      p.workers = W;
+      p.progress = on_progress;
+      const bench::PrefillResult r = bench::run_prefill(m, p);
+      progress.done();
+      std::printf(
+          "\n== prefill: a %d-token prompt, %d reps (median); %.4f GFLOP per token; "
+          "bf16 GEMM rate of this machine %.1f GFLOP/s (L2-resident, 16 rows)\n\n",
+          o->prompt, o->reps, r.flops_per_token / 1e9, r.bf16_peak_gflops);
+      std::printf("%-11s %6s %10s %10s %9s %7s %9s\n", "executor", "chunk", "s", "tok/s", "GFLOP/s",
+                  "% peak", "vs ref");
+      nlohmann::json cells = nlohmann::json::array();
+      for (const bench::PrefillCell& cl : r.cells) {
+        std::printf("%-11s %6s %10.3f %10.1f %9.1f %6.1f%% %8.2fx\n", cl.executor.c_str(),
+                    cl.chunk ? std::to_string(cl.chunk).c_str() : "-", cl.seconds, cl.tokens_per_s,
+                    cl.gflops, 100.0 * cl.gflops / r.bf16_peak_gflops, cl.over_reference);
+        cells.push_back({{"executor", cl.executor},
+                         {"chunk", cl.chunk},
+                         {"seconds", cl.seconds},
+                         {"seconds_reps", cl.seconds_reps},
+                         {"tokens_per_s", cl.tokens_per_s},
+                         {"gflops", cl.gflops},
+                         {"speed_over_reference", cl.over_reference}});
       }
-      if (mk < E && ob < E) {
-        std::vector<double> r;
-        const auto& a = cells[{B, mk}].ms;
-        const auto& b = cells[{B, ob}].ms;
-        for (size_t i = 0; i < a.size() && i < b.size(); ++i) r.push_back(b[i] / a[i]);
-        const double ratio = median(r);
-        ratios[std::to_string(B)] = ratio;
-        std::printf("%-6s megakernel / opbyop speed: %.3fx (median of %zu interleaved reps)\n", "",
-                    ratio, r.size());
-      }
+      std::printf("fastest chunk (%s): %d rows\n", plan_names[0].c_str(), r.best_chunk);
+      j["prefill"] = {{"prompt", o->prompt},
+                      {"reps", o->reps},
+                      {"flops_per_token", r.flops_per_token},
+                      {"bf16_peak_gflops", r.bf16_peak_gflops},
+                      {"best_chunk", r.best_chunk},
+                      {"results", cells}};
     }
-    const double weights = double(m.checkpoint().total_bytes());
-    std::printf("peak RSS while decoding %s (weights %s)\n", human_bytes(rss).c_str(),
-                human_bytes(weights).c_str());
+    if (verify) {
+      bench::VerifyOptions v;
+      v.rows = o->verify_rows;
+      v.context = o->context;
+      v.steps = o->steps;
+      v.reps = o->reps;
+      v.workers = W;
+      v.executors = plan_names;
+      v.progress = on_progress;
+      const bench::VerifyResult r = bench::run_verify(m, v);
+      progress.done();
+      std::printf(
+          "\n== verify: one sequence at position %d, a %d-row step kept for a commit vs "
+          "a decode step; read bandwidth median %.1f GB/s\n\n",
+          o->context, r.rows, r.bandwidth_gbps);
+      std::printf("%-11s %12s %12s %12s %14s\n", "executor", "decode ms", "verify ms", "commit ms",
+                  "verify/decode");
+      nlohmann::json cells = nlohmann::json::array();
+      for (const bench::VerifyCell& cl : r.cells) {
+        std::printf("%-11s %12.3f %12.3f %12.3f %13.2fx\n", cl.executor.c_str(), cl.decode_ms,
+                    cl.verify_ms, cl.commit_ms, cl.verify_over_decode);
+        cells.push_back({{"executor", cl.executor},
+                         {"decode_ms", cl.decode_ms},
+                         {"verify_ms", cl.verify_ms},
+                         {"commit_ms", cl.commit_ms},
+                         {"verify_over_decode", cl.verify_over_decode}});
+      }
+      j["verify"] = {{"rows", r.rows},
+                     {"context", o->context},
+                     {"read_bandwidth_gbps", r.bandwidth_gbps},
+                     {"results", cells}};
+    }
     if (!o->json.empty()) {
-      const std::time_t now = std::time(nullptr);
-      char date[64];
-      std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-      nlohmann::json j = {
-          {"machine",
-           {{"cpu_model", cpu_model()},
-            {"cores", online_cpus()},
-            {"matmul_isa", cpu::matmul_isa()},
-            {"kda_isa", cpu::kda_isa()}}},
-          {"date", date},
-          {"model", o->preset.empty() ? o->f.model : "preset:" + o->preset},
-          {"precision", o->f.precision},
-          {"workers", W},
-          {"reference_threads", m.pool().size()},
-          {"context", o->context},
-          {"steps", o->steps},
-          {"reps", o->reps},
-          {"read_bandwidth_gbps", gbw},
-          {"bandwidth_samples_gbps", bw},
-          {"results", results},
-          {"ratio_megakernel_over_opbyop", ratios},
-          {"peak_rss_bytes", rss},
-          {"weight_bytes", weights},
-      };
       std::ofstream f(o->json);
       f << j.dump(2) << "\n";
       MD_CHECK(f.good(), "cannot write {}", o->json);
-    }
-    if (!o->plot.empty()) {
-      std::ofstream f(o->plot);
-      f << line_plot_svg(
-          fmt::format(
-              "decode throughput, {} ({} workers)",
-              o->preset.empty() ? std::filesystem::path(o->f.model).filename().string() : o->preset,
-              W),
-          "batch size", "tokens / s", series, true);
-      MD_CHECK(f.good(), "cannot write {}", o->plot);
     }
   });
 }

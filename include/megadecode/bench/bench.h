@@ -1,0 +1,116 @@
+// The engine's benchmarks as a library (the CLI's `bench`, scripts and the server call them):
+// decode speed per batch size and executor against the machine's read bandwidth measured in the
+// same run; prompt prefill through the plan in chunks of rows against the reference path's
+// prefill; and the cost of a multi-row verify step against a decode step. Executors are
+// interleaved repetition by repetition, and ratios are medians of per-repetition ratios
+// (BENCHMARKS.md "Rules for figures"). Every figure belongs to the machine it ran on
+// (this_machine()).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "megadecode/engine/model.h"
+
+namespace md::bench {
+
+struct Machine {
+  std::string cpu_model;
+  int cores = 0;
+  std::string matmul_isa, kda_isa;
+};
+Machine this_machine();
+
+// progress(fraction done, what is running now)
+using Progress = std::function<void(double, const std::string&)>;
+
+double median(std::vector<double> v);
+
+// ---- decode ---------------------------------------------------------------------------------
+
+struct DecodeOptions {
+  std::vector<int> batches{1};
+  std::vector<std::string> executors{"megakernel", "opbyop", "reference"};
+  int steps = 16, reps = 5, context = 16;
+  int workers = 0;  // 0: one per CPU
+  Progress progress;
+};
+
+struct DecodeCell {
+  int batch = 0;
+  std::string executor;
+  std::vector<double> ms_reps;  // ms per step, per repetition
+  double ms = 0;                // median
+  double bytes = 0;             // per step (StepStats)
+  double tokens_per_s = 0, gbps = 0, pct_of_bandwidth = 0;
+};
+
+struct DecodeResult {
+  std::vector<DecodeCell> cells;
+  std::map<int, double> megakernel_over_opbyop;  // per batch: median of per-rep speed ratios
+  std::vector<double> bandwidth_samples_gbps;    // one before each repetition
+  double bandwidth_gbps = 0;                     // their median
+  int workers = 0, reference_threads = 0;
+  int64_t max_pos = 0;
+  double peak_rss_bytes = 0;
+};
+
+// Each batch: B sequences prefilled with `context` random tokens, then `steps` greedy decode
+// steps per executor and repetition, every block restarting from the same prefilled state.
+DecodeResult run_decode(Model& m, const DecodeOptions& o);
+
+// ---- prefill --------------------------------------------------------------------------------
+
+struct PrefillOptions {
+  int prompt = 512;
+  std::vector<int> chunks{8, 16, 32, 64};  // token rows per plan step
+  std::vector<std::string> executors{"megakernel", "opbyop"};
+  bool reference = true;  // also time Model::forward's one-call prefill
+  int reps = 3, workers = 0;
+  Progress progress;
+};
+
+struct PrefillCell {
+  std::string executor;  // "reference": Model::forward
+  int chunk = 0;         // 0 for the reference
+  std::vector<double> seconds_reps;
+  double seconds = 0, tokens_per_s = 0, gflops = 0;
+  double over_reference = 0;  // median of per-rep reference / this time (speed ratio)
+};
+
+struct PrefillResult {
+  std::vector<PrefillCell> cells;
+  double flops_per_token = 0;  // 2 x the matmul weights a token multiplies (lm_head excluded)
+  // The machine's bf16 dot-product rate: this engine's GEMM on an L2-resident weight block at
+  // 16 rows, all workers (what prefill could reach if it were compute-bound everywhere).
+  double bf16_peak_gflops = 0;
+  int best_chunk = 0;  // the fastest chunk of the first executor
+};
+PrefillResult run_prefill(Model& m, const PrefillOptions& o);
+
+// ---- verify ---------------------------------------------------------------------------------
+
+struct VerifyOptions {
+  int rows = 8;  // the anchor + rows - 1 drafted tokens of one sequence
+  int context = 64, steps = 8, reps = 5, workers = 0;
+  std::vector<std::string> executors{"megakernel", "opbyop"};
+  Progress progress;
+};
+
+struct VerifyCell {
+  std::string executor;
+  double decode_ms = 0;           // one decode step at batch 1 (median)
+  double verify_ms = 0;           // one step of `rows` rows, kept for a commit (median)
+  double commit_ms = 0;           // commit to half the rows (median)
+  double verify_over_decode = 0;  // median of per-rep ratios
+};
+struct VerifyResult {
+  int rows = 0;
+  std::vector<VerifyCell> cells;
+  double bandwidth_gbps = 0;
+};
+VerifyResult run_verify(Model& m, const VerifyOptions& o);
+
+}  // namespace md::bench

@@ -1,0 +1,214 @@
+// Decode speed per batch size and executor against the read bandwidth measured in the same run
+// (bench.h). Executors are interleaved (A B A B ...) repetition by repetition, with a bandwidth
+// sample before each repetition.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "megadecode/base/error.h"
+#include "megadecode/base/util.h"
+#include "megadecode/bench/bench.h"
+#include "megadecode/exec/executor.h"
+#include "megadecode/kernels/cpu/bandwidth.h"
+#include "megadecode/kernels/cpu/kda.h"
+#include "megadecode/kernels/cpu/matmul.h"
+
+namespace md::bench {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+Machine this_machine() {
+  Machine m;
+  m.cpu_model = "unknown";
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      const auto p = line.find(':');
+      m.cpu_model = p == std::string::npos ? line : line.substr(p + 2);
+      break;
+    }
+  m.cores = online_cpus();
+  m.matmul_isa = cpu::matmul_isa();
+  m.kda_isa = cpu::kda_isa();
+  return m;
+}
+
+namespace {
+
+double current_rss_bytes() {
+  std::ifstream f("/proc/self/statm");
+  double pages_total = 0, pages_resident = 0;
+  f >> pages_total >> pages_resident;
+  return pages_resident * double(sysconf(_SC_PAGESIZE));
+}
+
+int64_t argmax(const float* v, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (v[i] > v[best]) best = i;
+  return best;
+}
+
+// One executor under test: a plan executor, or the reference path one sequence at a time.
+struct Runner {
+  std::string name;
+  std::unique_ptr<Executor> ex;  // null: reference
+};
+
+}  // namespace
+
+DecodeResult run_decode(Model& m, const DecodeOptions& o) {
+  MD_CHECK(!o.batches.empty() && !o.executors.empty(), "bench: no batch sizes or executors");
+  MD_CHECK(o.steps >= 1 && o.reps >= 1 && o.context >= 1, "bench: steps, reps, context >= 1");
+  const ModelConfig& cfg = m.config();
+  const int64_t V = cfg.vocab_size;
+  DecodeResult res;
+  res.workers = o.workers > 0 ? o.workers : online_cpus();
+  res.reference_threads = m.pool().size();
+  const int maxb = *std::max_element(o.batches.begin(), o.batches.end());
+  std::vector<Runner> runners;
+  for (const std::string& n : o.executors) {
+    Runner r;
+    r.name = n;
+    if (n != "reference") {
+      ExecutorOptions eo;
+      eo.workers = res.workers;
+      r.ex = make_executor(m, parse_executor_kind(n), maxb, eo);
+    }
+    runners.push_back(std::move(r));
+  }
+  const size_t E = runners.size();
+  struct Acc {
+    std::vector<double> ms;
+    double bytes = 0;
+    int n = 0;
+  };
+  std::map<std::pair<int, size_t>, Acc> acc;
+  res.peak_rss_bytes = current_rss_bytes();
+  const double total = double(o.batches.size()) * o.reps * double(E);
+  double done = 0;
+  auto report = [&](const std::string& what) {
+    if (o.progress) o.progress(done / total, what);
+  };
+  Rng rng(7);
+  int moe_layers = 0;
+  for (FfnKind k : cfg.ffn_kind) moe_layers += k == FfnKind::MoE;
+  for (int B : o.batches) {
+    // B sequences prefilled with `context` random tokens; decode continues greedily.
+    std::vector<SequenceState> seqs;
+    std::vector<int32_t> tokens(static_cast<size_t>(B));
+    std::vector<float> logits(size_t(B) * size_t(V));
+    for (int b = 0; b < B; ++b) {
+      report(fmt::format("batch {}: prefill {}/{}", B, b + 1, B));
+      SequenceState s = m.new_sequence();
+      std::vector<int32_t> prompt(static_cast<size_t>(o.context));
+      for (auto& id : prompt) id = int32_t(rng.next() % uint64_t(std::max<int64_t>(V - 256, 1)));
+      m.forward(s, prompt, logits.data(), false);
+      tokens[size_t(b)] = int32_t(argmax(logits.data(), V));
+      seqs.push_back(std::move(s));
+    }
+    // Every timed block starts from this snapshot, so each executor and repetition decodes the
+    // same tokens at the same positions (context .. context + steps).
+    const std::vector<SequenceState> snapshot = seqs;
+    const std::vector<int32_t> first_tokens = tokens;
+    auto restore = [&] {
+      for (size_t b = 0; b < seqs.size(); ++b) seqs[b] = snapshot[b];
+      tokens = first_tokens;
+    };
+    std::vector<SequenceState*> ptrs;
+    for (auto& s : seqs) ptrs.push_back(&s);
+    // One step of a runner (timed part only: the argmax that picks the next tokens is not).
+    auto step = [&](Runner& r, double* seconds, double* bytes) {
+      std::vector<int64_t> pos;
+      for (auto* s : ptrs) pos.push_back(s->pos);
+      const double t0 = now_seconds();
+      if (r.ex) {
+        r.ex->step(ptrs, tokens, logits.data());
+      } else {
+        for (int b = 0; b < B; ++b)
+          m.forward(*ptrs[size_t(b)], std::span(&tokens[size_t(b)], 1),
+                    logits.data() + size_t(b) * size_t(V), false);
+      }
+      if (seconds) *seconds += now_seconds() - t0;
+      if (bytes) {
+        if (r.ex) {
+          *bytes += r.ex->last_step_stats().total();
+        } else {  // one forward per sequence: each reads every weight it uses
+          for (int64_t p : pos)
+            *bytes += decode_step_bytes(m, std::span(&p, 1), cfg.num_experts_per_token * moe_layers)
+                          .total();
+        }
+      }
+      for (int b = 0; b < B; ++b)
+        tokens[size_t(b)] = int32_t(argmax(logits.data() + size_t(b) * size_t(V), V));
+    };
+    for (Runner& r : runners) {  // warm-up: plans compiled, weights and caches touched
+      restore();
+      for (int i = 0; i < 2; ++i) step(r, nullptr, nullptr);
+    }
+    for (int rep = 0; rep < o.reps; ++rep) {
+      report(fmt::format("batch {}: read bandwidth", B));
+      res.bandwidth_samples_gbps.push_back(
+          cpu::measure_read_bandwidth_gbps(m.pool(), size_t(1) << 29, 1));
+      for (size_t e = 0; e < E; ++e) {
+        Runner& r = runners[e];
+        report(fmt::format("batch {}: {} rep {}/{}", B, r.name, rep + 1, o.reps));
+        // Let the previous runner's idle threads stop spinning, then one untimed step (on a
+        // scratch copy) to wake this runner's threads.
+        restore();
+        std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        step(r, nullptr, nullptr);
+        restore();
+        double secs = 0, bytes = 0;
+        for (int i = 0; i < o.steps; ++i) step(r, &secs, &bytes);
+        for (auto* s : ptrs) res.max_pos = std::max(res.max_pos, s->pos);
+        Acc& a = acc[{B, e}];
+        a.ms.push_back(secs / o.steps * 1e3);
+        a.bytes += bytes;
+        a.n += o.steps;
+        done += 1;
+      }
+      res.peak_rss_bytes = std::max(res.peak_rss_bytes, current_rss_bytes());
+    }
+  }
+  cpu::release_bandwidth_buffer();
+  res.bandwidth_gbps = median(res.bandwidth_samples_gbps);
+  for (int B : o.batches) {
+    size_t mk = E, ob = E;
+    for (size_t e = 0; e < E; ++e) {
+      const Acc& a = acc[{B, e}];
+      DecodeCell c;
+      c.batch = B;
+      c.executor = runners[e].name;
+      c.ms_reps = a.ms;
+      c.ms = median(a.ms);
+      c.bytes = a.bytes / std::max(a.n, 1);
+      c.gbps = c.bytes / (c.ms * 1e-3) / 1e9;
+      c.tokens_per_s = B * 1e3 / c.ms;
+      c.pct_of_bandwidth = 100.0 * c.gbps / res.bandwidth_gbps;
+      res.cells.push_back(c);
+      if (c.executor == "megakernel") mk = e;
+      if (c.executor == "opbyop") ob = e;
+    }
+    if (mk < E && ob < E) {
+      std::vector<double> r;
+      const auto& a = acc[{B, mk}].ms;
+      const auto& b = acc[{B, ob}].ms;
+      for (size_t i = 0; i < a.size() && i < b.size(); ++i) r.push_back(b[i] / a[i]);
+      res.megakernel_over_opbyop[B] = median(r);
+    }
+  }
+  return res;
+}
+
+}  // namespace md::bench
