@@ -7,7 +7,8 @@ CMAKE_FLAGS ?=
 MODELS     ?= models
 BIN        := $(BUILD)/megadecode
 
-.PHONY: all deps build test test-asan test-tsan test-release demo bench-small bench-kl48 format clean
+.PHONY: all deps build test test-asan test-tsan test-release fuzz demo bench-small bench-kl48 format \
+        clean
 
 all: build
 
@@ -41,6 +42,13 @@ test-tsan: deps
 	@cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1 \
 	  ctest --output-on-failure -j $(JOBS) -R '^(Plan|Executor|ExecutorGolden)\.'
 
+# libFuzzer harnesses (tests/fuzz), built with clang in $(FUZZ_BUILD) and run FUZZ_SECONDS each;
+# any finding fails the target. make test only replays their committed corpora (with g++).
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 60
+fuzz:
+	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) bash scripts/fuzz.sh
+
 $(MODELS)/small/config.json: | build
 	@$(BIN) make-model --preset small --seed 1 --out $(MODELS)/small --force
 
@@ -68,4 +76,4 @@ format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD) $(FUZZ_BUILD)

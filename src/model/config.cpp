@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -423,20 +424,33 @@ bool ModelConfig::has_k3_extensions() const {
          experts_mxfp4 || q_lora_rank > 0;
 }
 
-ModelConfig load_config_file(const std::string& path) {
-  std::ifstream f(path);
-  MD_CHECK(f.good(), "cannot open {}", path);
+ModelConfig parse_config_text(std::string_view text, const std::string& source) {
+  // Real configs nest four levels at most. Copying or printing a json value recurses once per
+  // level, so a deeply nested document is refused while parsing, before it can exhaust the stack.
+  constexpr int kMaxDepth = 64;
   json j;
   try {
-    j = json::parse(f);
+    j = json::parse(text, [&](int depth, json::parse_event_t, json&) {
+      MD_CHECK(depth <= kMaxDepth, "{}: JSON nested deeper than {} levels", source, kMaxDepth);
+      return true;
+    });
   } catch (const json::exception& e) {
-    fail("{}: invalid JSON: {}", path, e.what());
+    fail("{}: invalid JSON: {}", source, e.what());
   }
   try {
     return parse_config(j);
   } catch (const Error& e) {
-    fail("{}: {}", path, e.what());
+    fail("{}: {}", source, e.what());
   }
+}
+
+ModelConfig load_config_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  MD_CHECK(f.good(), "cannot open {}", path);
+  std::ostringstream text;
+  text << f.rdbuf();
+  MD_CHECK(!f.bad(), "{}: read error", path);
+  return parse_config_text(text.str(), path);
 }
 
 json config_to_json(const ModelConfig& c) {

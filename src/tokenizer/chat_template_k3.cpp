@@ -328,10 +328,27 @@ void render_assistant(Writer& w, const ChatMessage& m, size_t msg_index, bool th
       if (!py_blank(call.arguments)) {
         nlohmann::ordered_json args;
         bool parsed = true;
+        // Rendering the arguments recurses once per nesting level; Python's json.loads stops
+        // near 1000 levels (RecursionError), so a tighter bound here rejects nothing real.
+        constexpr int kMaxDepth = 512;
+        const auto check_depth = [&](int depth, nlohmann::ordered_json::parse_event_t,
+                                     nlohmann::ordered_json&) {
+          MD_CHECK(depth <= kMaxDepth,
+                   "chat message {}: Kimi K3 tool call arguments nest deeper than {} levels "
+                   "(call {})",
+                   msg_index, kMaxDepth, c + 1);
+          return true;
+        };
         try {
-          args = nlohmann::ordered_json::parse(call.arguments);
+          args = nlohmann::ordered_json::parse(call.arguments, check_depth);
         } catch (const nlohmann::json::parse_error&) {
           parsed = false;
+        } catch (const nlohmann::json::out_of_range&) {
+          // A number past the double range (1e400): Python would read it as inf, which the
+          // renderer cannot represent in nlohmann::json, so it is refused by name.
+          fail("chat message {}: Kimi K3 tool call arguments hold a number outside the double "
+               "range (call {})",
+               msg_index, c + 1);
         }
         if (!parsed) {
           w.open("json", {{"type", "object"}});

@@ -435,9 +435,17 @@ Tokenizer Tokenizer::build(std::vector<std::string> ranks, std::vector<SpecialTo
   if (vocab_size <= 0) {
     vocab_size = std::max<int64_t>(im->num_ranks + int64_t{kKimiNumSpecialTokens}, max_special + 1);
   }
-  if (vocab_size < im->num_ranks || vocab_size > std::numeric_limits<int32_t>::max() / 2) {
+  if (vocab_size < im->num_ranks) {
     fail("{}: vocabulary size {} is smaller than the {} BPE ranks", specials_src, vocab_size,
          im->num_ranks);
+  }
+  // Every id past the ranks gets a name string, so a corrupt id or vocabulary size must not be
+  // able to ask for a billion of them. Released vocabularies have a few hundred.
+  constexpr int64_t kMaxSpecialIds = int64_t{1} << 16;
+  if (vocab_size - im->num_ranks > kMaxSpecialIds) {
+    fail("{}: vocabulary size {} leaves {} ids past the {} BPE ranks for special tokens; at most "
+         "{} are supported",
+         specials_src, vocab_size, vocab_size - im->num_ranks, im->num_ranks, kMaxSpecialIds);
   }
   im->vocab = static_cast<int32_t>(vocab_size);
 
@@ -521,8 +529,7 @@ Tokenizer Tokenizer::from_parts(std::vector<std::string> ranks, std::vector<Spec
 
 namespace {
 
-std::vector<std::string> parse_tiktoken_model(const std::string& path) {
-  const std::string text = read_file(path);
+std::vector<std::string> parse_tiktoken_model(std::string_view text, const std::string& path) {
   std::vector<std::string> ranks;
   std::vector<uint8_t> seen;
   std::string bytes;
@@ -566,8 +573,7 @@ std::vector<std::string> parse_tiktoken_model(const std::string& path) {
   return ranks;
 }
 
-json parse_json_file(const std::string& path) {
-  const std::string text = read_file(path);
+json parse_json_text(std::string_view text, const std::string& path) {
   try {
     return json::parse(text);
   } catch (const json::exception& e) {
@@ -588,12 +594,11 @@ std::optional<std::string> token_name(const json& cfg, const char* key) {
 
 }  // namespace
 
-Tokenizer Tokenizer::load(const std::string& model_dir, int64_t vocab_size) {
-  namespace fs = std::filesystem;
-  const std::string ranks_path = (fs::path(model_dir) / "tiktoken.model").string();
-  const std::string config_path = (fs::path(model_dir) / "tokenizer_config.json").string();
-  std::vector<std::string> ranks = parse_tiktoken_model(ranks_path);
-  json cfg = parse_json_file(config_path);
+Tokenizer Tokenizer::from_texts(std::string_view tiktoken_model,
+                                std::string_view tokenizer_config, int64_t vocab_size,
+                                const std::string& ranks_path, const std::string& config_path) {
+  std::vector<std::string> ranks = parse_tiktoken_model(tiktoken_model, ranks_path);
+  json cfg = parse_json_text(tokenizer_config, config_path);
   if (!cfg.is_object()) fail("{}: expected a JSON object", config_path);
 
   std::vector<SpecialToken> specials;
@@ -624,24 +629,6 @@ Tokenizer Tokenizer::load(const std::string& model_dir, int64_t vocab_size) {
     }
   }
 
-  if (vocab_size <= 0) {
-    const fs::path model_config = fs::path(model_dir) / "config.json";
-    if (fs::exists(model_config)) {
-      json mc = parse_json_file(model_config.string());
-      const json* src = &mc;
-      if (mc.is_object() && !mc.contains("vocab_size") && mc.contains("text_config")) {
-        src = &mc["text_config"];
-      }
-      if (src->is_object() && src->contains("vocab_size")) {
-        const json& v = (*src)["vocab_size"];
-        if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
-          fail("{}: vocab_size must be a positive integer", model_config.string());
-        }
-        vocab_size = v.get<int64_t>();
-      }
-    }
-  }
-
   Tokenizer tok = build(std::move(ranks), std::move(specials), vocab_size, ranks_path,
                         config_path);
   auto im = std::const_pointer_cast<Impl>(tok.impl_);
@@ -658,6 +645,33 @@ Tokenizer Tokenizer::load(const std::string& model_dir, int64_t vocab_size) {
     im->chat_template = it->get<std::string>();
   }
   return tok;
+}
+
+Tokenizer Tokenizer::load(const std::string& model_dir, int64_t vocab_size) {
+  namespace fs = std::filesystem;
+  const std::string ranks_path = (fs::path(model_dir) / "tiktoken.model").string();
+  const std::string config_path = (fs::path(model_dir) / "tokenizer_config.json").string();
+  const std::string ranks_text = read_file(ranks_path);
+  const std::string config_text = read_file(config_path);
+  if (vocab_size <= 0) {
+    const fs::path model_config = fs::path(model_dir) / "config.json";
+    if (fs::exists(model_config)) {
+      json mc = parse_json_text(read_file(model_config.string()), model_config.string());
+      const json* src = &mc;
+      if (mc.is_object() && !mc.contains("vocab_size") && mc.contains("text_config")) {
+        src = &mc["text_config"];
+      }
+      if (src->is_object() && src->contains("vocab_size")) {
+        const json& v = (*src)["vocab_size"];
+        if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
+          fail("{}: vocab_size must be a positive integer", model_config.string());
+        }
+        vocab_size = v.get<int64_t>();
+      }
+    }
+  }
+
+  return from_texts(ranks_text, config_text, vocab_size, ranks_path, config_path);
 }
 
 }  // namespace md

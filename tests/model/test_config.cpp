@@ -72,6 +72,24 @@ TEST(Config, RoundTripsThroughJson) {
   }
 }
 
+TEST(Config, ParsesTextNamingTheSource) {
+  EXPECT_EQ(parse_config_text(released_config().dump()).num_layers, 27);
+  auto text_error = [](const std::string& text) {
+    try {
+      parse_config_text(text, "my/config.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_THAT(text_error("{"), HasSubstr("my/config.json: invalid JSON"));
+  EXPECT_THAT(text_error("{}"), HasSubstr("my/config.json: config.json: unsupported model_type"));
+  // Copying or printing a json value recurses per level: deep documents are refused up front.
+  json j = released_config();
+  j["extra"] = json::parse(std::string(100, '[') + std::string(100, ']'));
+  EXPECT_THAT(text_error(j.dump()), HasSubstr("nested deeper than 64 levels"));
+}
+
 TEST(Config, UnknownArchitectureIsNamed) {
   json j = released_config();
   j["model_type"] = "llama";

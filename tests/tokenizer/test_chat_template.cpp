@@ -262,6 +262,24 @@ TEST(ChatTemplateK3, BadInputsAreRejected) {
       Error);
 }
 
+// Found by the chat fuzzer's review (tests/fuzz/corpus/chat/regress-args-*): arguments the JSON
+// parser accepts but cannot hold, or nested deep enough to exhaust the stack when rendered, are
+// md::Error naming the problem instead of a stray nlohmann exception or a crash.
+TEST(ChatTemplateK3, UnrepresentableArgumentsAreNamed) {
+  const std::string deep = "{\"a\": " + std::string(600, '[') + std::string(600, ']') + "}";
+  for (const auto& [args, want] : {std::pair<std::string, std::string>{"{\"x\": 1e400}",
+                                                                       "outside the double range"},
+                                   {deep, "nest deeper than 512 levels"}}) {
+    std::vector<ChatMessage> m = {{"assistant", "", "", "", {{"c1", "f", args}}, ""}};
+    try {
+      render_chat(TemplateKind::kKimiK3, m, false);
+      ADD_FAILURE() << "accepted " << args.substr(0, 40);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(ChatTemplateK3, Detection) {
   const std::string& src = kimi_k3_chat_template();
   EXPECT_EQ(detect_template(src), TemplateKind::kKimiK3);

@@ -330,6 +330,30 @@ TEST_F(TokenizerFiles, ValidMinimalFileLoads) {
   EXPECT_EQ(Tokenizer::load(dir_.path()).vocab_size(), 280);
 }
 
+TEST_F(TokenizerFiles, FromTextsIsLoadWithoutFiles) {
+  const std::string model = all_bytes() + "YWI= 256\n";
+  const std::string config = R"({"added_tokens_decoder": {"258": {"content": "<|x|>"}}})";
+  Tokenizer t = Tokenizer::from_texts(model, config);
+  EXPECT_EQ(t.vocab_size(), 257 + kKimiNumSpecialTokens);
+  EXPECT_EQ(t.encode("ab<|x|>"), (std::vector<int32_t>{256, 258}));
+  try {
+    Tokenizer::from_texts(model, "{bad", -1, "m.model", "c.json");
+    ADD_FAILURE() << "accepted bad JSON";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("c.json: invalid JSON"), std::string::npos) << e.what();
+  }
+}
+
+// A corrupt special id or vocabulary size used to allocate a name per id up to it (GBs for an id
+// like 1e9; tests/fuzz/corpus/tokenizer/regress-huge-special-id); now it is a named error.
+TEST_F(TokenizerFiles, SpecialIdRangeIsBounded) {
+  write(all_bytes(), R"({"added_tokens_decoder": {"1000000000": {"content": "<x>"}}})");
+  EXPECT_NE(error_of().find("at most 65536 are supported"), std::string::npos) << error_of();
+  write(all_bytes());
+  EXPECT_THROW(Tokenizer::load(dir_.path(), int64_t{1} << 28), Error);
+  EXPECT_EQ(Tokenizer::load(dir_.path(), 256 + 65536).vocab_size(), 256 + 65536);
+}
+
 TEST_F(TokenizerFiles, BadFilesNameFileAndLine) {
   const std::string model = dir_ / "tiktoken.model";
   struct Bad {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace md {
@@ -90,6 +91,9 @@ struct ModelConfig {
 // `text_config`). Throws md::Error naming the field on a missing, mistyped,
 // unknown or inconsistent value.
 ModelConfig parse_config(const nlohmann::json& j);
+// The text of a config.json (JSON, then parse_config); errors start with `source` (a path or a
+// description). load_config_file reads the file and calls this.
+ModelConfig parse_config_text(std::string_view text, const std::string& source = "config.json");
 ModelConfig load_config_file(const std::string& path);
 
 // Serialises to the official config.json schema (used by make-model).

@@ -33,6 +33,14 @@ class Tokenizer {
   // Throws md::Error naming the file (and line) for a missing or malformed file.
   static Tokenizer load(const std::string& model_dir, int64_t vocab_size = -1);
 
+  // What load() does once the files are read: `tiktoken_model` and `tokenizer_config` are their
+  // texts, `ranks_path` / `config_path` head the error messages. vocab_size <= 0 means
+  // num_ranks + kKimiNumSpecialTokens (or up to the last special id, when that is larger).
+  static Tokenizer from_texts(std::string_view tiktoken_model, std::string_view tokenizer_config,
+                              int64_t vocab_size = -1,
+                              const std::string& ranks_path = "tiktoken.model",
+                              const std::string& config_path = "tokenizer_config.json");
+
   // `ranks[r]` holds the bytes of rank r; specials must have ids >= ranks.size(). Unnamed ids up to
   // vocab_size (default: max(ranks + kKimiNumSpecialTokens, last special + 1)) become reserved.
   static Tokenizer from_parts(std::vector<std::string> ranks, std::vector<SpecialToken> specials,
