@@ -27,24 +27,19 @@ struct MatJob {
 // blocks of 16 rows) across the workers. A row's result does not depend on the split.
 void run_matmuls(ThreadPool& pool, std::span<const MatJob> jobs, bool x_bf16);
 
-// x += y (rounded to bf16 after the add when `round`).
-void add_inplace(float* x, const float* y, int64_t n, bool round);
-
 struct Forward {
   const ModelConfig& c;
   const ModelWeights& w;
-  const ModelOptions& opt;
+  const Numerics& num;
   ThreadPool& pool;
 
-  bool rnd() const { return opt.precision == Precision::BF16; }
+  bool rnd() const { return num.round_bf16; }
   void round(float* x, int64_t n) const {
     if (rnd()) cpu::round_bf16_inplace(x, n);
   }
   void matmuls(std::initializer_list<MatJob> jobs) const {
     run_matmuls(pool, std::span<const MatJob>(jobs.begin(), jobs.size()), rnd());
   }
-  // act(gate, up) of a gated MLP in place into gate: SiLU-GLU (Kimi Linear) or SiTU (K3).
-  void glu(float* gate, const float* up, int64_t n) const;
 
   // Each reads h [T][D] (the normed layer input) and writes out [T][D]; attention updates the
   // sequence's state for layer l.

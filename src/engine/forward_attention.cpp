@@ -68,9 +68,8 @@ void Forward::kda(int l, SequenceState& s, const float* h, int T, float* out) co
         }
       },
       size_t(K));
-  // beta = sigmoid(b): transformers' kimi_linear rounds it to bf16; K3's official code takes the
-  // sigmoid inside the fla kernel in fp32 (use_beta_sigmoid_in_kernel) and does not.
-  const bool round_beta = rnd() && c.model_type != "kimi_k3";
+  // beta = sigmoid(b), rounded or not (Numerics::round_beta).
+  const bool round_beta = num.round_beta;
   std::vector<float> beta(T * H);
   for (int64_t i = 0; i < T * H; ++i) {
     beta[i] = cpu::sigmoidf(braw[i]);

@@ -5,15 +5,9 @@
 
 #include "forward.h"
 #include "megadecode/base/bf16.h"
+#include "megadecode/kernels/cpu/expert_slots.h"
 
 namespace md::fwd {
-
-void Forward::glu(float* gate, const float* up, int64_t n) const {
-  if (c.uses_situ())
-    cpu::situ_mul(gate, up, n, float(c.situ_beta), float(c.situ_linear_beta), gate, rnd());
-  else
-    cpu::silu_mul(gate, up, n, gate, rnd());
-}
 
 void Forward::dense_ffn(const FfnWeights& f, const float* h, int T, float* out) const {
   const int64_t D = c.hidden_size, I = f.gate.rows;
@@ -21,7 +15,7 @@ void Forward::dense_ffn(const FfnWeights& f, const float* h, int T, float* out) 
   matmuls({{&f.gate, h, D, g.data(), I, T}, {&f.up, h, D, u.data(), I, T}});
   round(g.data(), T * I);
   round(u.data(), T * I);
-  glu(g.data(), u.data(), T * I);
+  glu(num, g.data(), u.data(), T * I, g.data());
   matmuls({{&f.down, g.data(), I, out, D, T}});
   round(out, T * D);
 }
@@ -33,13 +27,7 @@ void Forward::moe(int l, const float* h, int T, float* out) const {
   const bool latent = c.latent_size > 0;
   std::vector<float> logits(T * E);
   matmuls({{&mw.router, h, D, logits.data(), E, T}});
-  cpu::RouterParams rp{E,
-                       k,
-                       c.num_expert_group,
-                       c.topk_group,
-                       c.moe_renormalize,
-                       float(c.routed_scaling_factor),
-                       opt.router_biased_weights};
+  const cpu::RouterParams& rp = num.router;
   std::vector<int> ids(T * k);
   std::vector<float> wts(T * k);
   for (int t = 0; t < T; ++t)
@@ -63,17 +51,13 @@ void Forward::moe(int l, const float* h, int T, float* out) const {
   };
   std::vector<Group> groups;
   {
-    std::vector<int> where(E, -1);
-    for (int t = 0; t < T; ++t)
-      for (int j = 0; j < k; ++j) {
-        int e = ids[t * k + j];
-        if (where[e] < 0) where[e] = 0;
-      }
-    for (int e = 0; e < E; ++e)
-      if (where[e] == 0) {
-        where[e] = int(groups.size());
-        groups.push_back({e, {}, {}});
-      }
+    std::vector<int> where(E, -1), mark(static_cast<size_t>(E));
+    std::vector<int32_t> list(static_cast<size_t>(E));
+    const int nd = cpu::distinct_experts(ids.data(), size_t(k), T, k, E, mark.data(), list.data());
+    for (int g = 0; g < nd; ++g) {
+      where[list[size_t(g)]] = g;
+      groups.push_back({list[size_t(g)], {}, {}});
+    }
     for (int t = 0; t < T; ++t)
       for (int j = 0; j < k; ++j) {
         Group& g = groups[where[ids[t * k + j]]];
@@ -107,8 +91,8 @@ void Forward::moe(int l, const float* h, int T, float* out) const {
   }
   run_matmuls(pool, jobs, rnd());
   for (auto* b : {&gt, &up, &sg, &su}) round(b->data(), int64_t(b->size()));
-  glu(gt.data(), up.data(), rows * I);
-  if (shared) glu(sg.data(), su.data(), T * IS);
+  glu(num, gt.data(), up.data(), rows * I, gt.data());
+  if (shared) glu(num, sg.data(), su.data(), T * IS, sg.data());
   jobs.clear();
   for (int g = 0; g < G; ++g) {
     const FfnWeights& f = mw.experts[groups[g].expert];

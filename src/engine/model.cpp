@@ -46,19 +46,12 @@ void run_matmuls(ThreadPool& pool, std::span<const MatJob> jobs, bool x_bf16) {
       16);
 }
 
-void add_inplace(float* x, const float* y, int64_t n, bool round) {
-  if (round)
-    for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i] + y[i]);
-  else
-    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
-}
-
 }  // namespace fwd
 
 size_t SequenceState::bytes() const {
   size_t n = 0;
-  for (auto* v : {&kda_state, &conv_cache, &mla_cache, &rowlog.kda_state0, &rowlog.conv0,
-                  &rowlog.inputs})
+  for (auto* v :
+       {&kda_state, &conv_cache, &mla_cache, &rowlog.kda_state0, &rowlog.conv0, &rowlog.inputs})
     for (const auto& x : *v) n += x.size() * sizeof(float);
   return n;
 }
@@ -66,7 +59,7 @@ size_t SequenceState::bytes() const {
 struct Model::Impl {
   Model& m;
   fwd::Forward f;
-  explicit Impl(Model& model) : m(model), f{model.cfg_, model.w_, model.opt_, *model.pool_} {}
+  explicit Impl(Model& model) : m(model), f{model.cfg_, model.w_, model.num_, *model.pool_} {}
 
   // The residual stream of T tokens. Kimi Linear: x += attn(norm(x)); x += ffn(norm(x)). K3's
   // block attention residuals keep the current block's partial sum `prefix` and the completed
@@ -98,7 +91,7 @@ struct Model::Impl {
 
   void accumulate(Stream& st, const float* y) const {
     if (st.has_prefix) {
-      fwd::add_inplace(st.prefix.data(), y, st.T * st.D, f.rnd());
+      add_inplace(st.prefix.data(), y, st.T * st.D, f.rnd());
     } else {
       std::copy(y, y + st.T * st.D, st.prefix.begin());
       st.has_prefix = true;
@@ -182,10 +175,8 @@ Model::Model(const std::string& dir, const ModelOptions& opt) : opt_(opt) {
   cfg_ = load_config_file((fs::path(dir) / "config.json").string());
   ckpt_ = std::make_unique<Checkpoint>(dir);
   w_ = bind_weights(cfg_, *ckpt_);
-  if (opt.precision == Precision::BF16 && cfg_.model_type == "kimi_linear") {
-    // The bf16 reference holds A_log in bf16 (it is not among the modules it keeps in fp32), so a
-    // checkpoint's F32 A_log is rounded there; dt_bias stays fp32. (K3 ships A_log in F32 and its
-    // KDA kernels read it in fp32: kept.)
+  num_ = numerics_of(cfg_, opt);
+  if (num_.round_a_log) {  // Numerics::round_a_log
     for (LayerWeights& L : w_.layers)
       for (float& a : L.kda.A_log) a = round_bf16(a);
   }

@@ -27,8 +27,8 @@ const json& field(const json& j, const std::string& path, const char* key) {
 
 int64_t get_int(const json& j, const std::string& path, const char* key) {
   const json& v = field(j, path, key);
-  MD_CHECK(v.is_number_integer(), "config.json: field '{}{}' must be an integer, got {}", path,
-           key, v.dump());
+  MD_CHECK(v.is_number_integer(), "config.json: field '{}{}' must be an integer, got {}", path, key,
+           v.dump());
   return v.get<int64_t>();
 }
 
@@ -173,23 +173,21 @@ void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
     MD_CHECK(gs == 32, "config.json: field '{}group_size' must be 32 for MXFP4, got {}", wp, gs);
     const std::string strategy = get_str_or(w, wp, "strategy", "group");
     MD_CHECK(strategy == "group",
-             "config.json: field '{}strategy' must be \"group\" for MXFP4, got '{}'", wp,
-             strategy);
+             "config.json: field '{}strategy' must be \"group\" for MXFP4, got '{}'", wp, strategy);
     MD_CHECK(get_bool_or(w, wp, "symmetric", true),
              "config.json: field '{}symmetric' must be true for MXFP4", wp);
     MD_CHECK(!get_bool_or(w, wp, "dynamic", false),
              "config.json: field '{}dynamic' must be false (static weight scales)", wp);
     const std::string sd = get_str_or(w, wp, "scale_dtype", "torch.uint8");
     MD_CHECK(sd == "torch.uint8",
-             "config.json: field '{}scale_dtype' must be \"torch.uint8\" (E8M0), got '{}'", wp,
-             sd);
+             "config.json: field '{}scale_dtype' must be \"torch.uint8\" (E8M0), got '{}'", wp, sd);
   }
   json ignore = json::array();
   if (auto it = q.find("ignore"); it != q.end() && !it->is_null()) {
     MD_CHECK(it->is_array(), "config.json: field '{}ignore' must be a list of strings", p);
     for (const auto& e : *it) {
-      MD_CHECK(e.is_string(), "config.json: field '{}ignore' must be a list of strings, got {}",
-               p, e.dump());
+      MD_CHECK(e.is_string(), "config.json: field '{}ignore' must be a list of strings, got {}", p,
+               e.dump());
       const std::string s = e.get<std::string>();
       if (s.rfind("re:", 0) == 0) {
         MD_CHECK(regex_match_at_start(s.substr(3), "") >= 0,
@@ -208,8 +206,8 @@ void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
        {m + "self_attn.q_proj", m + "block_sparse_moe.shared_experts.gate_proj",
         c.tensor_prefix + "model.layers.0.mlp.gate_proj", c.tensor_prefix + "lm_head"})
     MD_CHECK(ignored_by(ignore, kept),
-             "config.json: {}ignore does not exclude '{}': only the routed experts may be MXFP4",
-             p, kept);
+             "config.json: {}ignore does not exclude '{}': only the routed experts may be MXFP4", p,
+             kept);
   MD_CHECK(c.num_experts > 0,
            "config.json: {} quantizes routed experts but the model has no MoE layers", self);
   MD_CHECK(c.expert_dim() % 32 == 0 && c.moe_intermediate_size % 32 == 0,
@@ -222,7 +220,6 @@ void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
 // The kimi_linear schema: the whole file for Kimi Linear, `text_config` for K3. `p` is the JSON
 // path prefix used in messages ("" or "text_config.").
 void parse_text(const json& root, const std::string& p, ModelConfig& c) {
-
   c.vocab_size = positive(get_int(root, p, "vocab_size"), p, "vocab_size");
   c.hidden_size = positive(get_int(root, p, "hidden_size"), p, "hidden_size", 1 << 20);
   c.num_layers = positive(get_int(root, p, "num_hidden_layers"), p, "num_hidden_layers", 4096);
@@ -230,9 +227,10 @@ void parse_text(const json& root, const std::string& p, ModelConfig& c) {
   MD_CHECK(c.rms_norm_eps > 0 && c.rms_norm_eps < 1,
            "config.json: field 'rms_norm_eps' must be in (0, 1), got {}", c.rms_norm_eps);
   c.tie_word_embeddings = get_bool_or(root, p, "tie_word_embeddings", false);
-  c.hidden_act = get_str_or(root, p, "hidden_act", "silu");
-  MD_CHECK(c.hidden_act == "silu" || c.hidden_act == "situ",
-           "config.json: unsupported {}hidden_act '{}' (supported: silu, situ)", p, c.hidden_act);
+  const std::string act = get_str_or(root, p, "hidden_act", "silu");
+  MD_CHECK(act == "silu" || act == "situ",
+           "config.json: unsupported {}hidden_act '{}' (supported: silu, situ)", p, act);
+  c.activation = act == "situ" ? Activation::kSitu : Activation::kSilu;
   if (c.uses_situ()) {
     // The official code uses `beta or 1.0` and applies the linear soft cap only when set.
     c.situ_beta = get_num_or(root, p, "activation_situ_beta", 1.0);
@@ -252,8 +250,8 @@ void parse_text(const json& root, const std::string& p, ModelConfig& c) {
   const std::string lp = p + "linear_attn_config.";
   c.kda_num_heads = positive(get_int(la, lp, "num_heads"), lp, "num_heads", 4096);
   c.kda_head_dim = positive(get_int(la, lp, "head_dim"), lp, "head_dim", 4096);
-  c.kda_conv_size = positive(get_int_or(la, lp, "short_conv_kernel_size", 4), lp,
-                             "short_conv_kernel_size", 64);
+  c.kda_conv_size =
+      positive(get_int_or(la, lp, "short_conv_kernel_size", 4), lp, "short_conv_kernel_size", 64);
   auto full = get_int_list(la, lp, "full_attn_layers");
   auto kda = get_int_list(la, lp, "kda_layers");
   c.attn_kind.assign(c.num_layers, AttnKind::KDA);
@@ -274,8 +272,10 @@ void parse_text(const json& root, const std::string& p, ModelConfig& c) {
     }
   }
   for (int l = 0; l < c.num_layers; ++l)
-    MD_CHECK(seen[l], "config.json: layer {} (1-indexed) is in neither full_attn_layers nor "
-             "kda_layers", l + 1);
+    MD_CHECK(seen[l],
+             "config.json: layer {} (1-indexed) is in neither full_attn_layers nor "
+             "kda_layers",
+             l + 1);
   c.kda_full_rank_gate = get_bool_or(la, lp, "use_full_rank_gate", false);
   if (auto it = la.find("gate_lower_bound"); it != la.end() && !it->is_null()) {
     c.kda_bounded_decay = true;
@@ -286,15 +286,17 @@ void parse_text(const json& root, const std::string& p, ModelConfig& c) {
   }
 
   // MLA.
-  c.mla_num_heads = positive(get_int(root, p, "num_attention_heads"), p, "num_attention_heads",
-                             4096);
+  c.mla_num_heads =
+      positive(get_int(root, p, "num_attention_heads"), p, "num_attention_heads", 4096);
   int64_t kvh = get_int_or(root, p, "num_key_value_heads", c.mla_num_heads);
   MD_CHECK(kvh == c.mla_num_heads,
-           "config.json: num_key_value_heads ({}) must equal num_attention_heads ({}) for MLA",
-           kvh, c.mla_num_heads);
+           "config.json: num_key_value_heads ({}) must equal num_attention_heads ({}) for MLA", kvh,
+           c.mla_num_heads);
   const int64_t qlr = get_int_or(root, p, "q_lora_rank", 0);
-  MD_CHECK(qlr >= 0 && qlr <= (1 << 20), "config.json: field '{}q_lora_rank' must be null or "
-           "positive, got {}", p, qlr);
+  MD_CHECK(qlr >= 0 && qlr <= (1 << 20),
+           "config.json: field '{}q_lora_rank' must be null or "
+           "positive, got {}",
+           p, qlr);
   c.q_lora_rank = static_cast<int>(qlr);
   c.kv_lora_rank = positive(get_int(root, p, "kv_lora_rank"), p, "kv_lora_rank", 1 << 16);
   c.qk_nope_head_dim = positive(get_int(root, p, "qk_nope_head_dim"), p, "qk_nope_head_dim", 4096);
@@ -341,8 +343,8 @@ void parse_text(const json& root, const std::string& p, ModelConfig& c) {
     if (get_bool_or(root, p, "use_grouped_topk", false)) {
       c.num_expert_group = positive(get_int_or(root, p, "num_expert_group", 1), p,
                                     "num_expert_group", c.num_experts);
-      c.topk_group = positive(get_int_or(root, p, "topk_group", 1), p, "topk_group",
-                              c.num_expert_group);
+      c.topk_group =
+          positive(get_int_or(root, p, "topk_group", 1), p, "topk_group", c.num_expert_group);
       MD_CHECK(c.num_experts % c.num_expert_group == 0,
                "config.json: num_experts ({}) is not divisible by num_expert_group ({})",
                c.num_experts, c.num_expert_group);
@@ -386,16 +388,17 @@ void parse_text(const json& root, const std::string& p, ModelConfig& c) {
 ModelConfig parse_config(const json& root) {
   MD_CHECK(root.is_object(), "config.json: top level must be a JSON object");
   ModelConfig c;
-  c.model_type = get_str_or(root, "", "model_type", "");
-  if (c.model_type == "kimi_linear") {
+  const std::string type = get_str_or(root, "", "model_type", "");
+  if (type == "kimi_linear") {
+    c.variant = ModelVariant::kKimiLinear;
     parse_text(root, "", c);
     if (auto it = root.find("quantization_config"); it != root.end() && !it->is_null())
       parse_quantization(*it, "quantization_config.", c);
     return c;
   }
-  MD_CHECK(c.model_type == "kimi_k3",
-           "config.json: unsupported model_type '{}' (supported: kimi_linear, kimi_k3)",
-           c.model_type);
+  MD_CHECK(type == "kimi_k3",
+           "config.json: unsupported model_type '{}' (supported: kimi_linear, kimi_k3)", type);
+  c.variant = ModelVariant::kKimiK3;
   // K3: a multimodal wrapper whose language model is a kimi_linear config under text_config.
   const json& text = field(root, "", "text_config");
   MD_CHECK(text.is_object(), "config.json: field 'text_config' must be an object");
@@ -416,6 +419,10 @@ ModelConfig parse_config(const json& root) {
   else if (auto it2 = root.find("quantization_config"); it2 != root.end() && !it2->is_null())
     parse_quantization(*it2, "quantization_config.", c);
   return c;
+}
+
+std::string_view model_type_name(ModelVariant v) {
+  return v == ModelVariant::kKimiK3 ? "kimi_k3" : "kimi_linear";
 }
 
 bool ModelConfig::has_k3_extensions() const {
@@ -476,7 +483,7 @@ json config_to_json(const ModelConfig& c) {
       {"num_hidden_layers", c.num_layers},
       {"num_attention_heads", c.mla_num_heads},
       {"num_key_value_heads", c.mla_num_heads},
-      {"hidden_act", c.hidden_act},
+      {"hidden_act", c.uses_situ() ? "situ" : "silu"},
       {"rms_norm_eps", c.rms_norm_eps},
       {"tie_word_embeddings", c.tie_word_embeddings},
       {"linear_attn_config", la},
@@ -549,7 +556,7 @@ json config_to_json(const ModelConfig& c) {
         {"quant_method", "compressed-tensors"},
         {"quantization_status", "compressed"}};
   }
-  if (c.model_type != "kimi_k3") return j;
+  if (c.variant != ModelVariant::kKimiK3) return j;
   json top = {{"architectures", {"KimiK3ForConditionalGeneration"}},
               {"model_type", "kimi_k3"},
               {"bos_token_id", c.bos_token_id},

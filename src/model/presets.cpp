@@ -2,8 +2,8 @@
 
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -21,9 +21,9 @@ namespace {
 
 ModelConfig kimi_linear_base() {
   ModelConfig c;
-  c.model_type = "kimi_linear";
+  c.variant = ModelVariant::kKimiLinear;
   c.rms_norm_eps = 1e-5;
-  c.hidden_act = "silu";
+  c.activation = Activation::kSilu;
   c.kda_conv_size = 4;
   c.latent_norm_eps = 1e-6;
   c.num_shared_experts = 1;
@@ -52,9 +52,9 @@ void set_special_ids(ModelConfig& c) {
 // Kimi K3: a kimi_linear text model with every extension on (the released values).
 ModelConfig kimi_k3_base() {
   ModelConfig c = kimi_linear_base();
-  c.model_type = "kimi_k3";
+  c.variant = ModelVariant::kKimiK3;
   c.tensor_prefix = "language_model.";
-  c.hidden_act = "situ";
+  c.activation = Activation::kSitu;
   c.situ_beta = 4.0;
   c.situ_linear_beta = 25.0;
   c.kda_full_rank_gate = true;

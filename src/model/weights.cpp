@@ -144,8 +144,9 @@ class Binder {
     const TensorInfo* t = ck_->find(name);
     MD_CHECK(t, "checkpoint {}: missing tensor {} (expected shape [{}])", ck_->dir(), name,
              fmt::join(shape, ", "));
-    MD_CHECK(t->shape == shape, "tensor {} in {}: shape {} does not match the config (expected [{}])",
-             name, t->file, t->shape_str(), fmt::join(shape, ", "));
+    MD_CHECK(t->shape == shape,
+             "tensor {} in {}: shape {} does not match the config (expected [{}])", name, t->file,
+             t->shape_str(), fmt::join(shape, ", "));
     used_.insert(name);
     return t;
   }
@@ -186,7 +187,7 @@ std::vector<float> bind_res(Binder& b, const std::string& stem, int64_t D) {
 void bind_kda(Binder& b, const ModelConfig& c, const std::string& a, KdaWeights& k) {
   const int64_t H = c.kda_num_heads, K = c.kda_head_dim, C = H * K, W = c.kda_conv_size,
                 D = c.hidden_size;
-  const bool k3 = !c.tensor_prefix.empty();
+  const bool k3 = c.variant == ModelVariant::kKimiK3;
   // What make-model writes: the released K3 checkpoint keeps conv taps and o_norm in F32.
   const DType small = k3 ? DType::F32 : DType::BF16;
   k.q = b.mat(a + "q_proj.weight", C, D);
@@ -238,8 +239,8 @@ void bind_mla(Binder& b, const ModelConfig& c, const std::string& a, MlaWeights&
 void bind_moe(Binder& b, const ModelConfig& c, const std::string& m, MoeWeights& e) {
   const int64_t D = c.hidden_size, X = c.expert_dim(), I = c.moe_intermediate_size;
   // Kimi Linear's release stores the router in F32, K3's in BF16; both are accepted.
-  e.router = b.mat(m + "gate.weight", c.num_experts, D, /*allow_f32=*/true,
-                   c.tensor_prefix.empty() ? DType::F32 : DType::BF16);
+  e.router =
+      b.mat(m + "gate.weight", c.num_experts, D, /*allow_f32=*/true, c.released_router_dtype());
   e.router_bias = b.vec(m + "gate.e_score_correction_bias", {c.num_experts}, DType::F32);
   if (c.latent_size > 0) {
     e.latent_down = b.mat(m + "routed_expert_down_proj.weight", X, D);
@@ -248,8 +249,8 @@ void bind_moe(Binder& b, const ModelConfig& c, const std::string& m, MoeWeights&
   }
   e.experts.resize(c.num_experts);
   for (int x = 0; x < c.num_experts; ++x)
-    e.experts[x] = bind_ffn(b, fmt::format("{}experts.{}.", m, x), "w1", "w3", "w2", X, I,
-                            c.experts_mxfp4);
+    e.experts[x] =
+        bind_ffn(b, fmt::format("{}experts.{}.", m, x), "w1", "w3", "w2", X, I, c.experts_mxfp4);
   e.has_shared = c.num_shared_experts > 0;
   if (e.has_shared)
     e.shared = bind_ffn(b, m + "shared_experts.", "gate_proj", "up_proj", "down_proj", D,
@@ -264,8 +265,8 @@ ModelWeights walk(const ModelConfig& c, Binder& b) {
   w.embed = b.mat(model + "embed_tokens.weight", c.vocab_size, D);
   w.final_norm = b.vec(model + "norm.weight", {D});
   if (res) w.output_res_w = bind_res(b, model + "output_attn_res", D);
-  w.lm_head = c.tie_word_embeddings ? w.embed
-                                    : b.mat(c.tensor_prefix + "lm_head.weight", c.vocab_size, D);
+  w.lm_head =
+      c.tie_word_embeddings ? w.embed : b.mat(c.tensor_prefix + "lm_head.weight", c.vocab_size, D);
   w.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& L = w.layers[l];
@@ -281,8 +282,8 @@ ModelWeights walk(const ModelConfig& c, Binder& b) {
     else
       bind_mla(b, c, p + "self_attn.", L.mla);
     if (c.ffn_kind[l] == FfnKind::Dense)
-      L.dense = bind_ffn(b, p + "mlp.", "gate_proj", "up_proj", "down_proj", D,
-                         c.intermediate_size);
+      L.dense =
+          bind_ffn(b, p + "mlp.", "gate_proj", "up_proj", "down_proj", D, c.intermediate_size);
     else
       bind_moe(b, c, p + "block_sparse_moe.", L.moe);
   }
@@ -338,8 +339,8 @@ ModelSizes model_sizes(const ModelConfig& c) {
   s.expert_bytes = c.experts_mxfp4 ? expert_params * 4.25 / 8 : expert_params * 2;
   s.active_params += int64_t(expert_params) * c.num_experts_per_token * moe_layers;
   s.active_bytes += s.expert_bytes * c.num_experts_per_token * moe_layers;
-  s.kda_state_bytes = double(c.num_kda_layers()) * c.kda_num_heads * c.kda_head_dim *
-                      c.kda_head_dim * 4.0;
+  s.kda_state_bytes =
+      double(c.num_kda_layers()) * c.kda_num_heads * c.kda_head_dim * c.kda_head_dim * 4.0;
   s.mla_cache_bytes_per_token = double(c.num_mla_layers()) * double(c.mla_cache_width()) * 4.0;
   return s;
 }

@@ -72,9 +72,8 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
   // Router, per sequence (on the hidden state, latent MoE or not).
   const uint32_t routed = counter(Op::kRouter, l);
   {
-    // Without weights: the released dtypes (Kimi Linear's router F32, K3's BF16; make-model).
-    const size_t re =
-        elt(L ? &L->moe.router : nullptr, c.tensor_prefix.empty() ? DType::F32 : DType::BF16);
+    // Without weights: the released dtype (what make-model writes).
+    const size_t re = elt(L ? &L->moe.router : nullptr, c.released_router_dtype());
     auto a =
         args({io.h2, weight(WeightKind::kRouter, l), weight(WeightKind::kRouterBias, l), ids, wts});
     p_.router_ids_buffer[size_t(l)] = a.first + 3;

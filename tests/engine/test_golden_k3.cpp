@@ -132,7 +132,7 @@ TEST(GoldenK3, DataIsWhatTheTestAssumes) {
             5 * g.meta["kda_stats"]["sqrt_eps_o_norm"].get<double>());
   // The checkpoint really is the K3 schema: loading notes the vision tensors it skips.
   Model m(g.dir, ModelOptions{Precision::FP32, 1, false, false});
-  EXPECT_EQ(m.config().model_type, "kimi_k3");
+  EXPECT_EQ(m.config().variant, ModelVariant::kKimiK3);
   EXPECT_EQ(m.weights().ignored_tensors, int(g.meta["ignored_tensors"].size()));
   EXPECT_NE(m.weights().note.find("outside the language model"), std::string::npos);
 }
@@ -194,8 +194,8 @@ TEST(GoldenK3, Bf16WithinTheReferencesOwnBf16Noise) {
   const int n = int(g.ids.size());
   const double floor_tol = std::ldexp(1.0, -9);
   const json& prot = g.meta["bf16_emulation"]["protocols"];
-  for (auto [split, name] : {std::pair{g.prefill, "golden"}, std::pair{0, "all_decode"},
-                             std::pair{n, "all_prefill"}}) {
+  for (auto [split, name] :
+       {std::pair{g.prefill, "golden"}, std::pair{0, "all_decode"}, std::pair{n, "all_prefill"}}) {
     const json& e = prot.at(name);
     ASSERT_EQ(e["prefill_ids"].get<int>(), split) << name;
     auto ours = g.ours(Precision::BF16, split);
@@ -215,8 +215,8 @@ TEST(GoldenK3, Bf16WithinTheReferencesOwnBf16Noise) {
       const double ulp = std::ldexp(1.0, std::ilogb(std::abs(top)) - 7);
       if (gap > 2 * ulp + 2 * std::sqrt(2.0) * e["max_abs"][pos].get<double>()) {
         ++top1_checked;
-        EXPECT_EQ(g.argmax(ours, pos), want) << name << ": position " << pos << " (gap " << gap
-                                             << ")";
+        EXPECT_EQ(g.argmax(ours, pos), want)
+            << name << ": position " << pos << " (gap " << gap << ")";
       }
     }
     EXPECT_EQ(top1_checked, n) << name;

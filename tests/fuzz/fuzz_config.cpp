@@ -47,7 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     abort();
   }
   check_consistent(again);
-  check(again.model_type == c.model_type && again.attn_kind == c.attn_kind);
+  check(again.variant == c.variant && again.attn_kind == c.attn_kind);
   check(again.vocab_size == c.vocab_size && again.hidden_size == c.hidden_size);
   check(again.experts_mxfp4 == c.experts_mxfp4 && again.latent_size == c.latent_size);
   check(again.eos_token_ids == c.eos_token_ids);

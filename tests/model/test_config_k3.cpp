@@ -72,7 +72,7 @@ std::string error_of(const json& j) {
 
 TEST(ConfigK3, ParsesTheReleasedConfig) {
   ModelConfig c = parse_config(released_k3());
-  EXPECT_EQ(c.model_type, "kimi_k3");
+  EXPECT_EQ(c.variant, ModelVariant::kKimiK3);
   EXPECT_EQ(c.tensor_prefix, "language_model.");
   EXPECT_EQ(c.num_layers, 93);
   EXPECT_EQ(c.num_mla_layers(), 24);

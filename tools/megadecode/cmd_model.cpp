@@ -70,7 +70,7 @@ void register_make_model(CLI::App& app) {
     // and no template, as the released checkpoint (the generator recognises K3 by its structure
     // tokens); its config eos is <|end_of_msg|>, where generation stops.
     const int32_t ranks = int32_t(cfg.vocab_size - 256);
-    const bool k3 = cfg.model_type == "kimi_k3";
+    const bool k3 = cfg.variant == ModelVariant::kKimiK3;
     const std::vector<SpecialToken> specials =
         k3 ? kimi_k3_tokenizer_specials(ranks, cfg.vocab_size)
            : kimi_special_tokens(ranks, cfg.vocab_size);
@@ -300,7 +300,8 @@ void register_run_commands(CLI::App& app) {
       std::string pattern;
       for (int l = 0; l < cfg.num_layers; ++l)
         pattern += cfg.attn_kind[l] == AttnKind::MLA ? 'M' : 'K';
-      std::printf("model          %s (%s)\n", o->c_str(), cfg.model_type.c_str());
+      std::printf("model          %s (%s)\n", o->c_str(),
+                  std::string(model_type_name(cfg.variant)).c_str());
       std::printf("layers         %d: %d KDA + %d MLA  [%s]  (K = KDA, M = MLA)\n", cfg.num_layers,
                   cfg.num_kda_layers(), cfg.num_mla_layers(), pattern.c_str());
       std::printf("hidden         %lld, vocab %lld, eps %g\n", (long long)cfg.hidden_size,

@@ -9,24 +9,12 @@
 #include <vector>
 
 #include "megadecode/base/threads.h"
+#include "megadecode/engine/numerics.h"
 #include "megadecode/model/config.h"
 #include "megadecode/model/safetensors.h"
 #include "megadecode/model/weights.h"
 
 namespace md {
-
-// Where activations are rounded. BF16 rounds to bf16 at every point the official implementation
-// does for a bf16 model (the default: what the checkpoints are); FP32 keeps fp32 activations
-// throughout, matching the official implementation run in float32 (used by the golden tests to
-// check the math tightly).
-enum class Precision { BF16, FP32 };
-
-struct ModelOptions {
-  Precision precision = Precision::BF16;
-  int threads = 0;  // 0: one per CPU
-  bool pin_threads = true;
-  bool router_biased_weights = false;  // the original remote code's expert-weight variant
-};
 
 // Everything one sequence carries between steps.
 struct SequenceState {
@@ -53,6 +41,8 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
   const ModelOptions& options() const { return opt_; }
+  // The numeric policy of this model and options (engine/numerics.h).
+  const Numerics& numerics() const { return num_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
   ThreadPool& pool() { return *pool_; }
 
@@ -71,6 +61,7 @@ class Model {
   struct Impl;
   ModelConfig cfg_;
   ModelOptions opt_;
+  Numerics num_;
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
   std::unique_ptr<ThreadPool> pool_;

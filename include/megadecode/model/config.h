@@ -2,6 +2,8 @@
 #pragma once
 #include <nlohmann/json_fwd.hpp>
 
+#include "megadecode/base/dtype.h"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -11,20 +13,27 @@ namespace md {
 
 enum class AttnKind : uint8_t { KDA, MLA };
 enum class FfnKind : uint8_t { Dense, MoE };
+// Which official model a config describes (config.json's model_type). Everything that differs
+// between the variants keys off this or off the extension fields below, never off strings
+// (engine/numerics.h derives the numeric policy from it).
+enum class ModelVariant : uint8_t { kKimiLinear, kKimiK3 };
+std::string_view model_type_name(ModelVariant v);  // "kimi_linear" | "kimi_k3"
+// The gated MLP's activation (hidden_act).
+enum class Activation : uint8_t { kSilu, kSitu };
 
 // Kimi Linear and Kimi K3 are one family: K3 is a kimi_linear config (its `text_config`) with the
 // extensions below switched on. Every extension is off (0 / false / empty) for Kimi Linear, so the
 // same description, loader and forward path serve both.
 struct ModelConfig {
-  std::string model_type;  // "kimi_linear" or "kimi_k3" (the top-level type of the file)
+  ModelVariant variant = ModelVariant::kKimiLinear;  // the top-level model_type of the file
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int num_layers = 0;
   double rms_norm_eps = 0;
   bool tie_word_embeddings = false;
-  std::string hidden_act;  // "silu" or "situ" (K3)
-  std::vector<AttnKind> attn_kind;  // per layer, 0-indexed
-  std::vector<FfnKind> ffn_kind;    // per layer
+  Activation activation = Activation::kSilu;  // hidden_act: "silu", or "situ" (K3)
+  std::vector<AttnKind> attn_kind;            // per layer, 0-indexed
+  std::vector<FfnKind> ffn_kind;              // per layer
 
   // Kimi Delta Attention (linear_attn_config).
   int kda_num_heads = 0;
@@ -60,16 +69,16 @@ struct ModelConfig {
   // Tensor names: "" (model.*, lm_head.weight) or "language_model." (K3: language_model.model.*,
   // language_model.lm_head.weight; other top-level modules such as vision_tower are ignored).
   std::string tensor_prefix;
-  bool kda_full_rank_gate = false;   // linear_attn_config.use_full_rank_gate: g_proj [C, D]
-  bool kda_bounded_decay = false;    // linear_attn_config.gate_lower_bound is set:
-  double kda_gate_lower_bound = 0;   //   g = lb * sigmoid(exp(A_log[h]) * (f + dt_bias)), lb < 0
-  bool mla_output_gate = false;      // mla_use_output_gate: o *= sigmoid(g_proj x) before o_proj
-  int64_t latent_size = 0;           // routed_expert_hidden_size: routed experts run in this latent
-  bool latent_norm = false;          // latent_moe_use_norm: RMSNorm of the routed sum (latent)
-  double situ_beta = 1.0;            // hidden_act "situ": b1 tanh(g/b1) sigmoid(g) * b2 tanh(u/b2)
-  double situ_linear_beta = 0;       //   (0: no soft cap on u)
-  int attn_res_block_size = 0;       // block attention residuals (0: the plain residual stream)
-  bool experts_mxfp4 = false;        // routed experts MXFP4 (compressed-tensors, group 32)
+  bool kda_full_rank_gate = false;  // linear_attn_config.use_full_rank_gate: g_proj [C, D]
+  bool kda_bounded_decay = false;   // linear_attn_config.gate_lower_bound is set:
+  double kda_gate_lower_bound = 0;  //   g = lb * sigmoid(exp(A_log[h]) * (f + dt_bias)), lb < 0
+  bool mla_output_gate = false;     // mla_use_output_gate: o *= sigmoid(g_proj x) before o_proj
+  int64_t latent_size = 0;          // routed_expert_hidden_size: routed experts run in this latent
+  bool latent_norm = false;         // latent_moe_use_norm: RMSNorm of the routed sum (latent)
+  double situ_beta = 1.0;           // hidden_act "situ": b1 tanh(g/b1) sigmoid(g) * b2 tanh(u/b2)
+  double situ_linear_beta = 0;      //   (0: no soft cap on u)
+  int attn_res_block_size = 0;      // block attention residuals (0: the plain residual stream)
+  bool experts_mxfp4 = false;       // routed experts MXFP4 (compressed-tensors, group 32)
 
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
@@ -79,10 +88,17 @@ struct ModelConfig {
   int num_mla_layers() const;
   int qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   int64_t kda_dim() const { return int64_t(kda_num_heads) * kda_head_dim; }
-  int64_t mla_cache_width() const { return kv_lora_rank + qk_rope_head_dim; }  // per token per layer
+  int64_t mla_cache_width() const {
+    return kv_lora_rank + qk_rope_head_dim;
+  }  // per token per layer
   // The width routed experts read and write: the latent for K3, else the hidden size.
   int64_t expert_dim() const { return latent_size > 0 ? latent_size : hidden_size; }
-  bool uses_situ() const { return hidden_act == "situ"; }
+  bool uses_situ() const { return activation == Activation::kSitu; }
+  // The router's stored dtype in the official releases (Kimi Linear F32, K3 BF16): what
+  // make-model writes and what a plan without weights assumes (both are accepted at load).
+  DType released_router_dtype() const {
+    return variant == ModelVariant::kKimiK3 ? DType::BF16 : DType::F32;
+  }
   // True when any K3 extension is on (consumers that support only Kimi Linear reject these).
   bool has_k3_extensions() const;
 };

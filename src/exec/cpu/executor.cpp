@@ -42,6 +42,7 @@
 #include "megadecode/base/error.h"
 #include "megadecode/base/threads.h"
 #include "megadecode/base/util.h"
+#include "megadecode/kernels/cpu/expert_slots.h"
 #include "tiles.h"
 
 namespace md {
@@ -612,18 +613,7 @@ struct CpuExecutor::Impl {
     exec::StepCtx ctx;
     ctx.plan = &rt.plan;
     ctx.cfg = &c;
-    ctx.rnd = model.options().precision == Precision::BF16;
-    ctx.eps = float(c.rms_norm_eps);
-    ctx.latent_eps = float(c.latent_norm_eps);
-    // As Forward::kda: K3's official code takes the sigmoid of beta in fp32 inside its kernel.
-    ctx.round_beta = ctx.rnd && c.model_type != "kimi_k3";
-    ctx.router = cpu::RouterParams{c.num_experts,
-                                   c.num_experts_per_token,
-                                   c.num_expert_group,
-                                   c.topk_group,
-                                   c.moe_renormalize,
-                                   float(c.routed_scaling_factor),
-                                   model.options().router_biased_weights};
+    ctx.num = model.numerics();
     ctx.arena = arena.get();
     ctx.weights = rt.weights.data();
     ctx.batch = B;
@@ -690,22 +680,15 @@ struct CpuExecutor::Impl {
   void compute_stats(const PlanRuntime& rt, const std::vector<int64_t>& pos, int rows) {
     const ModelConfig& c = model.config();
     const int B = rt.plan.token_rows();
-    std::vector<char> mark(static_cast<size_t>(std::max(c.num_experts, 1)));
+    std::vector<int> mark(2 * static_cast<size_t>(std::max(c.num_experts, 1)));
     int distinct = 0;
     for (int l = 0; l < c.num_layers; ++l) {
       const uint32_t bi = rt.plan.router_ids_buffer[size_t(l)];
       if (bi == kNone) continue;
       const plan::BufferDesc& d = rt.plan.buffers[bi];
-      std::fill(mark.begin(), mark.end(), 0);
-      for (int b = 0; b < B; ++b) {
-        const auto* ids =
-            reinterpret_cast<const int32_t*>(arena.get() + d.offset + d.stride * uint64_t(b));
-        for (int j = 0; j < c.num_experts_per_token; ++j)
-          if (!mark[size_t(ids[j])]) {
-            mark[size_t(ids[j])] = 1;
-            ++distinct;
-          }
-      }
+      distinct += cpu::distinct_experts(reinterpret_cast<const int32_t*>(arena.get() + d.offset),
+                                        d.stride / 4, B, c.num_experts_per_token, c.num_experts,
+                                        mark.data(), mark.data() + c.num_experts);
     }
     stats = decode_step_bytes(model, pos, distinct, rows);
   }

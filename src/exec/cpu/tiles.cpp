@@ -13,6 +13,7 @@
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/error.h"
 #include "megadecode/kernels/cpu/attn_res.h"
+#include "megadecode/kernels/cpu/expert_slots.h"
 #include "megadecode/kernels/cpu/kda.h"
 #include "megadecode/kernels/cpu/matmul.h"
 #include "megadecode/kernels/cpu/mla.h"
@@ -25,16 +26,7 @@ using plan::BufKind;
 using plan::Instr;
 using plan::Op;
 
-namespace {
-
-// The reference's add_inplace: x = round(x + y) in bf16 mode, x += y otherwise.
-inline void add_inplace(float* x, const float* y, int64_t n, bool round) {
-  if (round)
-    for (int64_t i = 0; i < n; ++i) x[i] = round_bf16(x[i] + y[i]);
-  else
-    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
-}
-}  // namespace
+namespace {}  // namespace
 
 namespace detail {
 
@@ -77,8 +69,8 @@ void gemv_tile(const StepCtx& s, const Instr& in, const Args& a) {
     ldy = a.ld(2);
   }
   const int64_t n = int64_t(in.r1) - in.r0;
-  gemv_rows(w, in.r0, in.r1, a.f(1), B, a.ld(1), Y + in.r0, ldy, s.rnd);
-  if (s.rnd)
+  gemv_rows(w, in.r0, in.r1, a.f(1), B, a.ld(1), Y + in.r0, ldy, s.num.round_bf16);
+  if (s.num.round_bf16)
     for (int b = 0; b < B; ++b) cpu::round_bf16_inplace(Y + b * ldy + in.r0, n);
 }
 
@@ -89,26 +81,17 @@ void attn_out_tile(const StepCtx& s, const Instr& in, const Args& a) {
   const int B = s.n;
   const int64_t n = int64_t(in.r1) - in.r0;
   float* out = a.f(3);
-  gemv_rows(a.w(0), in.r0, in.r1, a.f(1), B, a.ld(1), out + in.r0, a.ld(3), s.rnd);
+  gemv_rows(a.w(0), in.r0, in.r1, a.f(1), B, a.ld(1), out + in.r0, a.ld(3), s.num.round_bf16);
   for (int b = 0; b < B; ++b) {
     float* y = a.f(3, b) + in.r0;
-    maybe_round(y, n, s.rnd);
+    maybe_round(y, n, s.num.round_bf16);
     // x = round(x + o): the residual is the left operand, as in the reference.
     const float* x = a.f(2, b) + in.r0;
-    if (s.rnd)
+    if (s.num.round_bf16)
       for (int64_t i = 0; i < n; ++i) y[i] = round_bf16(x[i] + y[i]);
     else
       for (int64_t i = 0; i < n; ++i) y[i] = x[i] + y[i];
   }
-}
-
-// The gated MLP's activation of the reference (Forward::glu): SiLU-GLU, or K3's SiTU.
-void glu(const StepCtx& s, const float* g, const float* u, int64_t n, float* out) {
-  const ModelConfig& c = *s.cfg;
-  if (c.uses_situ())
-    cpu::situ_mul(g, u, n, float(c.situ_beta), float(c.situ_linear_beta), out, s.rnd);
-  else
-    cpu::silu_mul(g, u, n, out, s.rnd);
 }
 
 // K3's block attention residual mix of sequence b: operands first .. nargs-1 of the
@@ -119,7 +102,7 @@ const float* res_mix(const StepCtx& s, const Instr& in, const Args& a, int first
   const int n = int(in.nargs) - first - 1;
   MD_CHECK(n >= 1 && n <= plan::kMaxResSources, "decode plan: #{} mixes {} sources", in.id, n);
   for (int j = 0; j < n; ++j) src[j] = a.f(first + 1 + j, b);
-  cpu::attn_res_mix(src, n, a.vec(first), s.cfg->hidden_size, s.eps, out, s.rnd);
+  cpu::attn_res_mix(src, n, a.vec(first), s.cfg->hidden_size, s.num.eps, out, s.num.round_bf16);
   return out;
 }
 
@@ -129,11 +112,11 @@ void gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc)
   const int64_t n = int64_t(in.r1) - in.r0;
   float* g = sc.f.data();
   float* u = g + B * n;
-  gemv_rows(a.w(0), in.r0, in.r1, a.f(2), B, a.ld(2), g, n, s.rnd);
-  gemv_rows(a.w(1), in.r0, in.r1, a.f(2), B, a.ld(2), u, n, s.rnd);
-  maybe_round(g, B * n, s.rnd);
-  maybe_round(u, B * n, s.rnd);
-  for (int b = 0; b < B; ++b) glu(s, g + b * n, u + b * n, n, a.f(3, b) + in.r0);
+  gemv_rows(a.w(0), in.r0, in.r1, a.f(2), B, a.ld(2), g, n, s.num.round_bf16);
+  gemv_rows(a.w(1), in.r0, in.r1, a.f(2), B, a.ld(2), u, n, s.num.round_bf16);
+  maybe_round(g, B * n, s.num.round_bf16);
+  maybe_round(u, B * n, s.num.round_bf16);
+  for (int b = 0; b < B; ++b) glu(s.num, g + b * n, u + b * n, n, a.f(3, b) + in.r0);
 }
 
 // [tokens, embed, x0, norm, h0] of token row b
@@ -149,7 +132,7 @@ void embed_seq(const StepCtx& s, const Args& a, int b) {
     const bf16* row = static_cast<const bf16*>(e.data) + int64_t(tok) * e.cols;
     for (int64_t j = 0; j < D; ++j) x[j] = bf16_to_f32(row[j]);
   }
-  cpu::rmsnorm(x, a.vec(3), D, s.eps, a.f(4, b), s.rnd);
+  cpu::rmsnorm(x, a.vec(3), D, s.num.eps, a.f(4, b), s.num.round_bf16);
 }
 
 // [tokens, embed, x0, norm, h0]; token rows [r0, r1).
@@ -180,7 +163,7 @@ void ffn_norm_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
   for (int b = int(in.r0); b < int(in.r1); ++b) {
     const float* x = a.f(0, b);
     if (in.flags & plan::kFlagAttnRes) x = res_mix(s, in, a, 3, b, sc.f.data());
-    cpu::rmsnorm(x, a.vec(1), s.cfg->hidden_size, s.eps, a.f(2, b), s.rnd);
+    cpu::rmsnorm(x, a.vec(1), s.cfg->hidden_size, s.num.eps, a.f(2, b), s.num.round_bf16);
   }
 }
 
@@ -189,29 +172,21 @@ void router_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) 
   const int E = s.cfg->num_experts;
   const int b0 = int(in.r0), n = int(in.r1) - b0;
   float* logits = sc.f.data();  // [n][E]
-  gemv_rows(a.w(1), 0, E, a.f(0, b0), n, a.ld(0), logits, E, s.rnd);
+  gemv_rows(a.w(1), 0, E, a.f(0, b0), n, a.ld(0), logits, E, s.num.round_bf16);
   for (int i = 0; i < n; ++i)
-    cpu::route_topk(logits + int64_t(i) * E, a.vec(2), s.router, a.ints(3, b0 + i), a.f(4, b0 + i));
+    cpu::route_topk(logits + int64_t(i) * E, a.vec(2), s.num.router, a.ints(3, b0 + i),
+                    a.f(4, b0 + i));
 }
 
 // The u-th distinct expert chosen by the step's token rows (ascending id) and the (row, slot)
 // pairs that chose it, in row order. Returns false when the rows chose fewer experts.
 bool expert_slot(const StepCtx& s, const Args& a, int u, Scratch& sc, int* expert, int* n) {
   const int E = s.cfg->num_experts, k = s.cfg->num_experts_per_token, B = s.n;
-  int* mark = sc.i.data();
-  int* members = mark + E;  // pairs (b, j)
-  std::fill(mark, mark + E, 0);
-  for (int b = 0; b < B; ++b) {
-    const int32_t* ids = a.ints(0, b);
-    for (int j = 0; j < k; ++j) mark[ids[j]] = 1;
-  }
-  int e = -1, seen = 0;
-  for (int x = 0; x < E; ++x)
-    if (mark[x] && seen++ == u) {
-      e = x;
-      break;
-    }
-  if (e < 0) return false;
+  int* members = sc.i.data() + E;  // pairs (b, j)
+  int32_t* list = members + 2 * B * k;
+  const int nd = cpu::distinct_experts(a.ints(0), size_t(a.ld(0)), B, k, E, sc.i.data(), list);
+  if (u >= nd) return false;
+  const int e = list[u];
   int m = 0;
   for (int b = 0; b < B; ++b) {
     const int32_t* ids = a.ints(0, b);
@@ -248,13 +223,13 @@ void expert_gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scrat
     X = xg;
     ldx = D;
   }
-  gemv_rows(a.w(2, e), in.r0, in.r1, X, n, ldx, g, rows, s.rnd);
-  gemv_rows(a.w(3, e), in.r0, in.r1, X, n, ldx, u, rows, s.rnd);
-  maybe_round(g, n * rows, s.rnd);
-  maybe_round(u, n * rows, s.rnd);
+  gemv_rows(a.w(2, e), in.r0, in.r1, X, n, ldx, g, rows, s.num.round_bf16);
+  gemv_rows(a.w(3, e), in.r0, in.r1, X, n, ldx, u, rows, s.num.round_bf16);
+  maybe_round(g, n * rows, s.num.round_bf16);
+  maybe_round(u, n * rows, s.num.round_bf16);
   for (int m = 0; m < n; ++m) {
     float* act = a.f(4, members[2 * m]) + int64_t(members[2 * m + 1]) * I + in.r0;
-    glu(s, g + m * rows, u + m * rows, rows, act);
+    glu(s.num, g + m * rows, u + m * rows, rows, act);
   }
 }
 
@@ -271,8 +246,8 @@ void expert_down_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch&
   for (int m = 0; m < n; ++m)
     std::memcpy(xg + m * I, a.f(1, members[2 * m]) + int64_t(members[2 * m + 1]) * I,
                 size_t(I) * 4);
-  gemv_rows(a.w(2, e), in.r0, in.r1, xg, n, I, y, rows, s.rnd);
-  maybe_round(y, n * rows, s.rnd);
+  gemv_rows(a.w(2, e), in.r0, in.r1, xg, n, I, y, rows, s.num.round_bf16);
+  maybe_round(y, n * rows, s.num.round_bf16);
   for (int m = 0; m < n; ++m)
     std::copy(y + m * rows, y + (m + 1) * rows,
               a.f(3, members[2 * m]) + int64_t(members[2 * m + 1]) * D + in.r0);
@@ -292,8 +267,8 @@ void combine_seq(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc, 
   if (moe && (in.flags & plan::kFlagLatentMoe)) {
     float* out = sc.f.data();
     std::copy(a.f(2, b), a.f(2, b) + D, out);
-    if (in.flags & plan::kFlagSharedExpert) add_inplace(out, a.f(3, b), D, s.rnd);
-    add_inplace(x, out, D, s.rnd);
+    if (in.flags & plan::kFlagSharedExpert) add_inplace(out, a.f(3, b), D, s.num.round_bf16);
+    add_inplace(x, out, D, s.num.round_bf16);
   } else if (moe) {
     const int k = s.cfg->num_experts_per_token;
     float* out = sc.f.data();
@@ -304,13 +279,13 @@ void combine_seq(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc, 
       const float* y = a.f(2, b) + int64_t(j) * D;
       const float wt = wts[j];
       for (int64_t i = 0; i < D; ++i) tmp[i] = y[i] * wt;
-      maybe_round(tmp, D, s.rnd);
-      add_inplace(out, tmp, D, s.rnd);
+      maybe_round(tmp, D, s.num.round_bf16);
+      add_inplace(out, tmp, D, s.num.round_bf16);
     }
-    if (in.flags & plan::kFlagSharedExpert) add_inplace(out, a.f(3, b), D, s.rnd);
-    add_inplace(x, out, D, s.rnd);
+    if (in.flags & plan::kFlagSharedExpert) add_inplace(out, a.f(3, b), D, s.num.round_bf16);
+    add_inplace(x, out, D, s.num.round_bf16);
   } else {
-    add_inplace(x, a.f(1, b), D, s.rnd);
+    add_inplace(x, a.f(1, b), D, s.num.round_bf16);
   }
   // The last layer's combine writes the final norm only for the rows that asked for logits,
   // compacted (the lm_head's input).
@@ -321,7 +296,7 @@ void combine_seq(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc, 
   }
   const float* src = x;
   if (in.flags & plan::kFlagAttnRes) src = res_mix(s, in, a, moe ? 7 : 5, b, sc.f.data() + 2 * D);
-  cpu::rmsnorm(src, a.vec(nn), D, s.eps, a.f(hn, dst), s.rnd);
+  cpu::rmsnorm(src, a.vec(nn), D, s.num.eps, a.f(hn, dst), s.num.round_bf16);
 }
 
 // [wts, dn, latent_norm (or null), r]: K3's routed sum of sequences [r0, r1) in the latent:
@@ -338,9 +313,9 @@ void latent_norm_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch&
       const float wt = wts[j];
       for (int64_t i = 0; i < X; ++i) acc[i] += y[i] * wt;
     }
-    maybe_round(acc, X, s.rnd);
+    maybe_round(acc, X, s.num.round_bf16);
     if (a.present(2))
-      cpu::rmsnorm(acc, a.vec(2), X, s.eps, a.f(3, b), s.rnd);
+      cpu::rmsnorm(acc, a.vec(2), X, s.num.eps, a.f(3, b), s.num.round_bf16);
     else
       std::copy(acc, acc + X, a.f(3, b));
   }
@@ -373,8 +348,9 @@ size_t scratch_floats(const plan::Plan& p) {
 }
 
 size_t scratch_ints(const plan::Plan& p) {
-  return size_t(p.cfg.num_experts + 2 * p.token_rows() * std::max(p.cfg.num_experts_per_token, 1) +
-                16);
+  // expert_slot: marks [E], members [2 N k], the distinct list [E].
+  return size_t(2 * p.cfg.num_experts +
+                2 * p.token_rows() * std::max(p.cfg.num_experts_per_token, 1) + 16);
 }
 
 void run_instr(const StepCtx& s, const Instr& in, Scratch& sc) {
@@ -491,20 +467,12 @@ void Prefetcher::start(const StepCtx& s, const Instr& in, bool expert_ids_visibl
       if (!expert_ids_visible) break;
       // The slot's expert: the u-th distinct id the batch chose, ascending (as expert_slot).
       const int E = s.cfg->num_experts, k = s.cfg->num_experts_per_token;
-      if (int(mark_.size()) < E) mark_.resize(size_t(E));
-      std::fill(mark_.begin(), mark_.begin() + E, 0);
-      for (int b = 0; b < s.n; ++b) {
-        const int32_t* ids =
-            reinterpret_cast<const int32_t*>(s.arena + a[0].offset + a[0].stride * uint64_t(b));
-        for (int j = 0; j < k; ++j) mark_[size_t(ids[j])] = 1;
-      }
-      int e = -1;
-      for (int x = 0, seen = 0; x < E; ++x)
-        if (mark_[size_t(x)] && seen++ == int(in.slot)) {
-          e = x;
-          break;
-        }
-      if (e < 0) break;  // an empty slot
+      if (int(mark_.size()) < 2 * E) mark_.resize(size_t(2 * E));  // once per worker
+      const int nd =
+          cpu::distinct_experts(reinterpret_cast<const int32_t*>(s.arena + a[0].offset),
+                                a[0].stride / 4, s.n, k, E, mark_.data(), mark_.data() + E);
+      if (int(in.slot) >= nd) break;  // an empty slot
+      const int e = mark_[size_t(E) + in.slot];
       auto expert_rows = [&](int i) {
         const WeightView& w = s.weights[a[i].offset + uint64_t(e)];
         const size_t rb = stored_row_bytes(w);

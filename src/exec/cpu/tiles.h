@@ -7,6 +7,7 @@
 #include "megadecode/base/dtype.h"
 #include "megadecode/base/threads.h"
 #include "megadecode/engine/model.h"
+#include "megadecode/engine/numerics.h"
 #include "megadecode/engine/sampler.h"
 #include "megadecode/kernels/cpu/ops.h"
 #include "megadecode/model/config.h"
@@ -55,11 +56,7 @@ inline int64_t row_log_floats(const ModelConfig& c) {
 struct StepCtx {
   const plan::Plan* plan = nullptr;
   const ModelConfig* cfg = nullptr;
-  bool rnd = true;  // Precision::BF16
-  // beta = sigmoid(b) rounded to bf16 (Kimi Linear's bf16 reference; K3 keeps it in fp32).
-  bool round_beta = true;
-  float eps = 0, latent_eps = 0;
-  cpu::RouterParams router;
+  Numerics num;  // the model's numeric policy (rounding points, router, activation)
   uint8_t* arena = nullptr;
   const WeightView* weights = nullptr;
   int batch = 0;                    // sequences
@@ -163,7 +160,7 @@ class Prefetcher {
   };
   void add(const void* base, size_t row_bytes, uint32_t rows);
   Range r_[3];
-  std::vector<int> mark_;  // expert marks for resolving a slot
+  std::vector<int> mark_;  // expert marks and the distinct list, for resolving a slot
   int n_ = 0, cur_ = 0;
   uint32_t group_ = 0, row_ = 0;
   size_t col_ = 0, budget_ = 0;

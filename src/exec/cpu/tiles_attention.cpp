@@ -53,18 +53,18 @@ void kda_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
   // f = round(f_b fa), gate = round(g_b ga) on these heads' rows, for all R rows in one pass
   // over the weights (K3's full-rank gate is operand 4 itself, round(g h) from the projection).
   const bool full_gate = in.flags & plan::kFlagFullRankGate;
-  gemv_rows(a.w(7), c0, c1, a.f(3, t0), R, a.ld(3), f + c0, C, s.rnd);
-  for (int i = 0; i < R; ++i) maybe_round(f + i * C + c0, n, s.rnd);
+  gemv_rows(a.w(7), c0, c1, a.f(3, t0), R, a.ld(3), f + c0, C, s.num.round_bf16);
+  for (int i = 0; i < R; ++i) maybe_round(f + i * C + c0, n, s.num.round_bf16);
   if (!full_gate) {
-    gemv_rows(a.w(8), c0, c1, a.f(4, t0), R, a.ld(4), gate + c0, C, s.rnd);
-    for (int i = 0; i < R; ++i) maybe_round(gate + i * C + c0, n, s.rnd);
+    gemv_rows(a.w(8), c0, c1, a.f(4, t0), R, a.ld(4), gate + c0, C, s.num.round_bf16);
+    for (int i = 0; i < R; ++i) maybe_round(gate + i * C + c0, n, s.num.round_bf16);
   }
   auto gate_row = [&](int i) { return full_gate ? a.f(4, t0 + i) : gate + i * C; };
   for (int i = 0; i < R; ++i) {
     const float* braw = a.f(5, t0 + i);
     for (int h = h0; h < h1; ++h) {
       float bt = cpu::sigmoidf(braw[h]);
-      if (s.round_beta) bt = round_bf16(bt);
+      if (s.num.round_beta) bt = round_bf16(bt);
       beta[i * H + h] = bt;
     }
   }
@@ -89,7 +89,7 @@ void kda_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
     // chunked delta rule from the state.
     for (int i = 0; i < 3; ++i)
       cpu::short_conv_prefill(a.f(i, t0), R, a.ld(i), sv.conv_cache + i * cstride, wconv[i], Wc, C,
-                              c0, c1, conv_out[i], C, s.rnd);
+                              c0, c1, conv_out[i], C, s.num.round_bf16);
     for (int i = 0; i < R; ++i) {
       if (in.flags & plan::kFlagBoundedDecay)
         cpu::kda_decay_gate_bounded(f + i * C, a.vec(12), a.vec(13), K,
@@ -107,7 +107,7 @@ void kda_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
     for (int i = 0; i < R; ++i) {
       for (int j = 0; j < 3; ++j)
         cpu::short_conv_decode(a.f(j, t0 + i), sv.conv_cache + j * cstride, wconv[j], Wc, C, c0, c1,
-                               conv_out[j] + i * C, s.rnd);
+                               conv_out[j] + i * C, s.num.round_bf16);
       float* fi = f + i * C;
       if (in.flags & plan::kFlagBoundedDecay)
         cpu::kda_decay_gate_bounded(fi, a.vec(12), a.vec(13), K, float(c.kda_gate_lower_bound), c0,
@@ -135,9 +135,9 @@ void kda_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
   // round(o), gated norm, round(o), per row.
   for (int i = 0; i < R; ++i) {
     float* o = o_rows + i * ldo;
-    maybe_round(o + c0, n, s.rnd);
-    cpu::kda_gated_norm(o, gate_row(i), a.vec(14), K, h0, h1, s.eps);
-    maybe_round(o + c0, n, s.rnd);
+    maybe_round(o + c0, n, s.num.round_bf16);
+    cpu::kda_gated_norm(o, gate_row(i), a.vec(14), K, h0, h1, s.num.eps);
+    maybe_round(o + c0, n, s.num.round_bf16);
   }
 }
 
@@ -149,7 +149,7 @@ void mla_latent_tile(const StepCtx& s, const Instr& in, const Args& a) {
   for (int t = int(in.r0); t < int(in.r1); ++t) {
     float* row = a.seq(s.seq_of(t)).mla_cache + s.pos_of(t) * CW;
     const float* x = a.f(0, t);
-    cpu::rmsnorm(x, a.vec(1), R, s.latent_eps, row, s.rnd);
+    cpu::rmsnorm(x, a.vec(1), R, s.num.latent_eps, row, s.num.round_bf16);
     std::copy(x + R, x + CW, row + R);
   }
 }
@@ -180,10 +180,10 @@ void mla_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
     cpu::mla_decode_absorbed(a.f(0, t), cache, c.mla_cache_width(), T, kvb, d, int(in.r0),
                              int(in.r1), att, sc.f.data());
     const int64_t o0 = int64_t(in.r0) * d.V, on = int64_t(in.r1 - in.r0) * d.V;
-    maybe_round(att + o0, on, s.rnd);
+    maybe_round(att + o0, on, s.num.round_bf16);
     // K3: att *= sigmoid(g) on these heads (operand 4: round(g_proj h)).
     if (in.flags & plan::kFlagOutputGate)
-      cpu::sigmoid_gate_inplace(att + o0, a.f(4, t) + o0, on, s.rnd);
+      cpu::sigmoid_gate_inplace(att + o0, a.f(4, t) + o0, on, s.num.round_bf16);
   }
 }
 
@@ -200,9 +200,9 @@ void mla_merge_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& s
                           static_cast<const bf16*>(a.w(1).data), d, int(in.r0), int(in.r1), att,
                           sc.f.data());
     const int64_t o0 = int64_t(in.r0) * d.V, on = int64_t(in.r1 - in.r0) * d.V;
-    maybe_round(att + o0, on, s.rnd);
+    maybe_round(att + o0, on, s.num.round_bf16);
     if (in.flags & plan::kFlagOutputGate)
-      cpu::sigmoid_gate_inplace(att + o0, a.f(3, t) + o0, on, s.rnd);
+      cpu::sigmoid_gate_inplace(att + o0, a.f(3, t) + o0, on, s.num.round_bf16);
   }
 }
 
@@ -213,11 +213,12 @@ void mla_q_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
   const int64_t Q = s.cfg->q_lora_rank;
   const int N = s.n;
   float* qn = sc.f.data();
-  for (int t = 0; t < N; ++t) cpu::rmsnorm(a.f(1, t), a.vec(2), Q, s.latent_eps, qn + t * Q, s.rnd);
+  for (int t = 0; t < N; ++t)
+    cpu::rmsnorm(a.f(1, t), a.vec(2), Q, s.num.latent_eps, qn + t * Q, s.num.round_bf16);
   const int64_t n = int64_t(in.r1) - in.r0;
   float* Y = a.f(3);
-  gemv_rows(a.w(0), in.r0, in.r1, qn, N, Q, Y + in.r0, a.ld(3), s.rnd);
-  if (s.rnd)
+  gemv_rows(a.w(0), in.r0, in.r1, qn, N, Q, Y + in.r0, a.ld(3), s.num.round_bf16);
+  if (s.num.round_bf16)
     for (int t = 0; t < N; ++t) cpu::round_bf16_inplace(Y + t * a.ld(3) + in.r0, n);
 }
 
