@@ -18,6 +18,7 @@
 #include "megadecode/base/threads.h"
 #include "megadecode/base/util.h"
 #include "megadecode/kernels/cpu/bandwidth.h"
+#include "megadecode/kernels/cpu/cpu_features.h"
 #include "megadecode/kernels/cpu/matmul.h"
 
 namespace md::cpu {
@@ -101,7 +102,7 @@ void BM_MatmulBf16(benchmark::State& state) {
   const int64_t rows = state.range(0), K = state.range(1);
   const int threads = static_cast<int>(state.range(2)), B = static_cast<int>(state.range(3));
   const bool x_bf16 = state.range(4) != 0;
-  set_matmul_isa_portable(state.range(5) != 0);
+  if (state.range(5) != 0) set_isa(Isa::kPortable);
   const size_t bytes = static_cast<size_t>(rows * K) * sizeof(bf16);
   const auto x = make_x(B, K);
   std::vector<float> y(static_cast<size_t>(B * rows));
@@ -118,7 +119,7 @@ void BM_MatmulBf16(benchmark::State& state) {
       2.0 * static_cast<double>(rows * K) * B * static_cast<double>(state.iterations()),
       benchmark::Counter::kIsRate);
   state.SetLabel(matmul_isa());
-  set_matmul_isa_portable(false);
+  reset_isa();
 }
 
 // The fp32 router gate: [experts x hidden] fp32.
@@ -221,7 +222,7 @@ void BM_MatmulMxfp4(benchmark::State& state) {
   const int64_t rows = state.range(0), K = state.range(1);
   const int threads = static_cast<int>(state.range(2)), B = static_cast<int>(state.range(3));
   const bool x_bf16 = state.range(4) != 0;
-  set_matmul_isa_portable(state.range(5) != 0);
+  if (state.range(5) != 0) set_isa(Isa::kPortable);
   const size_t packed_bytes = static_cast<size_t>(rows * K / 2);
   const size_t bytes = packed_bytes + static_cast<size_t>(rows * K / 32);
   const auto x = make_x(B, K);
@@ -240,7 +241,7 @@ void BM_MatmulMxfp4(benchmark::State& state) {
       static_cast<double>(rows * K) * static_cast<double>(state.iterations()) * 1e-9,
       benchmark::Counter::kIsRate);
   state.SetLabel(matmul_mxfp4_isa());
-  set_matmul_isa_portable(false);
+  reset_isa();
 }
 
 // Kimi K3 routed expert shapes in the 3584-wide latent: gate/up [3072 x 3584] and down

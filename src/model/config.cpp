@@ -11,6 +11,8 @@
 #include <pcre2.h>
 
 #include "megadecode/base/error.h"
+#include "megadecode/kernels/cpu/kda.h"
+#include "megadecode/kernels/cpu/ops.h"
 
 namespace md {
 
@@ -250,8 +252,8 @@ void parse_text(const json& root, const std::string& p, ModelConfig& c) {
   const std::string lp = p + "linear_attn_config.";
   c.kda_num_heads = positive(get_int(la, lp, "num_heads"), lp, "num_heads", 4096);
   c.kda_head_dim = positive(get_int(la, lp, "head_dim"), lp, "head_dim", 4096);
-  c.kda_conv_size =
-      positive(get_int_or(la, lp, "short_conv_kernel_size", 4), lp, "short_conv_kernel_size", 64);
+  c.kda_conv_size = positive(get_int_or(la, lp, "short_conv_kernel_size", 4), lp,
+                             "short_conv_kernel_size", cpu::kMaxShortConvWidth);
   auto full = get_int_list(la, lp, "full_attn_layers");
   auto kda = get_int_list(la, lp, "kda_layers");
   c.attn_kind.assign(c.num_layers, AttnKind::KDA);
@@ -323,7 +325,9 @@ void parse_text(const json& root, const std::string& p, ModelConfig& c) {
     }
   }
   if (any_moe) {
-    c.num_experts = positive(get_int(root, p, "num_experts"), p, "num_experts", 1 << 16);
+    // The CPU router works in fixed buffers of kMaxRouterExperts (no allocation per token).
+    c.num_experts =
+        positive(get_int(root, p, "num_experts"), p, "num_experts", cpu::kMaxRouterExperts);
     c.num_experts_per_token =
         positive(get_int(root, p, "num_experts_per_token"), p, "num_experts_per_token", 1 << 16);
     MD_CHECK(c.num_experts_per_token <= c.num_experts,

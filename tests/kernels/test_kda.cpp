@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "megadecode/base/bf16.h"
+#include "megadecode/kernels/cpu/cpu_features.h"
 #include "megadecode/kernels/cpu/kda.h"
 
 namespace md::cpu {
@@ -24,18 +25,17 @@ namespace {
 
 constexpr double kEps = 1.0 / (1 << 23);
 
-// Runs `body` once per available implementation, then restores the selection found on entry
-// (MEGADECODE_ISA=portable forces the portable path for the rest of the binary).
+// Runs `body` once per KDA implementation the CPU has (portable, and AVX-512 at the avx512 level),
+// then restores the start-up ISA level.
 void for_each_isa(const std::function<void()>& body) {
-  const bool was_portable = std::string(kda_isa()) == "portable";
-  std::vector<bool> modes = {true};
-  if (__builtin_cpu_supports("avx512f")) modes.push_back(false);
-  for (bool portable : modes) {
-    set_kda_isa_portable(portable);
+  std::vector<Isa> levels = {Isa::kPortable};
+  if (hardware_isa() >= Isa::kAvx512) levels.push_back(Isa::kAvx512);
+  for (Isa level : levels) {
+    set_isa(level);
     SCOPED_TRACE(std::string("isa=") + kda_isa());
     body();
   }
-  set_kda_isa_portable(was_portable);
+  reset_isa();
 }
 
 std::vector<float> normal(std::mt19937_64& rng, size_t n, double sd = 1.0) {

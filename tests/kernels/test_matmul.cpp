@@ -12,6 +12,7 @@
 #include "megadecode/base/threads.h"
 #include "megadecode/base/util.h"
 #include "megadecode/kernels/cpu/bandwidth.h"
+#include "megadecode/kernels/cpu/cpu_features.h"
 
 namespace md::cpu {
 namespace {
@@ -108,29 +109,32 @@ void check_against_reference(const Problem& p, const std::vector<WT>& w,
   }
 }
 
-// The ISAs this CPU can run; restores the automatic choice when destroyed.
+// The ISA levels this CPU can run (cpu_features.h), lowest first; restores the start-up level
+// when destroyed.
 struct IsaList {
   std::vector<std::string> names;
   IsaList() {
-    for (const char* n : {"portable", "avx512", "avx512bf16"}) {
-      if (set_matmul_isa(n)) names.emplace_back(n);
-    }
-    set_matmul_isa("auto");
+    for (int i = 0; i <= static_cast<int>(hardware_isa()); ++i)
+      names.emplace_back(isa_name(static_cast<Isa>(i)));
   }
-  ~IsaList() { set_matmul_isa("auto"); }
-  void use(const std::string& n) const { ASSERT_TRUE(set_matmul_isa(n.c_str())) << n; }
+  ~IsaList() { reset_isa(); }
+  void use(const std::string& n) const {
+    Isa isa;
+    ASSERT_TRUE(parse_isa(n, &isa)) << n;
+    ASSERT_EQ(set_isa(isa), isa) << n;
+    ASSERT_EQ(std::string(matmul_isa()), n);
+  }
 };
 
 const int64_t kKs[] = {1, 7, 16, 31, 32, 33, 100, 513, 2304, 9216};
 const int kBs[] = {1, 2, 3, 8, 17};
 
-TEST(Matmul, PortableSwitch) {
+TEST(Matmul, IsaSelection) {
   IsaList isas;
-  set_matmul_isa_portable(true);
+  set_isa(Isa::kPortable);
   EXPECT_STREQ(matmul_isa(), "portable");
-  set_matmul_isa_portable(false);
-  EXPECT_EQ(std::string(matmul_isa()), isas.names.back());
-  EXPECT_FALSE(set_matmul_isa("no-such-isa"));
+  // Asking for more than the CPU has is clamped to the best it has.
+  EXPECT_EQ(set_isa(Isa::kAvx512Bf16), hardware_isa());
   EXPECT_EQ(std::string(matmul_isa()), isas.names.back());
 }
 

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "megadecode/base/bf16.h"
+#include "megadecode/kernels/cpu/cpu_features.h"
 #include "megadecode/kernels/cpu/mla.h"
 
 namespace md::cpu {
@@ -340,30 +341,18 @@ class SoftmaxShape {
 };
 
 // The kernels carry an AVX2 copy chosen at run time and a baseline copy (see mla.cpp). Tests run
-// both: once as the environment chooses and once with MEGADECODE_ISA=portable.
+// both: at the start-up ISA level (nullptr) and forced to the portable level.
 class ScopedIsa {
  public:
-  explicit ScopedIsa(const char* isa) : set_(isa != nullptr) {
-    if (!set_) return;
-    const char* old = std::getenv("MEGADECODE_ISA");
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv("MEGADECODE_ISA", isa, 1);
-  }
-  ~ScopedIsa() {
-    if (!set_) return;
-    if (had_) {
-      setenv("MEGADECODE_ISA", old_.c_str(), 1);
-    } else {
-      unsetenv("MEGADECODE_ISA");
-    }
-  }
-  ScopedIsa(const ScopedIsa&) = delete;
-  ScopedIsa& operator=(const ScopedIsa&) = delete;
+  explicit ScopedIsa(const char* isa) : scoped_(level(isa)) {}
 
  private:
-  bool set_, had_ = false;
-  std::string old_;
+  static Isa level(const char* isa) {
+    Isa l = active_isa();
+    if (isa != nullptr) parse_isa(isa, &l);
+    return l;
+  }
+  md::cpu::ScopedIsa scoped_;
 };
 constexpr const char* kIsas[] = {nullptr, "portable"};
 const char* isa_name(const char* isa) {

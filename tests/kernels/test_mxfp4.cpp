@@ -13,7 +13,7 @@
 
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/util.h"
-#include "megadecode/kernels/cpu/matmul.h"
+#include "megadecode/kernels/cpu/cpu_features.h"
 
 namespace md::cpu {
 namespace {
@@ -34,8 +34,10 @@ double e2m1(int code) {
 //    multiply, G = K/32 accumulation adds, 3 tree levels: n = 1 + 3 + 1 + G + 3 < G + 9;
 //  * AVX-512: 8 products per lane per chunk of 4 groups (mul + 7 fmas: at most 8 roundings), then
 //    an fma with the scale into the accumulator (1 rounding per chunk, C = ceil(G/4) chunks), then
-//    4 tree levels: n = 8 + C + 4 = C + 12.
-// So n = max(G + 9, ceil(G/4) + 12) bounds both, and the recursive-summation bound gives
+//    4 tree levels: n = 8 + C + 4 = C + 12;
+//  * AVX2: the same with chunks of 2 groups and 3 tree levels: n = 8 + ceil(G/2) + 3, which is
+//    <= G + 9 for G >= 4 and <= ceil(G/4) + 12 = 13 for G <= 3.
+// So n = max(G + 9, ceil(G/4) + 12) bounds all three, and the recursive-summation bound gives
 // |y - exact| <= gamma_n * sum_k |w_k x_k| with gamma_n < (n + 1) u, u = 2^-24 (n << 2^24). This
 // is ~32x tighter than the plain "K u sum|w x|" bound, because the per-group runs are short.
 // Results in the subnormal range (tiny scales) also carry an absolute error of at most half an
@@ -48,20 +50,18 @@ double error_bound(int64_t K, double sum_abs) {
   return (n + 1) * 0x1p-24 * sum_abs + static_cast<double>(K + 16) * 0x1p-150;
 }
 
-// Every ISA this CPU supports, in increasing order; restores "auto" at the end. MXFP4 follows the
-// matmul selection.
+// Every ISA level this CPU supports (cpu_features.h), lowest first; restores the start-up level.
 struct IsaList {
   std::vector<std::string> names;
   IsaList() {
-    for (const char* n : {"portable", "avx512", "avx512bf16"}) {
-      if (set_matmul_isa(n)) names.emplace_back(n);
-    }
-    set_matmul_isa("auto");
+    for (int i = 0; i <= static_cast<int>(hardware_isa()); ++i)
+      names.emplace_back(isa_name(static_cast<Isa>(i)));
   }
-  ~IsaList() { set_matmul_isa("auto"); }
+  ~IsaList() { reset_isa(); }
   void use(const std::string& n) const {
-    ASSERT_TRUE(set_matmul_isa(n.c_str())) << n;
-    ASSERT_EQ(std::string(matmul_mxfp4_isa()), n);
+    Isa isa;
+    ASSERT_TRUE(parse_isa(n, &isa)) << n;
+    ASSERT_EQ(set_isa(isa), isa) << n;
   }
 };
 
@@ -186,16 +186,14 @@ TEST(Mxfp4, FindNanScale) {
   EXPECT_EQ(mxfp4_find_nan_scale(s.data(), 37), -1);
 }
 
-TEST(Mxfp4, IsaFollowsMatmul) {
+TEST(Mxfp4, IsaFollowsLevel) {
   IsaList isas;
-  for (const auto& isa : isas.names) {
-    isas.use(isa);
-    EXPECT_EQ(std::string(matmul_mxfp4_isa()), std::string(matmul_isa()));
+  // The AVX-512 kernel serves both AVX-512 levels (it needs no BF16 instruction).
+  const char* expect[] = {"portable", "avx2", "avx512", "avx512"};
+  for (size_t i = 0; i < isas.names.size(); ++i) {
+    isas.use(isas.names[i]);
+    EXPECT_STREQ(matmul_mxfp4_isa(), expect[i]) << isas.names[i];
   }
-  set_matmul_isa_portable(true);
-  EXPECT_STREQ(matmul_mxfp4_isa(), "portable");
-  set_matmul_isa_portable(false);
-  EXPECT_EQ(std::string(matmul_mxfp4_isa()), isas.names.back());
 }
 
 TEST(Mxfp4, MatchesFloat64Reference) {

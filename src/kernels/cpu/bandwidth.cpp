@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "megadecode/base/util.h"
+#include "megadecode/kernels/cpu/cpu_features.h"
 
 namespace md::cpu {
 
@@ -37,8 +38,9 @@ unsigned long long stream_read_sum_portable(const void* p, size_t n) {
 }  // namespace detail
 
 unsigned long long stream_read_sum(const void* p, size_t n) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  return avx512 ? detail::stream_read_sum_avx512(p, n) : detail::stream_read_sum_portable(p, n);
+  // 64-byte loads from the avx512 level up, as the matmul kernels stream; 16-byte ones below.
+  return active_isa() >= Isa::kAvx512 ? detail::stream_read_sum_avx512(p, n)
+                                      : detail::stream_read_sum_portable(p, n);
 }
 
 namespace {

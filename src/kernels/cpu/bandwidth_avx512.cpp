@@ -1,4 +1,5 @@
 // AVX-512 variant of the bandwidth stream: one full cache line per load, as the matmul kernels do.
+// Compiled for the avx512 level (AVX-512 F/BW/VL/DQ) and entered only there.
 #include <immintrin.h>
 
 #include "megadecode/kernels/cpu/bandwidth.h"

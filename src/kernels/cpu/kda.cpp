@@ -2,32 +2,29 @@
 // exponentials and products of the chunked prefill go through five primitives (decode_state,
 // gemm_rows, pair_coeffs, decay_vectors, decayed_keys) that exist twice: portable loops here,
 // written so that the compiler vectorises them for the baseline ISA, and AVX-512 versions in
-// kda_avx512.cpp, chosen at run time. Everything around them (q/k normalisation, cumulative decays,
-// the per-chunk bookkeeping) is shared, so both paths compute the same algorithm and differ only
-// in summation order and FMA contraction.
+// kda_avx512.cpp, chosen at run time from the ISA level (cpu_features.h: the avx512 level and
+// above; the avx2 level runs the portable primitives). Everything around them (q/k normalisation,
+// cumulative decays, the per-chunk bookkeeping) is shared, so both paths compute the same algorithm
+// and differ only in summation order and FMA contraction.
 #include "megadecode/kernels/cpu/kda.h"
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "megadecode/base/bf16.h"
+#include "megadecode/base/error.h"
+#include "megadecode/kernels/cpu/cpu_features.h"
 
 namespace md::cpu {
 
-// Run-time ISA selection, mirroring matmul_isa()/set_matmul_isa_portable(); not (yet) declared in
-// kda.h, the unit tests declare them to run both paths.
-const char* kda_isa();
-void set_kda_isa_portable(bool portable);
-
-// The AVX-512 primitives (kda_avx512.cpp, needs AVX-512F). Same contracts as the portable
-// versions below; decode_state and gemm_rows additionally need K (resp. N) % 16 == 0. A mismatch
-// between these declarations and the definitions is a link error (the types are mangled).
+// The AVX-512 primitives (kda_avx512.cpp, compiled for the avx512 level: AVX-512 F/BW/VL/DQ). Same
+// contracts as the portable versions below; decode_state and gemm_rows additionally need K (resp.
+// N) % 16 == 0. A mismatch between these declarations and the definitions is a link error (the
+// types are mangled).
 namespace kda_avx512 {
 void decode_state(float* S, const float* ck, const float* cq, const float* eg, const float* kn,
                   const float* v, float beta, float kq, int K, float* o);
@@ -206,17 +203,8 @@ void decayed_keys_portable(int K, int n, const float* g0, const float* gcT, cons
 // ---------------------------------------------------------------------------------------------
 // Dispatch.
 
-std::atomic<bool>& force_portable() {
-  static std::atomic<bool> flag{[] {
-    const char* e = std::getenv("MEGADECODE_ISA");
-    return e != nullptr && std::strcmp(e, "portable") == 0;
-  }()};
-  return flag;
-}
-
 bool use_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has && !force_portable().load(std::memory_order_relaxed);
+  return active_isa() >= Isa::kAvx512;
 }
 
 struct Prims {
@@ -300,10 +288,6 @@ const char* kda_isa() {
   return use_avx512() ? "avx512" : "portable";
 }
 
-void set_kda_isa_portable(bool portable) {
-  force_portable().store(portable, std::memory_order_relaxed);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Short convolution.
 
@@ -327,7 +311,10 @@ void short_conv_prefill(const float* x, int T, int64_t ldx, float* cache, const 
   if (T <= 0) return;
   // Input row tau of the stream that starts with the cache: tau < 0 is cache row W - 1 + tau.
   auto row = [&](int tau) { return tau >= 0 ? x + tau * ldx : cache + (W - 1 + tau) * C; };
-  std::vector<const float*> win(static_cast<size_t>(W));
+  // A fixed array, not a vector: no allocation per call (the config caps the width).
+  MD_CHECK(W >= 1 && W <= kMaxShortConvWidth, "short_conv_prefill: width {} not in [1, {}]", W,
+           kMaxShortConvWidth);
+  const float* win[kMaxShortConvWidth];
   for (int t = 0; t < T; ++t) {
     for (int j = 0; j < W; ++j) win[j] = row(t - (W - 1) + j);
     float* o = out + t * ldo;

@@ -1,46 +1,15 @@
-// Run-time dispatch between the AVX-512 kernels (matmul_avx512.cpp) and the portable path below,
-// which must stay within the x86-64 baseline (SSE2) because it is what runs when the CPU check
-// fails.
+// Run-time dispatch between the ISA kernels (matmul_avx2.cpp, matmul_avx512.cpp,
+// matmul_avx512bf16.cpp) and the portable path below, which must stay within the x86-64 baseline
+// (SSE2) because it is what runs when the CPU has none of them. The level comes from
+// cpu_features.h, as for every kernel family.
 #include "megadecode/kernels/cpu/matmul.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
-#include <cstring>
-#include <string_view>
+
+#include "megadecode/kernels/cpu/cpu_features.h"
 
 namespace md::cpu {
 namespace {
-
-enum class Isa { kPortable, kAvx512, kAvx512Bf16 };
-
-// The best ISA the CPU and OS support, ignoring the environment.
-Isa hardware_isa() {
-  __builtin_cpu_init();  // needed when this runs from a static initialiser, harmless otherwise
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  if (!avx512) return Isa::kPortable;
-  return __builtin_cpu_supports("avx512bf16") ? Isa::kAvx512Bf16 : Isa::kAvx512;
-}
-
-// MEGADECODE_ISA may only lower the choice: asking for an ISA the CPU lacks falls back to the best.
-Isa initial_isa() {
-  const Isa hw = hardware_isa();
-  const char* env = std::getenv("MEGADECODE_ISA");
-  if (!env) return hw;
-  if (std::strcmp(env, "portable") == 0) return Isa::kPortable;
-  if (std::strcmp(env, "avx512") == 0 && hw != Isa::kPortable) return Isa::kAvx512;
-  return hw;
-}
-
-std::atomic<Isa>& isa_state() {
-  static std::atomic<Isa> isa{initial_isa()};
-  return isa;
-}
-
-Isa current_isa() {
-  return isa_state().load(std::memory_order_relaxed);
-}
 
 // ---- Portable path -------------------------------------------------------------------------
 // Eight fp32 lanes per output: lane l accumulates elements k with k % 8 == l, in increasing k,
@@ -112,12 +81,19 @@ void portable_matmul(const WT* W, int64_t K, int64_t r0, int64_t r1, const float
 void matmul_bf16(const bf16* W, int64_t K, int64_t r0, int64_t r1, const float* X, int B,
                  int64_t ldx, float* Y, int64_t ldy, bool x_is_bf16) {
   if (r0 >= r1 || B <= 0) return;
-  switch (current_isa()) {
+  switch (active_isa()) {
     case Isa::kAvx512Bf16:
-      detail::matmul_bf16_avx512bf16(W, K, r0, r1, X, B, ldx, Y, ldy, x_is_bf16);
+      if (x_is_bf16) {
+        detail::matmul_bf16_avx512bf16(W, K, r0, r1, X, B, ldx, Y, ldy);
+      } else {
+        detail::matmul_bf16_avx512(W, K, r0, r1, X, B, ldx, Y, ldy);
+      }
       break;
     case Isa::kAvx512:
       detail::matmul_bf16_avx512(W, K, r0, r1, X, B, ldx, Y, ldy);
+      break;
+    case Isa::kAvx2:
+      detail::matmul_bf16_avx2(W, K, r0, r1, X, B, ldx, Y, ldy);
       break;
     case Isa::kPortable:
       // X values are used exactly in fp32 either way, so x_is_bf16 changes nothing here.
@@ -129,46 +105,22 @@ void matmul_bf16(const bf16* W, int64_t K, int64_t r0, int64_t r1, const float* 
 void matmul_f32(const float* W, int64_t K, int64_t r0, int64_t r1, const float* X, int B,
                 int64_t ldx, float* Y, int64_t ldy) {
   if (r0 >= r1 || B <= 0) return;
-  if (current_isa() == Isa::kPortable) {
-    portable_matmul(W, K, r0, r1, X, B, ldx, Y, ldy);
-  } else {
-    detail::matmul_f32_avx512(W, K, r0, r1, X, B, ldx, Y, ldy);
+  switch (active_isa()) {
+    case Isa::kAvx512Bf16:
+    case Isa::kAvx512:
+      detail::matmul_f32_avx512(W, K, r0, r1, X, B, ldx, Y, ldy);
+      break;
+    case Isa::kAvx2:
+      detail::matmul_f32_avx2(W, K, r0, r1, X, B, ldx, Y, ldy);
+      break;
+    case Isa::kPortable:
+      portable_matmul(W, K, r0, r1, X, B, ldx, Y, ldy);
+      break;
   }
 }
 
 const char* matmul_isa() {
-  switch (current_isa()) {
-    case Isa::kAvx512Bf16:
-      return "avx512bf16";
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kPortable:
-      break;
-  }
-  return "portable";
-}
-
-bool set_matmul_isa(const char* name) {
-  const std::string_view n = name ? name : "";
-  const Isa hw = hardware_isa();
-  Isa want;
-  if (n == "auto") {
-    want = hw;
-  } else if (n == "portable") {
-    want = Isa::kPortable;
-  } else if (n == "avx512" && hw != Isa::kPortable) {
-    want = Isa::kAvx512;
-  } else if (n == "avx512bf16" && hw == Isa::kAvx512Bf16) {
-    want = Isa::kAvx512Bf16;
-  } else {
-    return false;
-  }
-  isa_state().store(want, std::memory_order_relaxed);
-  return true;
-}
-
-void set_matmul_isa_portable(bool portable) {
-  isa_state().store(portable ? Isa::kPortable : hardware_isa(), std::memory_order_relaxed);
+  return isa_name(active_isa());
 }
 
 }  // namespace md::cpu

@@ -20,6 +20,8 @@
 #include <limits>
 #include <vector>
 
+#include "megadecode/kernels/cpu/cpu_features.h"
+
 namespace md::cpu {
 namespace {
 
@@ -283,6 +285,15 @@ float* thread_workspace(size_t n) {
   return ws.data();
 }
 
+// The prefill's per-head buffers (kv_b rows in fp32, expanded k/v, probabilities): grown once per
+// thread, then reused, so a prefill chunk does not allocate. Separate from thread_workspace so
+// that neither invalidates the other.
+float* prefill_workspace(size_t n) {
+  thread_local std::vector<float> ws;
+  if (ws.size() < n) ws.resize(n);
+  return ws.data();
+}
+
 // The partial attention of heads [h0, h1) over cache rows [t0, t1), written to part[hh] =
 // {ol[R] (unnormalised sum of p_t c_t), running max, running denominator} (see mla.h).
 // ws holds nh * (R + P) + kBlockT floats.
@@ -451,20 +462,17 @@ MD_INLINE void prefill_attend_body(const float* q, int64_t ldq, int Tq, int T0, 
 // 4-float vectors for the build's baseline (SSE2 on x86-64). Run time picks AVX2 where the CPU has
 // it. (An AVX-512 copy measured no faster: these loops are bound by loads from L1/L2, not by
 // vector width.) The copies differ in lane count and fused multiply-adds, so their results differ
-// by rounding only. MEGADECODE_ISA=portable forces the baseline copy; it is read at every call (a
-// getenv is noise next to the kernel) so that tests can run both.
+// by rounding only. The ISA level (cpu_features.h) picks the copy: AVX2 from the avx2 level up.
+// The AVX2 copy is compiled through target attributes rather than an *_avx2.cpp file because the
+// bodies are templates shared with the baseline copy; its attribute ("avx2,fma") is exactly the
+// avx2 level's flags.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MD_MLA_X86 1
 #endif
 
 bool use_avx2() {
 #ifdef MD_MLA_X86
-  static const bool has_avx2 = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  const char* env = std::getenv("MEGADECODE_ISA");
-  return has_avx2 && (env == nullptr || std::strcmp(env, "portable") != 0);
+  return active_isa() >= Isa::kAvx2;
 #else
   return false;
 #endif
@@ -503,6 +511,10 @@ MD_MLA_VERSIONS(prefill_attend,
                 (q, ldq, Tq, T0, cache, ldc, kv, d, h, out, ldo, round, p))
 
 }  // namespace
+
+const char* mla_isa() {
+  return use_avx2() ? "avx2" : "portable";
+}
 
 void mla_decode_absorbed(const float* q, const float* cache, int64_t ldc, int T, const bf16* kv_b,
                          const MlaDims& d, int h0, int h1, float* out, float* scratch) {
@@ -552,20 +564,21 @@ void mla_prefill(const float* q, int64_t ldq, int Tq, int T0, const float* cache
                  bool round_bf16) {
   if (Tq <= 0 || h1 <= h0) return;
   const int NV = d.N + d.V;
-  const int Tk = T0 + Tq;                               // cache rows any new token can see
-  std::vector<float> w(static_cast<size_t>(NV) * d.R);  // this head's kv_b rows in fp32
-  std::vector<float> kv(static_cast<size_t>(Tk) * NV);  // [t][k_nope (N) ; v (V)]
-  std::vector<float> p(static_cast<size_t>(Tk));
+  const int Tk = T0 + Tq;  // cache rows any new token can see
+  const size_t nw = static_cast<size_t>(NV) * d.R, nkv = static_cast<size_t>(Tk) * NV;
+  float* w = prefill_workspace(nw + nkv + static_cast<size_t>(Tk));  // this head's kv_b rows
+  float* kv = w + nw;                                                 // [t][k_nope (N) ; v (V)]
+  float* p = kv + nkv;                                                // [Tk] probabilities
   for (int h = h0; h < h1; ++h) {
     const bf16* wh = kv_b + static_cast<size_t>(h) * NV * d.R;
-    for (size_t i = 0; i < w.size(); ++i) w[i] = bf16_to_f32(wh[i]);
+    for (size_t i = 0; i < nw; ++i) w[i] = bf16_to_f32(wh[i]);
     // k_nope and v of every visible cache row, once per head: every query of the chunk reuses
     // them, as the reference's kv_b_proj over the whole cache does.
-    expand_kv(cache, ldc, Tk, w.data(), NV, d.R, kv.data());
+    expand_kv(cache, ldc, Tk, w, NV, d.R, kv);
     if (round_bf16) {
-      for (float& x : kv) x = md::round_bf16(x);
+      for (size_t i = 0; i < nkv; ++i) kv[i] = md::round_bf16(kv[i]);
     }
-    prefill_attend(q, ldq, Tq, T0, cache, ldc, kv.data(), d, h, out, ldo, round_bf16, p.data());
+    prefill_attend(q, ldq, Tq, T0, cache, ldc, kv, d, h, out, ldo, round_bf16, p);
   }
 }
 

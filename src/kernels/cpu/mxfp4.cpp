@@ -1,6 +1,7 @@
-// MXFP4 matmul: the decode table, the run-time dispatch (which follows matmul_bf16's ISA choice)
-// and the portable path, which must stay within the x86-64 baseline (SSE2) because it is what runs
-// when the CPU check fails. The AVX-512 kernels are in mxfp4_avx512.cpp.
+// MXFP4 matmul: the decode table, the run-time dispatch (the ISA level of cpu_features.h, like
+// every kernel family) and the portable path, which must stay within the x86-64 baseline (SSE2)
+// because it is what runs when the CPU has neither. The vector kernels are in mxfp4_avx2.cpp and
+// mxfp4_avx512.cpp.
 #include "megadecode/kernels/cpu/mxfp4.h"
 
 #include <algorithm>
@@ -9,7 +10,7 @@
 #include <cstring>
 #include <limits>
 
-#include "megadecode/kernels/cpu/matmul.h"
+#include "megadecode/kernels/cpu/cpu_features.h"
 
 namespace md::cpu {
 namespace detail {
@@ -45,16 +46,6 @@ namespace {
 // e2m1 code -> value (bit 3 is the sign; -0 for code 8).
 constexpr float kE2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                              -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
-
-enum class Isa { kPortable, kAvx512, kAvx512Bf16 };
-
-// The matmul selection (matmul_isa) decides: one switch for both kernels.
-Isa current_isa() {
-  const char* n = matmul_isa();
-  if (std::strcmp(n, "avx512bf16") == 0) return Isa::kAvx512Bf16;
-  if (std::strcmp(n, "avx512") == 0) return Isa::kAvx512;
-  return Isa::kPortable;
-}
 
 // ---- Portable path -------------------------------------------------------------------------
 // Per row and vector, 8 fp32 lanes. For each group of 32: lane l forms
@@ -118,12 +109,16 @@ void portable_matmul(const uint8_t* packed, const uint8_t* scales, int64_t K, in
 void matmul_mxfp4(const uint8_t* packed, const uint8_t* scales, int64_t K, int64_t r0, int64_t r1,
                   const float* X, int B, int64_t ldx, float* Y, int64_t ldy, bool x_is_bf16) {
   if (r0 >= r1 || B <= 0 || K <= 0) return;
-  switch (current_isa()) {
+  // The AVX-512 kernel uses fp32 FMAs for both X modes (vdpbf16ps was measured slower, mxfp4.h),
+  // so the avx512bf16 level runs it too and x_is_bf16 is not needed.
+  (void)x_is_bf16;
+  switch (active_isa()) {
     case Isa::kAvx512Bf16:
-      detail::matmul_mxfp4_avx512bf16(packed, scales, K, r0, r1, X, B, ldx, Y, ldy, x_is_bf16);
-      break;
     case Isa::kAvx512:
       detail::matmul_mxfp4_avx512(packed, scales, K, r0, r1, X, B, ldx, Y, ldy);
+      break;
+    case Isa::kAvx2:
+      detail::matmul_mxfp4_avx2(packed, scales, K, r0, r1, X, B, ldx, Y, ldy);
       break;
     case Isa::kPortable:
       portable_matmul(packed, scales, K, r0, r1, X, B, ldx, Y, ldy);
@@ -151,9 +146,17 @@ int64_t mxfp4_find_nan_scale(const uint8_t* scales, int64_t n) {
   return -1;
 }
 
-// The selection is matmul's (one switch for both kernels).
 const char* matmul_mxfp4_isa() {
-  return matmul_isa();
+  switch (active_isa()) {
+    case Isa::kAvx512Bf16:
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kPortable:
+      break;
+  }
+  return "portable";
 }
 
 }  // namespace md::cpu

@@ -1,8 +1,8 @@
-// AVX-512 MXFP4 kernels. Compiled with AVX-512 BF16 enabled; mxfp4.cpp only enters them after a
-// run-time CPU check (the matmul ISA selection, which requires AVX-512 F/BW/VL/DQ). They use only
-// AVX-512 F instructions (no BF16, no VBMI), so both entry points run the same fp32-FMA kernel:
-// on this CPU vdpbf16ps sustains one per ~2.3 cycles against two fp32 FMAs per cycle, so it would
-// be no faster at B = 1 and up to ~1.5x slower for batches (and the kernel may not depend on B).
+// AVX-512 MXFP4 kernel. Compiled for the avx512 level (AVX-512 F/BW/VL/DQ, CMakeLists.txt), which
+// mxfp4.cpp checks (cpu_features.h) before entering; it serves the avx512bf16 level too. No BF16
+// instruction: it is one fp32-FMA kernel for both X modes, because on this CPU vdpbf16ps sustains
+// one per ~2.3 cycles against two fp32 FMAs per cycle, so it would be no faster at B = 1 and up to
+// ~1.5x slower for batches (and the kernel may not depend on B).
 //
 // Weights are decoded a chunk at a time: 4 groups = 128 columns = 64 packed bytes of a row, one
 // zmm load (one cache line). No byte widening: dword d of the chunk holds the 8 codes of columns
@@ -32,37 +32,16 @@
 
 #include <algorithm>
 #include <bit>
-#include <cstdlib>
 #include <cstring>
-#include <new>
 
+#include "isa_scratch.h"
 #include "megadecode/kernels/cpu/mxfp4.h"
 
 namespace md::cpu::detail {
 namespace {
 
-// Per-thread buffer for the repacked activations; grows, never shrinks.
-class XScratch {
- public:
-  ~XScratch() { std::free(p_); }
-  void* get(size_t bytes) {
-    if (bytes > cap_) {
-      std::free(p_);
-      cap_ = (bytes + 4095) / 4096 * 4096;
-      p_ = std::aligned_alloc(64, cap_);
-      if (!p_) {
-        cap_ = 0;
-        throw std::bad_alloc();
-      }
-    }
-    return p_;
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t cap_ = 0;
-};
-thread_local XScratch t_xscratch;
+// Per-thread buffer for the repacked activations.
+thread_local IsaScratch t_xscratch;
 
 constexpr int64_t kChunkCols = 128;  // 4 groups, 64 packed bytes per row
 constexpr int kBlockGroups = 16;     // groups whose scales are decoded together (one zmm)
@@ -296,15 +275,6 @@ void matmul(const uint8_t* P, const uint8_t* S, int64_t K, int64_t r0, int64_t r
 }
 
 }  // namespace
-
-void matmul_mxfp4_avx512bf16(const uint8_t* packed, const uint8_t* scales, int64_t K, int64_t r0,
-                             int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy,
-                             bool /*x_is_bf16*/) {
-  // vdpbf16ps costs ~2.3 cycles here against 0.5 for an fp32 FMA (measured), so the FMA kernel
-  // is as fast at B = 1 and up to ~1.5x faster for batches; one kernel for both X modes keeps
-  // results independent of B.
-  matmul<OpFma>(packed, scales, K, r0, r1, X, B, ldx, Y, ldy);
-}
 
 void matmul_mxfp4_avx512(const uint8_t* packed, const uint8_t* scales, int64_t K, int64_t r0,
                          int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy) {

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <vector>
 
 #include "megadecode/base/bf16.h"
+#include "megadecode/base/error.h"
 
 namespace md::cpu {
 
@@ -58,17 +58,24 @@ void sigmoid_gate_inplace(float* x, const float* gate, int64_t n, bool round) {
 void route_topk(const float* logits, const float* bias, const RouterParams& p, int* ids,
                 float* weights) {
   const int E = p.num_experts;
-  std::vector<float> s(E), choice(E);
-  for (int e = 0; e < E; ++e) {
-    s[e] = sigmoidf(logits[e]);
-    choice[e] = s[e] + bias[e];
-  }
+  // Fixed stack buffers instead of per-call vectors: the router runs once per token and layer on
+  // the decode hot path. The bounds are validated when the config is parsed; the check here
+  // (cheap next to the E sigmoids) keeps a hand-built RouterParams from overrunning them.
+  MD_CHECK(E >= 1 && E <= kMaxRouterExperts && p.top_k >= 1 && p.top_k <= E &&
+               p.num_groups >= 1 && p.num_groups <= E && p.topk_groups >= 1 &&
+               p.topk_groups <= p.num_groups,
+           "route_topk: unsupported router (experts {} (max {}), top_k {}, groups {}, topk_groups "
+           "{})",
+           E, kMaxRouterExperts, p.top_k, p.num_groups, p.topk_groups);
+  float choice[kMaxRouterExperts];
+  int order[kMaxRouterExperts];
+  for (int e = 0; e < E; ++e) choice[e] = sigmoidf(logits[e]) + bias[e];
   // Higher score first; equal scores: lower id first.
   auto better = [&](int a, int b) { return choice[a] > choice[b] || (choice[a] == choice[b] && a < b); };
   if (p.num_groups > 1) {
-    const int per = E / p.num_groups;
-    std::vector<float> gscore(p.num_groups);
-    for (int g = 0; g < p.num_groups; ++g) {
+    const int G = p.num_groups, per = E / G;
+    float gscore[kMaxRouterExperts];
+    for (int g = 0; g < G; ++g) {
       float m1 = -INFINITY, m2 = -INFINITY;
       for (int e = g * per; e < (g + 1) * per; ++e) {
         if (choice[e] > m1) {
@@ -80,24 +87,27 @@ void route_topk(const float* logits, const float* bias, const RouterParams& p, i
       }
       gscore[g] = m1 + m2;
     }
-    std::vector<int> gorder(p.num_groups);
-    std::iota(gorder.begin(), gorder.end(), 0);
-    std::stable_sort(gorder.begin(), gorder.end(),
-                     [&](int a, int b) { return gscore[a] > gscore[b]; });
-    std::vector<char> keep(p.num_groups, 0);
-    for (int i = 0; i < p.topk_groups; ++i) keep[gorder[i]] = 1;
+    // Groups by descending score, ties by ascending index: the order a stable sort of 0..G-1
+    // gives, without the temporary buffer std::stable_sort allocates.
+    std::iota(order, order + G, 0);
+    std::sort(order, order + G, [&](int a, int b) {
+      return gscore[a] > gscore[b] || (gscore[a] == gscore[b] && a < b);
+    });
+    bool keep[kMaxRouterExperts] = {};
+    for (int i = 0; i < p.topk_groups; ++i) keep[order[i]] = true;
     for (int e = 0; e < E; ++e)
       if (!keep[e / per]) choice[e] = -INFINITY;
   }
-  std::vector<int> order(E);
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + p.top_k, order.end(), better);
-  std::sort(order.begin(), order.begin() + p.top_k);
+  std::iota(order, order + E, 0);
+  std::partial_sort(order, order + p.top_k, order + E, better);
+  std::sort(order, order + p.top_k);
   float sum = 0;
   for (int i = 0; i < p.top_k; ++i) {
-    int e = order[i];
+    const int e = order[i];
+    // Recomputed rather than stored: the same expression on the same input, so the same bits.
+    const float s = sigmoidf(logits[e]);
     ids[i] = e;
-    weights[i] = p.biased_weights ? s[e] + bias[e] : s[e];
+    weights[i] = p.biased_weights ? s + bias[e] : s;
     sum += weights[i];
   }
   for (int i = 0; i < p.top_k; ++i) {

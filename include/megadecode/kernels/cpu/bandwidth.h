@@ -21,12 +21,13 @@ double measure_read_bandwidth_gbps(ThreadPool& pool, size_t bytes = size_t{1} <<
 void release_bandwidth_buffer();
 
 // Streams [p, p + n) (n a multiple of 64, p 64-byte aligned) once and returns a value depending
-// on every byte, so the loads cannot be elided. Exposed for the benchmarks.
+// on every byte, so the loads cannot be elided. Exposed for the benchmarks. Uses 64-byte loads at
+// the avx512 ISA level and above (cpu_features.h), 16-byte loads below.
 unsigned long long stream_read_sum(const void* p, size_t n);
 
 namespace detail {
 unsigned long long stream_read_sum_portable(const void* p, size_t n);
-unsigned long long stream_read_sum_avx512(const void* p, size_t n);  // needs AVX-512F
+unsigned long long stream_read_sum_avx512(const void* p, size_t n);  // avx512 level only
 }  // namespace detail
 
 }  // namespace md::cpu

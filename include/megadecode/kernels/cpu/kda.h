@@ -12,6 +12,8 @@ namespace md::cpu {
 // first (it is shifted and the new input appended); weight: [C][W] fp32, tap W-1 multiplies the
 // current token. out[c] = silu(sum_j weight[c][j] * window[j]).
 // round_bf16: round the conv result and the SiLU output to bf16 as the bf16 reference does.
+// W is at most kMaxShortConvWidth (checked when the config is parsed and by short_conv_prefill).
+inline constexpr int kMaxShortConvWidth = 64;
 void short_conv_decode(const float* x, float* cache, const float* weight, int W, int64_t C,
                        int64_t c0, int64_t c1, float* out, bool round_bf16);
 
@@ -51,9 +53,8 @@ void kda_prefill_head(float* S, const float* q, const float* k, const float* v, 
 void kda_gated_norm(float* o, const float* gate, const float* w, int K, int h0, int h1,
                     float eps);
 
-// Which implementation the KDA kernels use: "avx512" or "portable" (MEGADECODE_ISA=portable
-// forces the portable one; tests run both).
+// Which implementation the KDA kernels use at the active ISA level (cpu_features.h): "avx512" at
+// the avx512 and avx512bf16 levels, "portable" below (there is no AVX2 copy).
 const char* kda_isa();
-void set_kda_isa_portable(bool portable);
 
 }  // namespace md::cpu

@@ -1,7 +1,7 @@
 // Matrix-vector / matrix-matrix products against bf16 (or fp32) weights with fp32 accumulation.
-// These carry most of the bytes of a decode step, so they have an AVX-512 BF16 path (vdpbf16ps)
-// chosen at run time and a portable path; both compute the same function (see the unit tests for
-// the tolerance between them: accumulation order only).
+// These carry most of the bytes of a decode step, so they have AVX2+FMA, AVX-512 and AVX-512 BF16
+// (vdpbf16ps) paths chosen at run time (cpu_features.h) and a portable path; all compute the same
+// function (see the unit tests for the tolerance between them: accumulation order only).
 #pragma once
 #include <cstdint>
 
@@ -22,10 +22,10 @@ void matmul_bf16(const bf16* W, int64_t K, int64_t r0, int64_t r1, const float* 
 void matmul_f32(const float* W, int64_t K, int64_t r0, int64_t r1, const float* X, int B,
                 int64_t ldx, float* Y, int64_t ldy);
 
-// Which implementation matmul_bf16 uses: "avx512bf16" or "portable". The environment variable
-// MEGADECODE_ISA=portable forces the portable path (tests run both).
+// Which implementation matmul_bf16 uses at the active ISA level (cpu_features.h): "portable",
+// "avx2", "avx512" or "avx512bf16" (the level's name; matmul_f32 uses the avx512 kernel at the
+// avx512bf16 level). Select a level with set_isa / ScopedIsa or MEGADECODE_ISA.
 const char* matmul_isa();
-void set_matmul_isa_portable(bool portable);  // for tests and benchmarks
 
 // Numerics shared by every path, which is what lets the engine split work freely:
 //  * Each output Y[b, r] is computed by one fixed sequence of fp32 operations that depends only on
@@ -46,21 +46,29 @@ void set_matmul_isa_portable(bool portable);  // for tests and benchmarks
 // where the kernel is compute bound, the x_is_bf16 = false path is up to ~1.4x faster; a caller
 // that prefers prefill speed to bitwise agreement with the decode path may pass false.
 
-// A third path exists for AVX-512 CPUs without BF16 ("avx512": fp32 FMA for both X modes), and
-// MEGADECODE_ISA=avx512 selects it on BF16 machines too. set_matmul_isa picks a path by name
-// ("portable", "avx512", "avx512bf16", or "auto" for the best the CPU supports) and returns false,
-// changing nothing, when the CPU lacks it. set_matmul_isa_portable(false) means "auto". Not meant
-// to be called while other threads run matmuls.
-bool set_matmul_isa(const char* name);
+// The paths, by level:
+//  * portable: 8 fp32 lanes, separate multiply and add (the baseline has no FMA).
+//  * avx2: 8 fp32 lanes (one ymm) per output, fp32 FMAs, X always used in fp32 (there is no bf16
+//    dot product in AVX2, and converting bf16-valued X would gain nothing), so both X modes give
+//    identical results.
+//  * avx512: 16 fp32 lanes, fp32 FMAs for both X modes.
+//  * avx512bf16: vdpbf16ps when x_is_bf16, otherwise the avx512 kernel.
 
 namespace detail {
-// The AVX-512 entry points (matmul_avx512.cpp); only call them after checking the CPU.
-void matmul_bf16_avx512bf16(const bf16* W, int64_t K, int64_t r0, int64_t r1, const float* X, int B,
-                            int64_t ldx, float* Y, int64_t ldy, bool x_is_bf16);
+// The ISA entry points; only matmul.cpp calls them, after checking the level (cpu_features.h).
+// matmul_avx2.cpp (AVX2 + FMA):
+void matmul_bf16_avx2(const bf16* W, int64_t K, int64_t r0, int64_t r1, const float* X, int B,
+                      int64_t ldx, float* Y, int64_t ldy);
+void matmul_f32_avx2(const float* W, int64_t K, int64_t r0, int64_t r1, const float* X, int B,
+                     int64_t ldx, float* Y, int64_t ldy);
+// matmul_avx512.cpp (AVX-512 F/BW/VL/DQ):
 void matmul_bf16_avx512(const bf16* W, int64_t K, int64_t r0, int64_t r1, const float* X, int B,
                         int64_t ldx, float* Y, int64_t ldy);
 void matmul_f32_avx512(const float* W, int64_t K, int64_t r0, int64_t r1, const float* X, int B,
                        int64_t ldx, float* Y, int64_t ldy);
+// matmul_avx512bf16.cpp (+ AVX-512 BF16), for bf16-valued X only:
+void matmul_bf16_avx512bf16(const bf16* W, int64_t K, int64_t r0, int64_t r1, const float* X, int B,
+                            int64_t ldx, float* Y, int64_t ldy);
 }  // namespace detail
 
 }  // namespace md::cpu

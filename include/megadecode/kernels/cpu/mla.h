@@ -60,6 +60,10 @@ void mla_decode_merge(const float* part, int64_t split_stride, int S, const bf16
 // each score twice (q . k is a bf16 matmul, rounded; times the scale, rounded again:
 // s = round(round(q . k) * scale), before the fp32 softmax) and the softmax probabilities (its
 // eager attention casts them back to the activation dtype).
+// Which copy of the kernels runs at the active ISA level (cpu_features.h): "avx2" from the avx2
+// level up, else "portable".
+const char* mla_isa();
+
 void mla_prefill(const float* q, int64_t ldq, int Tq, int T0, const float* cache, int64_t ldc,
                  const bf16* kv_b, const MlaDims& d, int h0, int h1, float* out, int64_t ldo,
                  bool round_bf16);

@@ -17,8 +17,8 @@ namespace md::cpu {
 // Y[b * ldy + r] = sum_k W[r][k] * X[b * ldx + k]   for r in [r0, r1), b in [0, B).
 // packed/scales point at row 0 of the matrix (not at row r0). x_is_bf16 has the meaning of
 // matmul_bf16: the caller promises every X value is exactly representable in bf16, which would let
-// a kernel use vdpbf16ps (every decoded code is bf16-exact); the current AVX-512 kernel does not
-// need it and treats both modes alike. Accumulation is fp32.
+// a kernel use vdpbf16ps (every decoded code is bf16-exact); the current kernels do not need it
+// and treat both modes alike. Accumulation is fp32.
 void matmul_mxfp4(const uint8_t* packed, const uint8_t* scales, int64_t K, int64_t r0, int64_t r1,
                   const float* X, int B, int64_t ldx, float* Y, int64_t ldy, bool x_is_bf16);
 
@@ -36,9 +36,8 @@ void dequantize_mxfp4_row(const uint8_t* packed, const uint8_t* scales, int64_t 
 // 255 scale in any group produces NaN for every vector), they never trap.
 int64_t mxfp4_find_nan_scale(const uint8_t* scales, int64_t n);
 
-// Which implementation matmul_mxfp4 uses: "avx512bf16", "avx512" or "portable". It follows the
-// matmul selection (matmul.h): MEGADECODE_ISA and set_matmul_isa / set_matmul_isa_portable switch
-// both kernels together.
+// Which implementation matmul_mxfp4 uses at the active ISA level (cpu_features.h): "avx512" (at the
+// avx512 and avx512bf16 levels), "avx2" or "portable".
 const char* matmul_mxfp4_isa();
 
 // Numerics (the same contract as matmul_bf16):
@@ -47,13 +46,14 @@ const char* matmul_mxfp4_isa();
 //    group's scale is applied once per run, acc += r * 2^(s - 127) (exact multiply unless it
 //    under- or overflows). So scales far outside bf16's exponent range never touch the products.
 //    (Portable: runs of 4 products, 8 lanes. AVX-512: runs of 8 products, 16 lanes, each lane
-//    covering 8 columns of one group in a chunk of 4 groups; see mxfp4_avx512.cpp.)
+//    covering 8 columns of one group in a chunk of 4 groups; see mxfp4_avx512.cpp. AVX2: the same
+//    with 8 lanes and chunks of 2 groups; see mxfp4_avx2.cpp.)
 //  * Y[b, r] is one fixed sequence of fp32 operations that depends only on row r, vector b and K:
 //    not on [r0, r1), B, other rows or vectors, or the thread. Splitting rows or batching gives
 //    bit-identical results (unit-tested).
 //  * ISAs differ in lane count and FMA, so they agree within the fp32 accumulation bound, not
-//    bitwise. The AVX-512 kernels use fp32 FMAs for both X modes (vdpbf16ps was measured slower
-//    on this CPU, see below), so there x_is_bf16 true and false give identical results.
+//    bitwise. The AVX2 and AVX-512 kernels use fp32 FMAs for both X modes (vdpbf16ps was measured
+//    slower on this CPU, see below), so there x_is_bf16 true and false give identical results.
 //
 // Performance (Xeon "model 207" under KVM, 2 vCPUs shared with other jobs, load average ~9-13, so
 // wall time is ~2x CPU time; 3072 x 3584 GEMV, weights cycled through a 1 GiB pool, median of 3;
@@ -70,14 +70,13 @@ const char* matmul_mxfp4_isa();
 // per cycle), which made a bf16 variant no faster at B = 1 and ~1.5x slower at B = 4..8.
 
 namespace detail {
-// AVX-512 entry points (mxfp4_avx512.cpp); call only after checking the CPU (AVX-512 F/BW/VL/DQ,
-// as the matmul selection does). Both run the same fp32-FMA kernel (AVX-512 F instructions only);
-// the bf16 entry point keeps its x_is_bf16 argument for the interface.
-void matmul_mxfp4_avx512bf16(const uint8_t* packed, const uint8_t* scales, int64_t K, int64_t r0,
-                             int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy,
-                             bool x_is_bf16);
+// ISA entry points; only mxfp4.cpp calls them, after checking the level (cpu_features.h).
+// mxfp4_avx512.cpp (AVX-512 F/BW/VL/DQ; the avx512 and avx512bf16 levels):
 void matmul_mxfp4_avx512(const uint8_t* packed, const uint8_t* scales, int64_t K, int64_t r0,
                          int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy);
+// mxfp4_avx2.cpp (AVX2 + FMA):
+void matmul_mxfp4_avx2(const uint8_t* packed, const uint8_t* scales, int64_t K, int64_t r0,
+                       int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy);
 // The fp32 value of each scale byte (2^(s-127), NaN for 255); shared by every path.
 extern const float kMxfp4ScaleTable[256];
 }  // namespace detail

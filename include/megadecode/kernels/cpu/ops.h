@@ -32,6 +32,10 @@ inline float sigmoidf(float x) {
   return 1.0f / (1.0f + __builtin_expf(-x));
 }
 
+// Largest num_experts route_topk supports (it works in fixed stack buffers of this size; Kimi K3
+// has 896). Config parsing rejects models above it.
+inline constexpr int kMaxRouterExperts = 2048;
+
 struct RouterParams {
   int num_experts = 0;
   int top_k = 0;
@@ -46,6 +50,8 @@ struct RouterParams {
 // Chooses top_k experts by sigmoid(logit) + bias (ties: lowest id); weights are the unbiased
 // sigmoid scores of those experts, renormalised to sum 1 (+1e-20) if requested, times scaling.
 // ids/weights are written sorted by ascending expert id (the reference's accumulation order).
+// Requires 1 <= top_k <= num_experts <= kMaxRouterExperts and 1 <= topk_groups <= num_groups <=
+// num_experts (md::Error otherwise). Does not allocate.
 void route_topk(const float* logits, const float* bias, const RouterParams& p, int* ids,
                 float* weights);
 
