@@ -13,6 +13,7 @@
 #include "megadecode/base/dtype.h"
 #include "megadecode/base/error.h"
 #include "megadecode/model/weights.h"
+#include "megadecode/plan/ops.h"
 #include "megadecode/plan/plan.h"
 
 namespace md::plan::detail {
@@ -157,6 +158,7 @@ class Builder {
   void emit(Instr in, std::pair<uint32_t, uint32_t> a, uint64_t bytes) {
     in.args = a.first;
     in.nargs = a.second;
+    check_operands(in);
     in.id = uint32_t(p_.instrs.size());
     in.est_bytes = uint32_t(std::min<uint64_t>(bytes, 0xffffffffu));
     if (in.signal != kNone) ++p_.counters[in.signal].per_step;
@@ -167,6 +169,19 @@ class Builder {
       p_.stages.push_back(Stage{in.op, in.layer, in.id, in.id});
     p_.instrs.push_back(in);
     p_.stages.back().end = in.id + 1;
+  }
+
+  // The operand list against the op table (plan/ops.h): a builder rule that disagrees with the
+  // table is a bug, reported when the plan is compiled.
+  void check_operands(const Instr& in) const {
+    const OpDesc& d = op_desc(in.op);
+    const size_t n = d.operands.size();
+    const bool mix = d.mix_tail && (in.flags & kFlagAttnRes);
+    MD_CHECK(mix ? in.nargs >= n + 2 : in.nargs == n,
+             "plan: internal error: {} has {} operands, the op table says {}{}", d.name, in.nargs,
+             n, mix ? " + a mix" : "");
+    MD_CHECK((in.flags & ~(d.flags | kFlagTestStall)) == 0,
+             "plan: internal error: {} carries flags {:#x} outside its own", d.name, in.flags);
   }
 
   // Per-row ops (embed, norms, router, latent rows, combine, sampling) take ranges of token
@@ -222,7 +237,9 @@ class Builder {
                   const BufferDesc* out = nullptr) {
     const int64_t rb =
         rb_override > 0 ? rb_override : tile_rows(rows, double(cols) * double(e), p_.options, W_);
-    auto a = resid ? args({wbuf, x, *resid, *out}) : args({wbuf, x, y});
+    // kAttnOut: [w, x, resid (or absent), out]; the other row-block ops: [w, x, y].
+    auto a = op == Op::kAttnOut ? args({wbuf, x, resid ? *resid : null(), resid ? *out : y})
+                                : args({wbuf, x, y});
     for (int64_t r = 0; r < rows; r += rb) {
       Instr in = make(op, layer, {wt}, sig);
       in.flags = flags;

@@ -7,63 +7,10 @@
 #include <string>
 
 #include "megadecode/base/util.h"
+#include "megadecode/plan/ops.h"
 #include "megadecode/plan/plan.h"
 
 namespace md::plan {
-
-std::string_view op_name(Op op) {
-  switch (op) {
-    case Op::kEmbed:
-      return "embed";
-    case Op::kKdaProj:
-      return "kda_proj";
-    case Op::kKdaCore:
-      return "kda_core";
-    case Op::kMlaProj:
-      return "mla_proj";
-    case Op::kMlaQUp:
-      return "mla_q_up";
-    case Op::kMlaLatent:
-      return "mla_latent";
-    case Op::kMlaCore:
-      return "mla_core";
-    case Op::kMlaMerge:
-      return "mla_merge";
-    case Op::kAttnOut:
-      return "attn_out";
-    case Op::kFfnNorm:
-      return "ffn_norm";
-    case Op::kRouter:
-      return "router";
-    case Op::kDenseGateUp:
-      return "dense_gate_up";
-    case Op::kDenseDown:
-      return "dense_down";
-    case Op::kSharedGateUp:
-      return "shared_gate_up";
-    case Op::kSharedDown:
-      return "shared_down";
-    case Op::kExpertGateUp:
-      return "expert_gate_up";
-    case Op::kExpertDown:
-      return "expert_down";
-    case Op::kLatentDown:
-      return "latent_down";
-    case Op::kLatentNorm:
-      return "latent_norm";
-    case Op::kLatentUp:
-      return "latent_up";
-    case Op::kCombine:
-      return "combine";
-    case Op::kLmHead:
-      return "lm_head";
-    case Op::kSample:
-      return "sample";
-    case Op::kCount:
-      break;
-  }
-  return "?";
-}
 
 std::string_view weight_kind_name(WeightKind k) {
   static const char* names[] = {
@@ -83,6 +30,36 @@ namespace {
 
 std::string layer_str(uint16_t layer) {
   return layer == kNoLayer ? std::string("--") : fmt::format("L{}", layer);
+}
+
+// Whether a buffer-table entry may stand in an operand slot (plan/ops.h).
+bool fits(const Plan& p, const BufferDesc& b, Slot s) {
+  const bool weight = b.kind == BufKind::kWeight && b.count == 1;
+  switch (s) {
+    case Slot::kAct:
+      return b.kind == BufKind::kArena;
+    case Slot::kActOpt:
+      return b.kind == BufKind::kArena || b.kind == BufKind::kNull;
+    case Slot::kWeight:
+      return weight;
+    case Slot::kWeightOpt:
+      return weight || b.kind == BufKind::kNull;
+    case Slot::kWeightSet:
+      return b.kind == BufKind::kWeight && int64_t(b.count) == p.cfg.num_experts;
+    case Slot::kKdaState:
+      return b.kind == BufKind::kState && b.sub == uint8_t(StateKind::kKdaState);
+    case Slot::kConvCache:
+      return b.kind == BufKind::kState && b.sub == uint8_t(StateKind::kConvCache);
+    case Slot::kMlaCache:
+      return b.kind == BufKind::kState && b.sub == uint8_t(StateKind::kMlaCache);
+    case Slot::kTokens:
+      return b.kind == BufKind::kTokens;
+    case Slot::kLogits:
+      return b.kind == BufKind::kLogits;
+    case Slot::kActOrLogits:
+      return b.kind == BufKind::kArena || b.kind == BufKind::kLogits;
+  }
+  return false;
 }
 
 std::string counter_str(const Plan& p, uint32_t c) {
@@ -138,6 +115,41 @@ std::string describe_instr(const Plan& p, const Instr& in) {
   return s;
 }
 
+namespace {
+
+std::string operand_str(const Plan& p, const BufferDesc& b) {
+  switch (b.kind) {
+    case BufKind::kArena:
+      return fmt::format("arena+{}", b.offset);
+    case BufKind::kWeight:
+      if (b.offset >= p.weights.size()) return "weight?";
+      return fmt::format("{}{}{}", weight_kind_name(p.weights[b.offset].kind),
+                         layer_str(p.weights[b.offset].layer) == "--"
+                             ? std::string()
+                             : "@" + layer_str(p.weights[b.offset].layer),
+                         b.count > 1 ? fmt::format("[{}]", b.count) : std::string());
+    case BufKind::kState:
+      return fmt::format("state{}@{}", int(b.sub), layer_str(b.layer));
+    case BufKind::kTokens:
+      return "tokens";
+    case BufKind::kLogits:
+      return "logits";
+    case BufKind::kNull:
+      break;
+  }
+  return "-";
+}
+
+}  // namespace
+
+std::string describe_operands(const Plan& p, const Instr& in) {
+  std::string s;
+  for (uint32_t k = 0; k < in.nargs && in.args + k < p.buffers.size(); ++k)
+    s += fmt::format("{}{}={}", k ? " " : "", operand_name(in.op, k),
+                     operand_str(p, p.buffers[in.args + k]));
+  return s;
+}
+
 std::vector<std::string> validate_plan(const Plan& p) {
   std::vector<std::string> errs;
   auto err = [&](std::string m) {
@@ -177,8 +189,30 @@ std::vector<std::string> validate_plan(const Plan& p) {
         err(fmt::format("{}: waits on {} whose producer #{} is not earlier in the global order",
                         describe_instr(p, in), counter_str(p, w.counter), last[w.counter]));
     }
-    if (uint64_t(in.args) + in.nargs > p.buffers.size())
+    if (uint64_t(in.args) + in.nargs > p.buffers.size()) {
       err(fmt::format("{}: operands out of range", describe_instr(p, in)));
+      continue;
+    }
+    // Operands against the op table: count, and what stands in each slot.
+    const OpDesc& d = op_desc(in.op);
+    const size_t fixed = d.operands.size();
+    const bool mix = d.mix_tail && (in.flags & kFlagAttnRes);
+    if (mix ? in.nargs < fixed + 2 : in.nargs != fixed) {
+      err(fmt::format("{}: {} operands, the op takes {}{}", describe_instr(p, in), in.nargs, fixed,
+                      mix ? " + a mix of at least one source" : ""));
+      continue;
+    }
+    for (size_t k = 0; k < in.nargs; ++k) {
+      const BufferDesc& b = p.buffers[in.args + k];
+      const Slot want = k < fixed                          ? d.operands[k].slot
+                        : k == fixed + arg::MixTail::res_w ? Slot::kWeight
+                                                           : Slot::kAct;
+      if (!fits(p, b, want))
+        err(fmt::format("{}: operand {} ({}) is of the wrong kind", describe_instr(p, in), k,
+                        operand_name(in.op, uint32_t(k))));
+    }
+    if (in.flags & ~(d.flags | kFlagTestStall))
+      err(fmt::format("{}: flags {:#x} the op does not take", describe_instr(p, in), in.flags));
   }
   for (const BufferDesc& b : p.buffers) {
     if (b.kind == BufKind::kArena && b.offset + b.stride * uint64_t(p.token_rows()) > p.arena_bytes)
@@ -374,7 +408,8 @@ std::string describe_plan(const Plan& p, bool dump) {
   if (dump) {
     for (size_t w = 0; w < p.queues.size(); ++w) {
       o += fmt::format("\n== queue {} ({} instructions)\n", w, p.queues[w].size());
-      for (const Instr& in : p.queues[w]) o += describe_instr(p, in) + "\n";
+      for (const Instr& in : p.queues[w])
+        o += describe_instr(p, in) + "\n      " + describe_operands(p, in) + "\n";
     }
     o += "\n== op-by-op phases\n";
     for (size_t ph = 0; ph < p.phases.size(); ++ph) {

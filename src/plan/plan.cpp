@@ -127,14 +127,9 @@ void Builder::build() {
 // ---- scheduling -----------------------------------------------------------------------------
 
 // The cost model of both schedulers, in bytes-equivalent: bytes moved, scaled for tiles whose
-// arithmetic outweighs their bytes (the delta rule and gates of a KDA head run at about a third
-// of the GEMV byte rate, the MLA cores at about half; measured on the reference machine), plus a
-// fixed overhead per instruction.
+// arithmetic outweighs their bytes (OpDesc::cost_factor), plus a fixed overhead per instruction.
 double tile_cost(const Instr& in, const PlanOptions& o) {
-  double f = 1.0;
-  if (in.op == Op::kKdaCore) f = 3.0;
-  if (in.op == Op::kMlaCore || in.op == Op::kMlaMerge) f = 2.0;
-  return double(in.est_bytes) * f + double(o.instr_overhead_bytes);
+  return double(in.est_bytes) * op_desc(in.op).cost_factor + double(o.instr_overhead_bytes);
 }
 
 namespace {

@@ -171,9 +171,7 @@ std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> Builder::mla_layer(int l, 
   const size_t e = elt(L ? &L->mla.kv_b : nullptr);
   if (S == 1) {
     const uint32_t core_done = counter(Op::kMlaCore, l);
-    auto a =
-        gated ? args({q, weight(WeightKind::kMlaKvB, l), state(StateKind::kMlaCache, l), att, gate})
-              : args({q, weight(WeightKind::kMlaKvB, l), state(StateKind::kMlaCache, l), att});
+    auto a = args({q, weight(WeightKind::kMlaKvB, l), state(StateKind::kMlaCache, l), att, gate});
     for (int b = 0; b < B_; ++b)
       for (int h0 = 0; h0 < H; h0 += per) {
         Instr in = make(Op::kMlaCore, l, {all_of(q_done), all_of(latent[size_t(b)])}, core_done);
@@ -187,7 +185,7 @@ std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> Builder::mla_layer(int l, 
   }
   // Partials [S][H][R + 2] per sequence: split i of head h at (i * H + h) * (R + 2).
   BufferDesc parts = arena(int64_t(S) * H * (R + 2));
-  auto a = args({q, weight(WeightKind::kMlaKvB, l), state(StateKind::kMlaCache, l), parts});
+  auto a = args({q, weight(WeightKind::kMlaKvB, l), state(StateKind::kMlaCache, l), parts, null()});
   std::vector<uint32_t> range_ctr;
   for (int b = 0; b < B_; ++b)
     for (int h0 = 0; h0 < H; h0 += per) {
@@ -206,8 +204,7 @@ std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> Builder::mla_layer(int l, 
       }
     }
   const uint32_t merge_done = counter(Op::kMlaMerge, l);
-  auto am = gated ? args({parts, weight(WeightKind::kMlaKvB, l), att, gate})
-                  : args({parts, weight(WeightKind::kMlaKvB, l), att});
+  auto am = args({parts, weight(WeightKind::kMlaKvB, l), att, gate});
   size_t r = 0;
   for (int b = 0; b < B_; ++b)
     for (int h0 = 0; h0 < H; h0 += per) {

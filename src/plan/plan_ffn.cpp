@@ -39,7 +39,8 @@ void Builder::dense_ffn(int l, const FfnIo& io) {
                 all_of(io.norm_done), gu);
   gemv_tiles(Op::kDenseDown, l, weight(WeightKind::kDenseDown, l), D, I,
              elt(L ? &L->dense.down : nullptr), act, out, all_of(gu), dn);
-  combine_tiles(l, io, {io.x_mid, out, io.x_next, io.next_norm, io.h_next}, 0, {all_of(dn)});
+  combine_tiles(l, io, {io.x_mid, null(), out, null(), io.x_next, io.next_norm, io.h_next}, 0,
+                {all_of(dn)});
 }
 
 void Builder::gate_up_tiles(Op op, int l, const BufferDesc& g, const BufferDesc& u, int64_t I,
@@ -170,8 +171,7 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
   const uint32_t lup = counter(Op::kLatentUp, l);
   gemv_tiles(Op::kLatentUp, l, weight(WeightKind::kLatentUp, l), D, X,
              elt(L ? &L->moe.latent_up : nullptr), r_lat, up, all_of(lnorm), lup);
-  // Operands as the Kimi Linear combine's (x_next, norm, h_next at 4..6); the routed output is
-  // `up` (operand 2), no weights.
+  // The routed output is `up` (one vector), no weights.
   combine_tiles(l, io, {io.x_mid, null(), up, sout, io.x_next, io.next_norm, io.h_next},
                 uint32_t(kFlagMoeCombine | kFlagLatentMoe | (shared ? kFlagSharedExpert : 0)),
                 {all_of(lup), shared_done});

@@ -15,6 +15,7 @@
 #include "megadecode/base/util.h"
 #include "megadecode/engine/model.h"
 #include "megadecode/model/presets.h"
+#include "megadecode/plan/ops.h"
 #include "megadecode/plan/plan.h"
 #include "test_util.h"
 
@@ -30,10 +31,11 @@ static_assert(std::is_trivially_copyable_v<BufferDesc>);
 static_assert(std::is_trivially_copyable_v<WeightRef>);
 static_assert(std::is_trivially_copyable_v<CounterDesc>);
 
-Plan compile(const std::string& preset, int batch, int workers) {
+Plan compile(const std::string& preset, int batch, int workers, int rows = 1) {
   PlanOptions o;
   o.batch = batch;
   o.workers = workers;
+  o.rows = rows;
   return compile_decode_plan(preset_config(preset), nullptr, o);
 }
 
@@ -165,11 +167,12 @@ TEST(Plan, K3CountsMatchTheModel) {
       case Op::kCombine: {
         // The next layer's (or the final) mix over the same summaries and x_next.
         const bool moe_l = c.ffn_kind[size_t(l)] == FfnKind::MoE;
-        const int base = moe_l ? 7 : 5;
+        const int base = arg::Combine::count;  // the same slots for dense and MoE layers
         EXPECT_TRUE(in.flags & kFlagAttnRes);
         EXPECT_EQ(bool(in.flags & kFlagLatentMoe), moe_l);
         EXPECT_EQ(int(in.nargs), base + 1 + (l / bs + 1) + 1) << l;
-        EXPECT_EQ(p.buffers[in.args + in.nargs - 1].offset, p.buffers[in.args + base - 3].offset);
+        EXPECT_EQ(p.buffers[in.args + in.nargs - 1].offset,
+                  p.buffers[in.args + arg::Combine::x_next].offset);
         const WeightKind rk = p.weights[p.buffers[in.args + base].offset].kind;
         EXPECT_EQ(rk, l + 1 < L ? WeightKind::kAttnResW : WeightKind::kOutputResW);
         break;
@@ -196,6 +199,28 @@ TEST(Plan, K3CountsMatchTheModel) {
     }
 }
 
+// Every op has a table entry with a name, a range meaning and named operand slots, and every
+// plan of every preset keeps to it (validate_plan, and the builder's own check when compiling).
+TEST(Plan, OpTableDescribesEveryOp) {
+  for (int i = 0; i < kNumOps; ++i) {
+    const OpDesc& d = op_desc(Op(i));
+    EXPECT_NE(d.name, "?") << i;
+    EXPECT_FALSE(d.ranges.empty()) << d.name;
+    EXPECT_FALSE(d.operands.empty()) << d.name;
+    EXPECT_GE(d.cost_factor, 1.0) << d.name;
+    for (uint8_t so : d.stream_operands)
+      if (so != 0xff) {
+        EXPECT_LT(so, d.operands.size()) << d.name;
+      }
+  }
+  EXPECT_EQ(op_desc(Op::kKdaCore).operands.size(), size_t(arg::KdaCore::count));
+  EXPECT_EQ(operand_name(Op::kKdaCore, arg::KdaCore::f_b), "f_b");
+  EXPECT_EQ(operand_name(Op::kCombine, arg::Combine::count), "res_w");
+  for (const char* preset : {"tiny", "small", "k3-tiny", "k3-small"})
+    for (int rows : {1, 4})
+      EXPECT_TRUE(validate_plan(compile(preset, 3, 2, rows)).empty()) << preset;
+}
+
 TEST(Plan, ValidatorCatchesBrokenPlans) {
   const Plan good = compile("tiny", 2, 3);
   ASSERT_TRUE(validate_plan(good).empty());
@@ -219,6 +244,21 @@ TEST(Plan, ValidatorCatchesBrokenPlans) {
     auto e = validate_plan(p);
     ASSERT_FALSE(e.empty());
     EXPECT_THAT(e.front(), HasSubstr("not earlier in the global order"));
+  }
+  {
+    Plan p = good;  // an operand too few (the op table says how many)
+    --p.instrs[w].nargs;
+    EXPECT_THAT(validate_plan(p).front(), HasSubstr("operands, the op takes 17"));
+  }
+  {
+    Plan p = good;  // a weight where the op table says activation
+    p.buffers[p.instrs[w].args + arg::KdaCore::q] = p.buffers[p.instrs[w].args + arg::KdaCore::f_b];
+    EXPECT_THAT(validate_plan(p).front(), HasSubstr("operand 0 (q) is of the wrong kind"));
+  }
+  {
+    Plan p = good;  // a flag of another op
+    p.instrs[w].flags |= kFlagMoeCombine;
+    EXPECT_THAT(validate_plan(p).front(), HasSubstr("flags 0x1 the op does not take"));
   }
   {
     Plan p = good;  // per-step increment disagrees with the signallers

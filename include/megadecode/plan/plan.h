@@ -303,7 +303,8 @@ Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const Pl
 //  * per_step of every counter equals the number of instructions signalling it;
 //  * every queue is strictly increasing in global order and the queues partition instrs;
 //  * every phase's waits are on counters signalled only in earlier phases;
-//  * operands are in range; the arena fits.
+//  * operands are in range, their count and kinds are those of the op table (plan/ops.h), and
+//    flags are the op's own; the arena fits.
 std::vector<std::string> validate_plan(const Plan& p);
 
 // Summary figures.
@@ -326,5 +327,7 @@ PlanStats plan_stats(const Plan& p);
 // queue one instruction per line.
 std::string describe_plan(const Plan& p, bool dump);
 std::string describe_instr(const Plan& p, const Instr& in);
+// The instruction's operands by slot name (plan/ops.h), e.g. "w=kda.q@L0 x=arena+0 y=arena+512".
+std::string describe_operands(const Plan& p, const Instr& in);
 
 }  // namespace md::plan

@@ -6,6 +6,8 @@
 // (StepCtx: N = batch * rows); a row's arithmetic does not depend on how many rows a step has.
 #include "tiles.h"
 
+#include "megadecode/plan/ops.h"
+
 #include <algorithm>
 #include <cstring>
 #include <span>
@@ -55,38 +57,42 @@ using detail::maybe_round;
 
 // [W, X, Y]: Y[t][r0:r1] = round(W X[t]) for every token row (lm_head: every logit row).
 void gemv_tile(const StepCtx& s, const Instr& in, const Args& a) {
-  const WeightView& w = a.w(0);
+  using G = plan::arg::Gemv;
+  const WeightView& w = a.w(G::w);
   int B = s.n;
   float* Y;
   int64_t ldy;
-  if (a.a[2].kind == BufKind::kLogits) {
+  if (a.a[G::y].kind == BufKind::kLogits) {
     Y = s.logits;
     ldy = s.cfg->vocab_size;
     B = s.n_logits;
     if (B == 0) return;
   } else {
-    Y = a.f(2);
-    ldy = a.ld(2);
+    Y = a.f(G::y);
+    ldy = a.ld(G::y);
   }
   const int64_t n = int64_t(in.r1) - in.r0;
-  gemv_rows(w, in.r0, in.r1, a.f(1), B, a.ld(1), Y + in.r0, ldy, s.num.round_bf16);
+  gemv_rows(w, in.r0, in.r1, a.f(G::x), B, a.ld(G::x), Y + in.r0, ldy, s.num.round_bf16);
   if (s.num.round_bf16)
     for (int b = 0; b < B; ++b) cpu::round_bf16_inplace(Y + b * ldy + in.r0, n);
 }
 
-// [W, X, resid, out]: out = round(resid + round(W X)) on rows [r0, r1) (o_proj, add_inplace).
-// Without kFlagResidual (K3, a new block's partial sum): [W, X, out], out = round(W X).
+// arg::AttnOut: out = round(resid + round(W x)) on rows [r0, r1) (o_proj, add_inplace).
+// Without kFlagResidual (K3, a new block's partial sum): out = round(W x).
 void attn_out_tile(const StepCtx& s, const Instr& in, const Args& a) {
-  if (!(in.flags & plan::kFlagResidual)) return gemv_tile(s, in, a);
+  using A = plan::arg::AttnOut;
   const int B = s.n;
+  const bool resid = in.flags & plan::kFlagResidual;
   const int64_t n = int64_t(in.r1) - in.r0;
-  float* out = a.f(3);
-  gemv_rows(a.w(0), in.r0, in.r1, a.f(1), B, a.ld(1), out + in.r0, a.ld(3), s.num.round_bf16);
+  float* out = a.f(A::out);
+  gemv_rows(a.w(A::w), in.r0, in.r1, a.f(A::x), B, a.ld(A::x), out + in.r0, a.ld(A::out),
+            s.num.round_bf16);
   for (int b = 0; b < B; ++b) {
-    float* y = a.f(3, b) + in.r0;
+    float* y = a.f(A::out, b) + in.r0;
     maybe_round(y, n, s.num.round_bf16);
+    if (!resid) continue;
     // x = round(x + o): the residual is the left operand, as in the reference.
-    const float* x = a.f(2, b) + in.r0;
+    const float* x = a.f(A::resid, b) + in.r0;
     if (s.num.round_bf16)
       for (int64_t i = 0; i < n; ++i) y[i] = round_bf16(x[i] + y[i]);
     else
@@ -108,23 +114,25 @@ const float* res_mix(const StepCtx& s, const Instr& in, const Args& a, int first
 
 // [Wg, Wu, X, act]: act[t][r0:r1] = glu(round(G X), round(U X)).
 void gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  using U = plan::arg::GateUp;
   const int B = s.n;
   const int64_t n = int64_t(in.r1) - in.r0;
   float* g = sc.f.data();
   float* u = g + B * n;
-  gemv_rows(a.w(0), in.r0, in.r1, a.f(2), B, a.ld(2), g, n, s.num.round_bf16);
-  gemv_rows(a.w(1), in.r0, in.r1, a.f(2), B, a.ld(2), u, n, s.num.round_bf16);
+  gemv_rows(a.w(U::gate), in.r0, in.r1, a.f(U::x), B, a.ld(U::x), g, n, s.num.round_bf16);
+  gemv_rows(a.w(U::up), in.r0, in.r1, a.f(U::x), B, a.ld(U::x), u, n, s.num.round_bf16);
   maybe_round(g, B * n, s.num.round_bf16);
   maybe_round(u, B * n, s.num.round_bf16);
-  for (int b = 0; b < B; ++b) glu(s.num, g + b * n, u + b * n, n, a.f(3, b) + in.r0);
+  for (int b = 0; b < B; ++b) glu(s.num, g + b * n, u + b * n, n, a.f(U::act, b) + in.r0);
 }
 
 // [tokens, embed, x0, norm, h0] of token row b
 void embed_seq(const StepCtx& s, const Args& a, int b) {
+  using E = plan::arg::Embed;
   const int64_t D = s.cfg->hidden_size;
-  const WeightView& e = a.w(1);
+  const WeightView& e = a.w(E::embed);
   const int32_t tok = s.tokens[b];
-  float* x = a.f(2, b);
+  float* x = a.f(E::x0, b);
   if (e.dtype == DType::F32) {
     const float* row = static_cast<const float*>(e.data) + int64_t(tok) * e.cols;
     std::copy(row, row + D, x);
@@ -132,7 +140,7 @@ void embed_seq(const StepCtx& s, const Args& a, int b) {
     const bf16* row = static_cast<const bf16*>(e.data) + int64_t(tok) * e.cols;
     for (int64_t j = 0; j < D; ++j) x[j] = bf16_to_f32(row[j]);
   }
-  cpu::rmsnorm(x, a.vec(3), D, s.num.eps, a.f(4, b), s.num.round_bf16);
+  cpu::rmsnorm(x, a.vec(E::norm), D, s.num.eps, a.f(E::h0, b), s.num.round_bf16);
 }
 
 // [tokens, embed, x0, norm, h0]; token rows [r0, r1).
@@ -154,42 +162,48 @@ void sample_tile(const StepCtx& s, const Instr& in, const Args& a) {
       for (int64_t v = 1; v < V; ++v)  // greedy; ties to the lowest id (strict >)
         if (row[v] > row[id]) id = int32_t(v);
     }
-    a.ints(1, b)[0] = id;
+    a.ints(plan::arg::Sample::next, b)[0] = id;
   }
 }
 
 // [x_mid, norm, h2] (+ K3's [res_w, sources...]: the norm of the mix, not of x_mid)
 void ffn_norm_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  using F = plan::arg::FfnNorm;
   for (int b = int(in.r0); b < int(in.r1); ++b) {
-    const float* x = a.f(0, b);
-    if (in.flags & plan::kFlagAttnRes) x = res_mix(s, in, a, 3, b, sc.f.data());
-    cpu::rmsnorm(x, a.vec(1), s.cfg->hidden_size, s.num.eps, a.f(2, b), s.num.round_bf16);
+    const float* x = a.f(F::x, b);
+    if (in.flags & plan::kFlagAttnRes) x = res_mix(s, in, a, F::count, b, sc.f.data());
+    cpu::rmsnorm(x, a.vec(F::norm), s.cfg->hidden_size, s.num.eps, a.f(F::h, b), s.num.round_bf16);
   }
 }
 
 // [h2, router, bias, ids, wts]
 void router_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  using Ro = plan::arg::Router;
   const int E = s.cfg->num_experts;
   const int b0 = int(in.r0), n = int(in.r1) - b0;
   float* logits = sc.f.data();  // [n][E]
-  gemv_rows(a.w(1), 0, E, a.f(0, b0), n, a.ld(0), logits, E, s.num.round_bf16);
+  gemv_rows(a.w(Ro::router), 0, E, a.f(Ro::h, b0), n, a.ld(Ro::h), logits, E, s.num.round_bf16);
   for (int i = 0; i < n; ++i)
-    cpu::route_topk(logits + int64_t(i) * E, a.vec(2), s.num.router, a.ints(3, b0 + i),
-                    a.f(4, b0 + i));
+    cpu::route_topk(logits + int64_t(i) * E, a.vec(Ro::bias), s.num.router, a.ints(Ro::ids, b0 + i),
+                    a.f(Ro::wts, b0 + i));
 }
 
 // The u-th distinct expert chosen by the step's token rows (ascending id) and the (row, slot)
 // pairs that chose it, in row order. Returns false when the rows chose fewer experts.
+// Both expert ops read the router's ids in their first slot.
+constexpr int kIds = plan::arg::ExpertGateUp::ids;
+static_assert(kIds == plan::arg::ExpertDown::ids);
 bool expert_slot(const StepCtx& s, const Args& a, int u, Scratch& sc, int* expert, int* n) {
   const int E = s.cfg->num_experts, k = s.cfg->num_experts_per_token, B = s.n;
   int* members = sc.i.data() + E;  // pairs (b, j)
   int32_t* list = members + 2 * B * k;
-  const int nd = cpu::distinct_experts(a.ints(0), size_t(a.ld(0)), B, k, E, sc.i.data(), list);
+  const int nd =
+      cpu::distinct_experts(a.ints(kIds), size_t(a.ld(kIds)), B, k, E, sc.i.data(), list);
   if (u >= nd) return false;
   const int e = list[u];
   int m = 0;
   for (int b = 0; b < B; ++b) {
-    const int32_t* ids = a.ints(0, b);
+    const int32_t* ids = a.ints(kIds, b);
     for (int j = 0; j < k; ++j)
       if (ids[j] == e) {
         members[2 * m] = b;
@@ -205,6 +219,7 @@ bool expert_slot(const StepCtx& s, const Args& a, int u, Scratch& sc, int* exper
 // [ids, h2, gate set, up set, act]: rows [r0, r1) of gate/up of the slot's expert for every
 // sequence that chose it; act[b][j * I + r] for the pair (b, j).
 void expert_gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  using Xg = plan::arg::ExpertGateUp;
   int e, n;
   if (!expert_slot(s, a, in.slot, sc, &e, &n)) return;
   const int64_t D = s.cfg->expert_dim(), I = s.cfg->moe_intermediate_size;  // D: input width
@@ -215,20 +230,20 @@ void expert_gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scrat
   const float* X;
   int64_t ldx;
   if (n == 1) {
-    X = a.f(1, members[0]);
-    ldx = a.ld(1);
+    X = a.f(Xg::x, members[0]);
+    ldx = a.ld(Xg::x);
   } else {
     float* xg = u + int64_t(n) * rows;
-    for (int m = 0; m < n; ++m) std::memcpy(xg + m * D, a.f(1, members[2 * m]), size_t(D) * 4);
+    for (int m = 0; m < n; ++m) std::memcpy(xg + m * D, a.f(Xg::x, members[2 * m]), size_t(D) * 4);
     X = xg;
     ldx = D;
   }
-  gemv_rows(a.w(2, e), in.r0, in.r1, X, n, ldx, g, rows, s.num.round_bf16);
-  gemv_rows(a.w(3, e), in.r0, in.r1, X, n, ldx, u, rows, s.num.round_bf16);
+  gemv_rows(a.w(Xg::gate, e), in.r0, in.r1, X, n, ldx, g, rows, s.num.round_bf16);
+  gemv_rows(a.w(Xg::up, e), in.r0, in.r1, X, n, ldx, u, rows, s.num.round_bf16);
   maybe_round(g, n * rows, s.num.round_bf16);
   maybe_round(u, n * rows, s.num.round_bf16);
   for (int m = 0; m < n; ++m) {
-    float* act = a.f(4, members[2 * m]) + int64_t(members[2 * m + 1]) * I + in.r0;
+    float* act = a.f(Xg::act, members[2 * m]) + int64_t(members[2 * m + 1]) * I + in.r0;
     glu(s.num, g + m * rows, u + m * rows, rows, act);
   }
 }
@@ -236,6 +251,7 @@ void expert_gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scrat
 // [ids, act, down set, dn]: rows [r0, r1) of the slot's expert's down projection;
 // dn[b][j * D + r] = round(down act[b][j]) (D: the experts' output width, K3's latent).
 void expert_down_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  using Dn = plan::arg::ExpertDown;
   int e, n;
   if (!expert_slot(s, a, in.slot, sc, &e, &n)) return;
   const int64_t D = s.cfg->expert_dim(), I = s.cfg->moe_intermediate_size;
@@ -244,13 +260,13 @@ void expert_down_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch&
   float* y = sc.f.data();
   float* xg = y + int64_t(n) * rows;
   for (int m = 0; m < n; ++m)
-    std::memcpy(xg + m * I, a.f(1, members[2 * m]) + int64_t(members[2 * m + 1]) * I,
+    std::memcpy(xg + m * I, a.f(Dn::act, members[2 * m]) + int64_t(members[2 * m + 1]) * I,
                 size_t(I) * 4);
-  gemv_rows(a.w(2, e), in.r0, in.r1, xg, n, I, y, rows, s.num.round_bf16);
+  gemv_rows(a.w(Dn::down, e), in.r0, in.r1, xg, n, I, y, rows, s.num.round_bf16);
   maybe_round(y, n * rows, s.num.round_bf16);
   for (int m = 0; m < n; ++m)
     std::copy(y + m * rows, y + (m + 1) * rows,
-              a.f(3, members[2 * m]) + int64_t(members[2 * m + 1]) * D + in.r0);
+              a.f(Dn::out, members[2 * m]) + int64_t(members[2 * m + 1]) * D + in.r0);
 }
 
 // MoE: [x_mid, wts, dn, shared_out, x_next, norm, h_next]; dense: [x_mid, out, x_next, norm,
@@ -259,33 +275,35 @@ void expert_down_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch&
 // add (Forward::moe), then the shared expert, then the residual. With kFlagAttnRes the
 // operands go on with [res_w, sources...] and the norm is of K3's mix.
 void combine_seq(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc, int b) {
+  using Cb = plan::arg::Combine;
   const int64_t D = s.cfg->hidden_size;
   const bool moe = in.flags & plan::kFlagMoeCombine;
-  const int xn = moe ? 4 : 2, nn = moe ? 5 : 3, hn = moe ? 6 : 4;
-  float* x = a.f(xn, b);
-  std::copy(a.f(0, b), a.f(0, b) + D, x);
+  float* x = a.f(Cb::x_next, b);
+  std::copy(a.f(Cb::x_mid, b), a.f(Cb::x_mid, b) + D, x);
   if (moe && (in.flags & plan::kFlagLatentMoe)) {
     float* out = sc.f.data();
-    std::copy(a.f(2, b), a.f(2, b) + D, out);
-    if (in.flags & plan::kFlagSharedExpert) add_inplace(out, a.f(3, b), D, s.num.round_bf16);
+    std::copy(a.f(Cb::out, b), a.f(Cb::out, b) + D, out);
+    if (in.flags & plan::kFlagSharedExpert)
+      add_inplace(out, a.f(Cb::shared, b), D, s.num.round_bf16);
     add_inplace(x, out, D, s.num.round_bf16);
   } else if (moe) {
     const int k = s.cfg->num_experts_per_token;
     float* out = sc.f.data();
     float* tmp = out + D;
     std::fill(out, out + D, 0.0f);
-    const float* wts = a.f(1, b);
+    const float* wts = a.f(Cb::wts, b);
     for (int j = 0; j < k; ++j) {
-      const float* y = a.f(2, b) + int64_t(j) * D;
+      const float* y = a.f(Cb::out, b) + int64_t(j) * D;
       const float wt = wts[j];
       for (int64_t i = 0; i < D; ++i) tmp[i] = y[i] * wt;
       maybe_round(tmp, D, s.num.round_bf16);
       add_inplace(out, tmp, D, s.num.round_bf16);
     }
-    if (in.flags & plan::kFlagSharedExpert) add_inplace(out, a.f(3, b), D, s.num.round_bf16);
+    if (in.flags & plan::kFlagSharedExpert)
+      add_inplace(out, a.f(Cb::shared, b), D, s.num.round_bf16);
     add_inplace(x, out, D, s.num.round_bf16);
   } else {
-    add_inplace(x, a.f(1, b), D, s.num.round_bf16);
+    add_inplace(x, a.f(Cb::out, b), D, s.num.round_bf16);
   }
   // The last layer's combine writes the final norm only for the rows that asked for logits,
   // compacted (the lm_head's input).
@@ -295,29 +313,30 @@ void combine_seq(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc, 
     if (dst < 0) return;
   }
   const float* src = x;
-  if (in.flags & plan::kFlagAttnRes) src = res_mix(s, in, a, moe ? 7 : 5, b, sc.f.data() + 2 * D);
-  cpu::rmsnorm(src, a.vec(nn), D, s.num.eps, a.f(hn, dst), s.num.round_bf16);
+  if (in.flags & plan::kFlagAttnRes) src = res_mix(s, in, a, Cb::count, b, sc.f.data() + 2 * D);
+  cpu::rmsnorm(src, a.vec(Cb::norm), D, s.num.eps, a.f(Cb::h_next, dst), s.num.round_bf16);
 }
 
 // [wts, dn, latent_norm (or null), r]: K3's routed sum of sequences [r0, r1) in the latent:
 // fp32 products and adds in ascending expert id, rounded once, then RMSNorm (Forward::moe).
 void latent_norm_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  using Ln = plan::arg::LatentNorm;
   const int64_t X = s.cfg->expert_dim();
   const int k = s.cfg->num_experts_per_token;
   float* acc = sc.f.data();
   for (int b = int(in.r0); b < int(in.r1); ++b) {
     std::fill(acc, acc + X, 0.0f);
-    const float* wts = a.f(0, b);
+    const float* wts = a.f(Ln::wts, b);
     for (int j = 0; j < k; ++j) {
-      const float* y = a.f(1, b) + int64_t(j) * X;
+      const float* y = a.f(Ln::dn, b) + int64_t(j) * X;
       const float wt = wts[j];
       for (int64_t i = 0; i < X; ++i) acc[i] += y[i] * wt;
     }
     maybe_round(acc, X, s.num.round_bf16);
-    if (a.present(2))
-      cpu::rmsnorm(acc, a.vec(2), X, s.num.eps, a.f(3, b), s.num.round_bf16);
+    if (a.present(Ln::norm))
+      cpu::rmsnorm(acc, a.vec(Ln::norm), X, s.num.eps, a.f(Ln::r, b), s.num.round_bf16);
     else
-      std::copy(acc, acc + X, a.f(3, b));
+      std::copy(acc, acc + X, a.f(Ln::r, b));
   }
 }
 
@@ -425,69 +444,53 @@ void Prefetcher::start(const StepCtx& s, const Instr& in, bool expert_ids_visibl
     const size_t rb = stored_row_bytes(w);
     add(static_cast<const char*>(w.data) + size_t(r0) * rb, rb, r1 - r0);
   };
-  switch (in.op) {
-    case Op::kKdaProj:
-    case Op::kMlaProj:
-    case Op::kDenseDown:
-    case Op::kSharedDown:
-    case Op::kLmHead:
-    case Op::kAttnOut:
-    case Op::kMlaQUp:
-    case Op::kLatentDown:
-    case Op::kLatentUp:
-      rows_of(0, in.r0, in.r1);
+  const plan::OpDesc& d = plan::op_desc(in.op);
+  const uint8_t* so = d.stream_operands;
+  switch (d.stream) {
+    case plan::Stream::kNone:
       break;
-    case Op::kDenseGateUp:
-    case Op::kSharedGateUp:
-      rows_of(0, in.r0, in.r1);
-      rows_of(1, in.r0, in.r1);
+    case plan::Stream::kRows:
+      for (int k = 0; k < 2; ++k)
+        if (so[k] != 0xff) rows_of(so[k], in.r0, in.r1);
       break;
-    case Op::kKdaCore: {
+    case plan::Stream::kKdaHeads: {
       const int K = s.cfg->kda_head_dim;
-      rows_of(7, in.r0 * K, in.r1 * K);
-      rows_of(8, in.r0 * K, in.r1 * K);
+      for (int k = 0; k < 2; ++k)
+        if (so[k] != 0xff) rows_of(so[k], in.r0 * K, in.r1 * K);
       // This sequence's state of these heads (contiguous).
       const float* S = s.seqs[size_t(in.seq) * size_t(s.cfg->num_layers) + in.layer].kda_state;
       add(S + size_t(in.r0) * K * K, size_t(K) * K * 4, in.r1 - in.r0);
       break;
     }
-    case Op::kMlaCore: {
+    case plan::Stream::kMlaHeads: {
       const int NV = s.cfg->qk_nope_head_dim + s.cfg->v_head_dim;
-      rows_of(1, in.r0 * NV, in.r1 * NV);
+      rows_of(so[0], in.r0 * NV, in.r1 * NV);
       break;
     }
-    case Op::kMlaMerge: {  // the W_UV rows of the heads
+    case plan::Stream::kMlaValues: {  // the W_UV rows of the heads
       const int N = s.cfg->qk_nope_head_dim, NV = N + s.cfg->v_head_dim;
       for (uint32_t h = in.r0; h < in.r1 && h < in.r0 + 3; ++h)
-        rows_of(1, h * NV + N, (h + 1) * NV);
+        rows_of(so[0], h * NV + N, (h + 1) * NV);
       break;
     }
-    case Op::kExpertGateUp:
-    case Op::kExpertDown: {
+    case plan::Stream::kExpert: {
       if (!expert_ids_visible) break;
-      // The slot's expert: the u-th distinct id the batch chose, ascending (as expert_slot).
+      // The slot's expert: the u-th distinct id the rows chose, ascending (as expert_slot).
       const int E = s.cfg->num_experts, k = s.cfg->num_experts_per_token;
       if (int(mark_.size()) < 2 * E) mark_.resize(size_t(2 * E));  // once per worker
       const int nd =
-          cpu::distinct_experts(reinterpret_cast<const int32_t*>(s.arena + a[0].offset),
-                                a[0].stride / 4, s.n, k, E, mark_.data(), mark_.data() + E);
+          cpu::distinct_experts(reinterpret_cast<const int32_t*>(s.arena + a[kIds].offset),
+                                a[kIds].stride / 4, s.n, k, E, mark_.data(), mark_.data() + E);
       if (int(in.slot) >= nd) break;  // an empty slot
       const int e = mark_[size_t(E) + in.slot];
-      auto expert_rows = [&](int i) {
-        const WeightView& w = s.weights[a[i].offset + uint64_t(e)];
+      for (int j = 0; j < 2; ++j) {
+        if (so[j] == 0xff) continue;
+        const WeightView& w = s.weights[a[so[j]].offset + uint64_t(e)];
         const size_t rb = stored_row_bytes(w);
         add(static_cast<const char*>(w.data) + size_t(in.r0) * rb, rb, in.r1 - in.r0);
-      };
-      if (in.op == Op::kExpertGateUp) {
-        expert_rows(2);
-        expert_rows(3);
-      } else {
-        expert_rows(2);
       }
       break;
     }
-    default:
-      break;  // the other tiles are small
   }
 }
 
