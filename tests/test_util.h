@@ -1,9 +1,18 @@
 // Helpers shared by the tests: temporary directories and running the CLI.
 #pragma once
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <system_error>
+
+#include "megadecode/base/threads.h"
+#include "megadecode/model/presets.h"
+#include "megadecode/tokenizer/bpe_train.h"
+#include "megadecode/tokenizer/chat_template.h"
 
 namespace md::test {
 
@@ -61,6 +70,52 @@ inline CommandResult run_cli(const std::string& args, const std::string& input =
   return r;
 }
 
-inline std::string data_dir() { return MD_TEST_DATA_DIR; }
+inline std::string data_dir() {
+  return MD_TEST_DATA_DIR;
+}
+
+// A random checkpoint of a preset (plus whatever `extra` writes into its directory, e.g. tokenizer
+// files), made once and shared by every test process of this test binary: ctest runs each test
+// in its own process, so a fixture that made its checkpoints in SetUpTestSuite made them once per
+// test. The cache lives in the build tree under a directory named after the test binary's
+// modification time (a rebuilt binary, whose generator may have changed, starts a new cache; the
+// older ones are removed), and a checkpoint appears there only complete (made in a private
+// directory, then renamed into place; a process that loses the race drops its copy). `tag` names
+// the variant that `extra` makes.
+inline std::string shared_checkpoint(const std::string& preset, uint64_t seed, int shards = 1,
+                                     const std::string& tag = "",
+                                     const std::function<void(const std::string&)>& extra = {}) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto stamp = fs::last_write_time("/proc/self/exe", ec).time_since_epoch().count();
+  const fs::path root = fs::path(MD_TEST_CACHE_DIR);
+  const fs::path gen = root / std::to_string(stamp);
+  const fs::path dir =
+      gen / (preset + "-" + std::to_string(seed) + "-" + std::to_string(shards) + tag);
+  if (fs::exists(dir / "config.json")) return dir.string();
+  fs::create_directories(gen);
+  for (const auto& e : fs::directory_iterator(root, ec))  // caches of older builds
+    if (e.path() != gen) fs::remove_all(e.path(), ec);
+  const fs::path tmp = dir.string() + ".tmp" + std::to_string(getpid());
+  fs::remove_all(tmp, ec);
+  {
+    ThreadPool pool(2, false);
+    make_random_checkpoint(preset_config(preset), tmp.string(), seed, shards, pool);
+  }
+  if (extra) extra(tmp.string());
+  fs::rename(tmp, dir, ec);
+  if (ec) fs::remove_all(tmp, ec);  // another process put it there first
+  return dir.string();
+}
+
+// A shared Kimi Linear checkpoint with a BPE tokenizer trained on the built-in corpus and the
+// Kimi chat template, so that it runs from text.
+inline std::string shared_text_checkpoint(const std::string& preset, uint64_t seed) {
+  return shared_checkpoint(preset, seed, 1, "-text", [&](const std::string& dir) {
+    const ModelConfig cfg = preset_config(preset);
+    write_tokenizer_files(dir, train_bpe(builtin_training_corpus(), int(cfg.vocab_size - 256)),
+                          cfg.vocab_size, kimi_linear_chat_template());
+  });
+}
 
 }  // namespace md::test

@@ -15,13 +15,7 @@ namespace {
 
 class ModelTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir("model");
-    ThreadPool pool(2, false);
-    make_random_checkpoint(preset_config("tiny"), dir_->path(), 11, 1, pool);
-  }
-  static void TearDownTestSuite() { delete dir_; }
-  static test::TempDir* dir_;
+  static std::string dir() { return test::shared_checkpoint("tiny", 11); }
 
   // Logits for ids: the first p through one prefill call, the rest decoded one at a time.
   static std::vector<float> run(Model& m, const std::vector<int32_t>& ids, int p) {
@@ -35,7 +29,6 @@ class ModelTest : public ::testing::Test {
     return out;
   }
 };
-test::TempDir* ModelTest::dir_ = nullptr;
 
 std::vector<int32_t> prompt(int n) {
   std::vector<int32_t> ids(n);
@@ -48,7 +41,7 @@ TEST_F(ModelTest, PrefillEqualsDecodeInFp32) {
   // explicit and weight-absorbed MLA, agree up to fp32 reassociation.
   ModelOptions o;
   o.precision = Precision::FP32;
-  Model m(dir_->path(), o);
+  Model m(dir(), o);
   auto ids = prompt(70);
   auto a = run(m, ids, 70), b = run(m, ids, 0), c = run(m, ids, 33);
   double ss = 0;
@@ -70,7 +63,7 @@ TEST_F(ModelTest, ThreadCountDoesNotChangeBits) {
     o1.precision = o2.precision = prec;
     o1.threads = 1;
     o2.threads = 2;
-    Model m1(dir_->path(), o1), m2(dir_->path(), o2);
+    Model m1(dir(), o1), m2(dir(), o2);
     auto ids = prompt(20);
     auto a = run(m1, ids, 12), b = run(m2, ids, 12);
     ASSERT_EQ(a.size(), b.size());
@@ -79,7 +72,7 @@ TEST_F(ModelTest, ThreadCountDoesNotChangeBits) {
 }
 
 TEST_F(ModelTest, OutOfRangeIdIsAnErrorAndLeavesStateUnchanged) {
-  Model m(dir_->path());
+  Model m(dir());
   SequenceState s = m.new_sequence();
   std::vector<int32_t> ids = {1, 2, 5000};
   std::vector<float> logits(size_t(m.config().vocab_size));

@@ -14,13 +14,7 @@ namespace {
 
 class ModelK3Test : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir("model_k3");
-    ThreadPool pool(2, false);
-    make_random_checkpoint(preset_config("k3-small"), dir_->path(), 7, 2, pool);
-  }
-  static void TearDownTestSuite() { delete dir_; }
-  static test::TempDir* dir_;
+  static std::string dir() { return test::shared_checkpoint("k3-small", 7, 2); }
 
   static std::vector<float> run(Model& m, const std::vector<int32_t>& ids, int p) {
     const int64_t V = m.config().vocab_size;
@@ -32,7 +26,6 @@ class ModelK3Test : public ::testing::Test {
     return out;
   }
 };
-test::TempDir* ModelK3Test::dir_ = nullptr;
 
 std::vector<int32_t> prompt(int n) {
   std::vector<int32_t> ids(n);
@@ -53,7 +46,7 @@ TEST_F(ModelK3Test, PrefillEqualsDecodeInFp32) {
   // reasoning as the Kimi Linear test: 1e-4 of the logit RMS).
   ModelOptions o;
   o.precision = Precision::FP32;
-  Model m(dir_->path(), o);
+  Model m(dir(), o);
   auto ids = prompt(70);
   auto a = run(m, ids, 70), b = run(m, ids, 0), c = run(m, ids, 33);
   double worst = 0;
@@ -68,7 +61,7 @@ TEST_F(ModelK3Test, ThreadCountDoesNotChangeBits) {
     o1.precision = o2.precision = prec;
     o1.threads = 1;
     o2.threads = 2;
-    Model m1(dir_->path(), o1), m2(dir_->path(), o2);
+    Model m1(dir(), o1), m2(dir(), o2);
     auto ids = prompt(20);
     auto a = run(m1, ids, 12), b = run(m2, ids, 12);
     ASSERT_EQ(a.size(), b.size());
@@ -82,7 +75,7 @@ TEST_F(ModelK3Test, Bf16LogitsAreFiniteBf16Values) {
   // rounding alone moves their logits by tens of percent; see test_golden_k3.cpp, which bounds
   // the bf16 error through the measured conditioning of the golden checkpoint.
   ModelOptions o16;
-  Model m16(dir_->path(), o16);
+  Model m16(dir(), o16);
   auto ids = prompt(24);
   auto b = run(m16, ids, 16);
   for (float x : b) {

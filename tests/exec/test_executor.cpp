@@ -29,19 +29,12 @@ using ::testing::HasSubstr;
 
 class Executor : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir("exec");
-    ThreadPool pool(2, false);
-    make_random_checkpoint(preset_config("tiny"), dir_->path() + "/tiny", 21, 1, pool);
-    make_random_checkpoint(preset_config("small"), dir_->path() + "/small", 22, 1, pool);
-    make_random_checkpoint(preset_config("k3-tiny"), dir_->path() + "/k3-tiny", 23, 1, pool);
-    make_random_checkpoint(preset_config("k3-small"), dir_->path() + "/k3-small", 24, 1, pool);
+  // Random checkpoints shared by every test process (test::shared_checkpoint).
+  static std::string model(const std::string& name) {
+    const int seed = name == "tiny" ? 21 : name == "small" ? 22 : name == "k3-tiny" ? 23 : 24;
+    return test::shared_checkpoint(name, uint64_t(seed));
   }
-  static void TearDownTestSuite() { delete dir_; }
-  static std::string model(const std::string& name) { return dir_->path() + "/" + name; }
-  static test::TempDir* dir_;
 };
-test::TempDir* Executor::dir_ = nullptr;
 
 // The reference runs on one thread: its results do not depend on the thread count
 // (ModelTest.ThreadCountDoesNotChangeBits), and a single thread keeps it fast on a loaded machine.

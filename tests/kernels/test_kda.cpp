@@ -1,5 +1,5 @@
 // KDA kernels against float64 implementations written straight from the formulas of kda.h /
-// MODELS.md "KDA" (and the transformers kimi_linear reference they were taken from). Every test
+// the transformers kimi_linear reference they were taken from. Every test
 // runs the portable path and, where the CPU has it, the AVX-512 path.
 //
 // Tolerances are stated in units of fp32 epsilon (kEps = 2^-23, 1.19e-7) and, for the vector

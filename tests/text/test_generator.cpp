@@ -17,21 +17,12 @@ using ::testing::HasSubstr;
 
 class GeneratorTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir("gen");
-    ThreadPool pool(2, false);
-    ModelConfig cfg = preset_config("tiny");
-    make_random_checkpoint(cfg, dir_->path(), 21, 1, pool);
-    write_tokenizer_files(dir_->path(),
-                          train_bpe(builtin_training_corpus(), int(cfg.vocab_size - 256)),
-                          cfg.vocab_size, kimi_linear_chat_template());
-  }
-  static void TearDownTestSuite() { delete dir_; }
+  static std::string dir() { return test::shared_text_checkpoint("tiny", 21); }
   void SetUp() override {
     ModelOptions o;
     o.threads = 2;
-    model_ = std::make_unique<Model>(dir_->path(), o);
-    tok_ = std::make_unique<Tokenizer>(Tokenizer::load(dir_->path()));
+    model_ = std::make_unique<Model>(dir(), o);
+    tok_ = std::make_unique<Tokenizer>(Tokenizer::load(dir()));
   }
   // The same BPE ranks with Kimi K3's special tokens and no chat template, like a K3 checkpoint.
   static Tokenizer k3_tokenizer(int64_t vocab_size) {
@@ -41,11 +32,9 @@ class GeneratorTest : public ::testing::Test {
       specials.push_back({int32_t(ranks.size()) + t.offset, std::string(t.content), true});
     return Tokenizer::from_parts(ranks, specials, vocab_size);
   }
-  static test::TempDir* dir_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tok_;
 };
-test::TempDir* GeneratorTest::dir_ = nullptr;
 
 SamplingParams greedy(int n) {
   SamplingParams p;
@@ -89,7 +78,7 @@ TEST_F(GeneratorTest, PlanExecutorsGiveTheSameTokens) {
   for (Precision prec : {Precision::FP32, Precision::BF16}) {
     ModelOptions o;
     o.precision = prec;
-    model_ = std::make_unique<Model>(dir_->path(), o);
+    model_ = std::make_unique<Model>(dir(), o);
     // FP32: the reference path; BF16: the plan prefilling one row per step.
     ExecutorOptions eo;
     eo.workers = 2;
@@ -122,7 +111,7 @@ TEST_F(GeneratorTest, ReusesThePrefixOfTheNextTurn) {
   // to ~1e-6, so greedy picks the same tokens; in bf16 their roundings differ legitimately.
   ModelOptions o;
   o.precision = Precision::FP32;
-  model_ = std::make_unique<Model>(dir_->path(), o);
+  model_ = std::make_unique<Model>(dir(), o);
   Generator g(*model_, *tok_);
   auto first = g.encode(g.render({{"user", "hello there", "", "", {}, ""}}, true));
   GenerationResult a = g.generate(first, greedy(6));

@@ -24,20 +24,9 @@ using ::testing::HasSubstr;
 // One tiny checkpoint shared by the CLI tests.
 class Cli : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir("cli_model");
-    ThreadPool pool(2, false);
-    ModelConfig cfg = preset_config("tiny");
-    make_random_checkpoint(cfg, dir_->path(), 5, 1, pool);
-    write_tokenizer_files(dir_->path(),
-                          train_bpe(builtin_training_corpus(), int(cfg.vocab_size - 256)),
-                          cfg.vocab_size, kimi_linear_chat_template());
-  }
-  static void TearDownTestSuite() { delete dir_; }
-  static std::string model() { return dir_->path(); }
-  static test::TempDir* dir_;
+  static std::string dir() { return test::shared_text_checkpoint("tiny", 5); }
+  static std::string model() { return dir(); }
 };
-test::TempDir* Cli::dir_ = nullptr;
 
 void expect_one_line_error(const test::CommandResult& r, const std::string& what) {
   EXPECT_NE(r.status, 0);

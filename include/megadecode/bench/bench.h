@@ -1,9 +1,9 @@
-// The engine's benchmarks as a library (the CLI's `bench`, scripts and the server call them):
+// The engine's benchmarks as a library (the CLI's `bench` and scripts call them):
 // decode speed per batch size and executor against the machine's read bandwidth measured in the
 // same run; prompt prefill through the plan in chunks of rows against the reference path's
 // prefill; and the cost of a multi-row verify step against a decode step. Executors are
 // interleaved repetition by repetition, and ratios are medians of per-repetition ratios
-// (BENCHMARKS.md "Rules for figures"). Every figure belongs to the machine it ran on
+// (medians, same-run ratios). Every figure belongs to the machine it ran on
 // (this_machine()).
 #pragma once
 #include <cstdint>

@@ -45,7 +45,7 @@ struct Numerics {
   // so a checkpoint's F32 A_log is rounded at load; dt_bias stays fp32. K3 reads A_log in fp32.
   bool round_a_log = true;
   float eps = 0;         // rms_norm_eps
-  float latent_eps = 0;  // kv_a / q_a layernorms (the reference's default 1e-6; MODELS.md)
+  float latent_eps = 0;  // kv_a / q_a layernorms (the reference's default 1e-6, not rms_norm_eps)
   cpu::RouterParams router;
   Activation activation = Activation::kSilu;
   float situ_beta = 1.0f, situ_linear_beta = 0.0f;

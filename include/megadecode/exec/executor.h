@@ -1,5 +1,5 @@
 // The executor interface of the decode plan (docs/architecture.md "Executors"): what the
-// generator, the benchmark, the CLI and (later) the server hold. A backend implements it by
+// generator, the benchmark and the CLI hold. A backend implements it by
 // interpreting the plan's instructions: exec/cpu (CpuExecutor: persistent CPU threads, as a
 // megakernel or op by op), later exec/cuda. Every backend computes, bit for bit, what
 // Model::forward computes for each sequence fed one token at a time.

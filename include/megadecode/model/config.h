@@ -48,7 +48,7 @@ struct ModelConfig {
   int qk_rope_head_dim = 0;
   int v_head_dim = 0;
   // kv_a_layernorm (and q_a_layernorm) epsilon. The reference (transformers kimi_linear) builds
-  // these norms with its default eps 1e-6, not rms_norm_eps; see MODELS.md "where sources differ".
+  // these norms with its default eps 1e-6, not rms_norm_eps; see docs/architecture.md "Numerics".
   double latent_norm_eps = 1e-6;
 
   // FFN.

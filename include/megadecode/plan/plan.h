@@ -1,7 +1,7 @@
 // The decode plan: one step of a Kimi Linear or Kimi K3 model for a batch of B sequences that each
 // feed R consecutive token rows (R = 1: decode; R > 1: a speculative verify or a prefill chunk),
-// compiled into fixed-size instructions for W workers (DESIGN.md "The decode plan",
-// docs/architecture.md "The decode plan").
+// compiled into fixed-size instructions for W workers (docs/architecture.md "The decode plan",
+// "Step shape: token rows"; the ops are described in plan/ops.h).
 //
 // Everything in a Plan is plain data with no host pointer: instructions name their data through
 // a buffer table (arena offsets, weight-table ids, per-sequence state slots, the step's token ids

@@ -1,6 +1,6 @@
 // Text in, text out: prompt text (raw or a chat) -> token ids -> prefill + sampled decode ->
-// streamed text, with stop tokens, stop strings and max tokens. Used by `run`, `chat` and the
-// server. Keeps one sequence whose fed tokens are remembered, so a follow-up prompt that extends
+// streamed text, with stop tokens, stop strings and max tokens. Used by `run` and `chat`.
+// Keeps one sequence whose fed tokens are remembered, so a follow-up prompt that extends
 // them (the next chat turn) only prefills the new suffix.
 #pragma once
 #include <cstdint>

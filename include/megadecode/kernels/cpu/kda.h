@@ -1,4 +1,4 @@
-// Kimi Delta Attention kernels (MODELS.md "KDA"). Layout conventions: a KDA layer has H heads of
+// Kimi Delta Attention kernels (as transformers' kimi_linear and fla compute it). Layout conventions: a KDA layer has H heads of
 // dimension K (= V); per-token projections q, k, v, f (decay gate pre-activation) and the output
 // gate are vectors of C = H*K floats, channel c = h*K + i. The recurrent state of one head is
 // S[K][V] fp32, row index = key dimension. All math here is fp32.

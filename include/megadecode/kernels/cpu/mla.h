@@ -1,4 +1,4 @@
-// Multi-head latent attention (NoPE) over a latent cache (MODELS.md "MLA"). The cache of one layer
+// Multi-head latent attention (NoPE) over a latent cache (as transformers' kimi_linear computes it). The cache of one layer
 // holds, per token, the normalised latent c[R] (R = kv_lora_rank) followed by k_pe[P]
 // (P = qk_rope_head_dim): row width R + P. kv_b_proj [H*(N+V), R] holds per head N "nope" key rows
 // then V value rows. Scores use scale 1/sqrt(N + P).
