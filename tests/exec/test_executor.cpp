@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "exec/exec_test_util.h"
 #include "megadecode/base/error.h"
 #include "megadecode/base/threads.h"
 #include "megadecode/base/util.h"
@@ -25,6 +26,9 @@
 namespace md {
 namespace {
 
+using test::expect_same_bits;
+using test::expect_same_state;
+using test::opts;
 using ::testing::HasSubstr;
 
 class Executor : public ::testing::Test {
@@ -35,16 +39,6 @@ class Executor : public ::testing::Test {
     return test::shared_checkpoint(name, uint64_t(seed));
   }
 };
-
-// The reference runs on one thread: its results do not depend on the thread count
-// (ModelTest.ThreadCountDoesNotChangeBits), and a single thread keeps it fast on a loaded machine.
-ModelOptions opts(Precision p) {
-  ModelOptions o;
-  o.precision = p;
-  o.threads = 1;
-  o.pin_threads = false;
-  return o;
-}
 
 // Sequences prefilled through Model::forward with prompts of different lengths (0: fresh).
 std::vector<SequenceState> prefilled(Model& m, int n) {
@@ -59,28 +53,6 @@ std::vector<SequenceState> prefilled(Model& m, int n) {
     out.push_back(std::move(s));
   }
   return out;
-}
-
-void expect_same_bits(const float* a, const float* b, size_t n, const std::string& what) {
-  if (n == 0 || std::memcmp(a, b, n * sizeof(float)) == 0) return;  // (empty: data() may be null)
-  size_t i = 0;
-  while (i < n && std::memcmp(a + i, b + i, sizeof(float)) == 0) ++i;
-  ADD_FAILURE() << what << ": first difference at " << i << ": " << a[i] << " vs " << b[i];
-}
-
-void expect_same_state(const SequenceState& a, const SequenceState& b, const std::string& what) {
-  EXPECT_EQ(a.pos, b.pos) << what;
-  for (auto member :
-       {&SequenceState::kda_state, &SequenceState::conv_cache, &SequenceState::mla_cache}) {
-    const auto& x = a.*member;
-    const auto& y = b.*member;
-    ASSERT_EQ(x.size(), y.size());
-    for (size_t l = 0; l < x.size(); ++l) {
-      ASSERT_EQ(x[l].size(), y[l].size()) << what << " layer " << l;
-      expect_same_bits(x[l].data(), y[l].data(), x[l].size(),
-                       what + " state, layer " + std::to_string(l));
-    }
-  }
 }
 
 // Both executors step the same schedule of batches; every sequence's logits must equal, bit for

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "exec/exec_test_util.h"
 #include "megadecode/base/error.h"
 #include "megadecode/engine/model.h"
 #include "megadecode/exec/cpu_executor.h"
@@ -26,15 +27,10 @@
 namespace md {
 namespace {
 
+using test::expect_same_state;
+using test::opts;
+using test::same_bits;
 using ::testing::HasSubstr;
-
-ModelOptions opts(Precision p) {
-  ModelOptions o;
-  o.precision = p;
-  o.threads = 1;
-  o.pin_threads = false;
-  return o;
-}
 
 std::string golden(const std::string& name) {
   return test::data_dir() + "/data/golden/" + name;
@@ -45,24 +41,6 @@ std::vector<int32_t> prompt(const Model& m, int n, int salt) {
   std::vector<int32_t> ids(static_cast<size_t>(n));
   for (int t = 0; t < n; ++t) ids[size_t(t)] = int32_t((salt * 131 + t * 17 + 5) % (V - 1));
   return ids;
-}
-
-bool same_bits(const float* a, const float* b, size_t n) {
-  return n == 0 || std::memcmp(a, b, n * sizeof(float)) == 0;
-}
-
-void expect_same_state(const SequenceState& a, const SequenceState& b, const std::string& what) {
-  EXPECT_EQ(a.pos, b.pos) << what;
-  for (auto member :
-       {&SequenceState::kda_state, &SequenceState::conv_cache, &SequenceState::mla_cache}) {
-    const auto& x = a.*member;
-    const auto& y = b.*member;
-    ASSERT_EQ(x.size(), y.size()) << what;
-    for (size_t l = 0; l < x.size(); ++l) {
-      ASSERT_EQ(x[l].size(), y[l].size()) << what << " layer " << l;
-      EXPECT_TRUE(same_bits(x[l].data(), y[l].data(), x[l].size())) << what << " layer " << l;
-    }
-  }
 }
 
 // The reference path one token at a time: [T][V] logits and the final state.
