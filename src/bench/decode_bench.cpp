@@ -83,6 +83,7 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
     if (n != "reference") {
       ExecutorOptions eo;
       eo.workers = res.workers;
+      eo.states = m.options().states;
       r.ex = make_executor(m, parse_executor_kind(n), maxb, eo);
     }
     runners.push_back(std::move(r));
@@ -118,15 +119,23 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
       seqs.push_back(std::move(s));
     }
     // Every timed block starts from this snapshot, so each executor and repetition decodes the
-    // same tokens at the same positions (context .. context + steps).
-    const std::vector<SequenceState> snapshot = seqs;
+    // same tokens at the same positions (context .. context + steps). Each runner decodes its
+    // own copies, in its own state pool (the reference path's: the model's).
+    const std::vector<SequenceState> snapshot = std::move(seqs);
     const std::vector<int32_t> first_tokens = tokens;
-    auto restore = [&] {
-      for (size_t b = 0; b < seqs.size(); ++b) seqs[b] = snapshot[b];
+    std::vector<std::vector<SequenceState>> work(E);
+    for (size_t e = 0; e < E; ++e)
+      for (int b = 0; b < B; ++b)
+        work[e].push_back(runners[e].ex ? runners[e].ex->new_sequence() : m.new_sequence());
+    std::vector<SequenceState*> ptrs;
+    auto restore = [&](size_t e) {
+      ptrs.clear();
+      for (size_t b = 0; b < snapshot.size(); ++b) {
+        work[e][b].copy_from(snapshot[b]);
+        ptrs.push_back(&work[e][b]);
+      }
       tokens = first_tokens;
     };
-    std::vector<SequenceState*> ptrs;
-    for (auto& s : seqs) ptrs.push_back(&s);
     // One step of a runner (timed part only: the argmax that picks the next tokens is not).
     auto step = [&](Runner& r, double* seconds, double* bytes) {
       std::vector<int64_t> pos;
@@ -152,9 +161,9 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
       for (int b = 0; b < B; ++b)
         tokens[size_t(b)] = int32_t(argmax(logits.data() + size_t(b) * size_t(V), V));
     };
-    for (Runner& r : runners) {  // warm-up: plans compiled, weights and caches touched
-      restore();
-      for (int i = 0; i < 2; ++i) step(r, nullptr, nullptr);
+    for (size_t e = 0; e < E; ++e) {  // warm-up: plans compiled, weights and caches touched
+      restore(e);
+      for (int i = 0; i < 2; ++i) step(runners[e], nullptr, nullptr);
     }
     for (int rep = 0; rep < o.reps; ++rep) {
       report(fmt::format("batch {}: read bandwidth", B));
@@ -165,10 +174,10 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
         report(fmt::format("batch {}: {} rep {}/{}", B, r.name, rep + 1, o.reps));
         // Let the previous runner's idle threads stop spinning, then one untimed step (on a
         // scratch copy) to wake this runner's threads.
-        restore();
+        restore(e);
         std::this_thread::sleep_for(std::chrono::milliseconds(3));
         step(r, nullptr, nullptr);
-        restore();
+        restore(e);
         double secs = 0, bytes = 0;
         for (int i = 0; i < o.steps; ++i) step(r, &secs, &bytes);
         for (auto* s : ptrs) res.max_pos = std::max(res.max_pos, s->pos);

@@ -81,6 +81,7 @@ PrefillResult run_prefill(Model& m, const PrefillOptions& o) {
   for (const std::string& n : o.executors) {
     ExecutorOptions eo;
     eo.workers = W;
+    eo.states = m.options().states;
     ex.push_back(make_executor(m, parse_executor_kind(n), 1, eo));
   }
   // Cells: [reference,] then executor x chunk.
@@ -91,15 +92,17 @@ PrefillResult run_prefill(Model& m, const PrefillOptions& o) {
   const std::vector<int32_t> ids = random_ids(m, o.prompt, 11);
   std::vector<float> logits(static_cast<size_t>(V));
   auto run = [&](const PrefillCell& c) {
-    SequenceState s = m.new_sequence();
-    const double t0 = now_seconds();
     if (c.executor == "reference") {
+      SequenceState s = m.new_sequence();
+      const double t0 = now_seconds();
       m.forward(s, ids, logits.data(), false);
-    } else {
-      const size_t e = size_t(std::find(o.executors.begin(), o.executors.end(), c.executor) -
-                              o.executors.begin());
-      ex[e]->prefill(s, ids, logits.data(), c.chunk);
+      return now_seconds() - t0;
     }
+    const size_t e =
+        size_t(std::find(o.executors.begin(), o.executors.end(), c.executor) - o.executors.begin());
+    SequenceState s = ex[e]->new_sequence();
+    const double t0 = now_seconds();
+    ex[e]->prefill(s, ids, logits.data(), c.chunk);
     return now_seconds() - t0;
   };
   const double total = double(o.reps + 1) * double(cells.size());
@@ -153,12 +156,15 @@ VerifyResult run_verify(Model& m, const VerifyOptions& o) {
   for (const std::string& n : o.executors) {
     ExecutorOptions eo;
     eo.workers = W;
+    eo.states = m.options().states;
     std::unique_ptr<Executor> ex = make_executor(m, parse_executor_kind(n), 1, eo);
     StepOptions keep;
     keep.keep_for_commit = true;
     std::vector<double> dec, ver, com, ratio;
+    // Each block starts from a copy of the prefilled base in the executor's pool.
+    SequenceState s = ex->new_sequence();
     auto decode_block = [&] {
-      SequenceState s = base;
+      s.copy_from(base);
       SequenceState* p = &s;
       double t = 0;
       for (int i = 0; i < o.steps; ++i) {
@@ -169,7 +175,7 @@ VerifyResult run_verify(Model& m, const VerifyOptions& o) {
       return t / o.steps * 1e3;
     };
     auto verify_block = [&](double* commit_ms) {
-      SequenceState s = base;
+      s.copy_from(base);
       const StepSeq q{&s, draft, LogitRows::kAll};
       double t = 0, tc = 0;
       for (int i = 0; i < o.steps; ++i) {

@@ -44,7 +44,7 @@ void Forward::kda(int l, SequenceState& s, const float* h, int T, float* out) co
 
   // Short convolutions (+ SiLU) and the decay gate, split by channel.
   std::vector<float> qc(T * C), kc(T * C), vc(T * C);
-  float* cache = s.conv_cache[l].data();
+  float* cache = s.conv_cache(l);
   const int64_t cstride = int64_t(W - 1) * C;
   pool.parallel_for(
       size_t(C),
@@ -78,7 +78,7 @@ void Forward::kda(int l, SequenceState& s, const float* h, int T, float* out) co
 
   // The delta rule, one head per task.
   std::vector<float> o(T * C);
-  float* S = s.kda_state[l].data();
+  float* S = s.kda_state(l);
   pool.parallel_for(size_t(H), [&](size_t h0, size_t h1) {
     for (size_t hh = h0; hh < h1; ++hh) {
       const int64_t off = int64_t(hh) * K;
@@ -131,13 +131,15 @@ void Forward::mla(int l, SequenceState& s, const float* h, int T, float* out) co
   round(q.data(), T * QW);
   round(a.data(), T * CW);
   round(gate.data(), int64_t(gate.size()));
-  std::vector<float>& cache = s.mla_cache[l];
+  // The new latent rows go into the sequence's pages (Model::forward reserved them).
+  const cpu::LatentCache cache = s.latent(l);
   const int64_t T0 = s.pos;
-  cache.resize(size_t((T0 + T) * CW));
+  std::vector<float> row(static_cast<size_t>(CW));
   for (int t = 0; t < T; ++t) {
-    float* row = cache.data() + (T0 + t) * CW;
-    cpu::rmsnorm(a.data() + t * CW, mw.kv_a_norm.data(), R, float(c.latent_norm_eps), row, rnd());
-    std::copy(a.data() + t * CW + R, a.data() + (t + 1) * CW, row + R);
+    cpu::rmsnorm(a.data() + t * CW, mw.kv_a_norm.data(), R, float(c.latent_norm_eps), row.data(),
+                 rnd());
+    std::copy(a.data() + t * CW + R, a.data() + (t + 1) * CW, row.begin() + R);
+    cpu::store_latent_row(cache, T0 + t, row.data(), CW);
   }
   const cpu::MlaDims d{H, N, P, V, R};
   std::vector<float> att(T * OW);
@@ -148,13 +150,13 @@ void Forward::mla(int l, SequenceState& s, const float* h, int T, float* out) co
     pool.run([&](int id, int nw) {
       auto [h0, h1] = split_range(size_t(H), nw, id);
       if (h0 < h1)
-        cpu::mla_decode_absorbed(q.data(), cache.data(), CW, int(T0 + 1), kvb, d, int(h0), int(h1),
-                                 att.data(), scratch.data() + size_t(id) * size_t(T0 + 1 + 2 * R));
+        cpu::mla_decode_absorbed(q.data(), cache, int(T0 + 1), kvb, d, int(h0), int(h1), att.data(),
+                                 scratch.data() + size_t(id) * size_t(T0 + 1 + 2 * R));
     });
   } else {
     pool.parallel_for(size_t(H), [&](size_t h0, size_t h1) {
-      cpu::mla_prefill(q.data(), QW, T, int(T0), cache.data(), CW, kvb, d, int(h0), int(h1),
-                       att.data(), OW, rnd());
+      cpu::mla_prefill(q.data(), QW, T, int(T0), cache, kvb, d, int(h0), int(h1), att.data(), OW,
+                       rnd());
     });
   }
   round(att.data(), int64_t(att.size()));

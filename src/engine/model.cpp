@@ -48,14 +48,6 @@ void run_matmuls(ThreadPool& pool, std::span<const MatJob> jobs, bool x_bf16) {
 
 }  // namespace fwd
 
-size_t SequenceState::bytes() const {
-  size_t n = 0;
-  for (auto* v :
-       {&kda_state, &conv_cache, &mla_cache, &rowlog.kda_state0, &rowlog.conv0, &rowlog.inputs})
-    for (const auto& x : *v) n += x.size() * sizeof(float);
-  return n;
-}
-
 struct Model::Impl {
   Model& m;
   fwd::Forward f;
@@ -106,6 +98,11 @@ struct Model::Impl {
     for (int32_t id : ids)
       MD_CHECK(id >= 0 && id < c.vocab_size, "token id {} is outside the vocabulary [0, {})", id,
                c.vocab_size);
+    MD_CHECK(s.valid() && s.pool()->compatible(*m.states_),
+             "forward: the sequence is not a state of this model (a pool of another model or "
+             "cache type)");
+    s.reserve(s.pos + T);  // the latent-cache rows this call writes (an error changes nothing)
+    s.rowlog = {};
     const bool res = c.attn_res_block_size > 0;
     Stream st{T, D, std::vector<float>(T * D), true, {}};
     std::vector<float>& x = st.prefix;
@@ -181,6 +178,7 @@ Model::Model(const std::string& dir, const ModelOptions& opt) : opt_(opt) {
       for (float& a : L.kda.A_log) a = round_bf16(a);
   }
   pool_ = std::make_unique<ThreadPool>(opt.threads, opt.pin_threads);
+  states_ = std::make_unique<StatePool>(cfg_, num_.round_bf16, opt.states);
   impl_ = std::make_unique<Impl>(*this);
 }
 
@@ -204,18 +202,7 @@ void Model::touch_weights(const std::function<void(double, double)>& progress) c
 }
 
 SequenceState Model::new_sequence() const {
-  SequenceState s;
-  const ModelConfig& c = cfg_;
-  s.kda_state.resize(c.num_layers);
-  s.conv_cache.resize(c.num_layers);
-  s.mla_cache.resize(c.num_layers);
-  for (int l = 0; l < c.num_layers; ++l) {
-    if (c.attn_kind[l] == AttnKind::KDA) {
-      s.kda_state[l].assign(size_t(c.kda_num_heads) * c.kda_head_dim * c.kda_head_dim, 0.0f);
-      s.conv_cache[l].assign(size_t(3) * (c.kda_conv_size - 1) * size_t(c.kda_dim()), 0.0f);
-    }
-  }
-  return s;
+  return states_->acquire();
 }
 
 void Model::forward(SequenceState& seq, std::span<const int32_t> ids, float* logits,

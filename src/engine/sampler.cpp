@@ -96,33 +96,46 @@ void Sampler::update_counts(std::span<const int32_t> history) {
   counted_len_ = history.size();
 }
 
+SampleRow Sampler::row_without_draw(std::span<const int32_t> history) {
+  SampleRow r;
+  r.temperature = params_.temperature;
+  r.top_k = params_.top_k;
+  r.top_p = params_.top_p;
+  r.min_p = params_.min_p;
+  r.repetition_penalty = params_.repetition_penalty;
+  r.presence_penalty = params_.presence_penalty;
+  r.frequency_penalty = params_.frequency_penalty;
+  if (has_penalties()) {
+    update_counts(history);
+    entries_.clear();
+    for (int32_t id : touched_) entries_.push_back(PenaltyCount{id, counts_[size_t(id)]});
+    r.penalties = entries_.data();
+    r.num_penalties = uint32_t(entries_.size());
+  }
+  return r;
+}
+
+SampleRow Sampler::prepare(std::span<const int32_t> history) {
+  SampleRow r = row_without_draw(history);
+  if (!r.greedy()) r.uniform = rng_.uniform();
+  return r;
+}
+
 void Sampler::penalize(std::span<float> logits, std::span<const int32_t> history) {
   MD_CHECK(int64_t(logits.size()) == vocab_, "sampler: got {} logits for a vocabulary of {}",
            logits.size(), vocab_);
-  if (!has_penalties()) return;
-  update_counts(history);
-  const float rep = params_.repetition_penalty;
-  for (int32_t id : touched_) {
-    float& l = logits[size_t(id)];
-    if (rep != 1.0f) l = l > 0.0f ? l / rep : l * rep;
-    if (int32_t c = counts_[size_t(id)]; c > 0)
-      l -= params_.frequency_penalty * float(c) + params_.presence_penalty;
-  }
+  apply_penalties(row_without_draw(history), logits);
 }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   MD_CHECK(int64_t(logits.size()) == vocab_, "sampler: got {} logits for a vocabulary of {}",
            logits.size(), vocab_);
-  std::span<const float> l = logits;
-  if (has_penalties()) {
-    work_.assign(logits.begin(), logits.end());
-    penalize(work_, history);
-    l = work_;
-  }
-  return params_.greedy() ? argmax(l) : draw(l);
+  return sample_row(prepare(history), logits, scratch_);
 }
 
-int32_t Sampler::argmax(std::span<const float> logits) const {
+namespace {
+
+int32_t argmax(std::span<const float> logits) {
   int32_t best = 0;
   float bv = -INFINITY;
   bool any = false;
@@ -135,11 +148,12 @@ int32_t Sampler::argmax(std::span<const float> logits) const {
   return best;
 }
 
-int32_t Sampler::draw(std::span<const float> logits) {
+int32_t draw(const SampleRow& row, std::span<const float> logits, SampleScratch& sc) {
+  using Cand = SampleScratch::Cand;
   const size_t V = logits.size();
-  const float inv_t = 1.0f / params_.temperature;
-  const double top_p = params_.top_p;
-  const float min_p = params_.min_p;
+  const float inv_t = 1.0f / row.temperature;
+  const double top_p = row.top_p;
+  const float min_p = row.min_p;
 
   float mx = -INFINITY;
   for (size_t i = 0; i < V; ++i) {
@@ -148,21 +162,21 @@ int32_t Sampler::draw(std::span<const float> logits) {
   }
   MD_CHECK(mx > -INFINITY, "sampler: every logit is -inf");
 
-  const size_t k = params_.top_k > 0 && size_t(params_.top_k) < V ? size_t(params_.top_k) : V;
+  const size_t k = row.top_k > 0 && size_t(row.top_k) < V ? size_t(row.top_k) : V;
   if (k == V && top_p >= 1.0) {
     // No truncation by rank: one pass in id order, no sorting. Weights are relative to the
     // largest (w_max = 1), so min-p is simply w >= min_p.
-    weights_.resize(V);
+    sc.weights.resize(V);
     double total = 0;
     for (size_t i = 0; i < V; ++i) {
       float w = std::exp(logits[i] * inv_t - mx);
-      weights_[i] = w;
+      sc.weights[i] = w;
       if (w >= min_p) total += w;
     }
-    double u = rng_.uniform() * total;
+    double u = row.uniform * total;
     int32_t last = 0;
     for (size_t i = 0; i < V; ++i) {
-      float w = weights_[i];
+      float w = sc.weights[i];
       if (w < min_p) continue;
       last = int32_t(i);
       u -= w;
@@ -174,57 +188,58 @@ int32_t Sampler::draw(std::span<const float> logits) {
   // Candidate set: the k best tokens (unsorted; order within the set does not change the
   // distribution, and the selection is deterministic).
   Better better;
-  cands_.clear();
+  std::vector<Cand>& cands = sc.cands;
+  cands.clear();
   if (k < V && k <= size_t(kHeapTopK)) {
-    cands_.reserve(k);
+    cands.reserve(k);
     for (size_t i = 0; i < V; ++i) {
       Cand c{int32_t(i), logits[i] * inv_t, 0.0f};
-      if (cands_.size() < k) {
-        cands_.push_back(c);
-        std::push_heap(cands_.begin(), cands_.end(), better);  // front = worst kept
-      } else if (better(c, cands_.front())) {
-        std::pop_heap(cands_.begin(), cands_.end(), better);
-        cands_.back() = c;
-        std::push_heap(cands_.begin(), cands_.end(), better);
+      if (cands.size() < k) {
+        cands.push_back(c);
+        std::push_heap(cands.begin(), cands.end(), better);  // front = worst kept
+      } else if (better(c, cands.front())) {
+        std::pop_heap(cands.begin(), cands.end(), better);
+        cands.back() = c;
+        std::push_heap(cands.begin(), cands.end(), better);
       }
     }
   } else {
-    cands_.resize(V);
-    for (size_t i = 0; i < V; ++i) cands_[i] = Cand{int32_t(i), logits[i] * inv_t, 0.0f};
+    cands.resize(V);
+    for (size_t i = 0; i < V; ++i) cands[i] = Cand{int32_t(i), logits[i] * inv_t, 0.0f};
     if (k < V) {
-      std::nth_element(cands_.begin(), cands_.begin() + ptrdiff_t(k), cands_.end(), better);
-      cands_.resize(k);
+      std::nth_element(cands.begin(), cands.begin() + ptrdiff_t(k), cands.end(), better);
+      cands.resize(k);
     }
   }
   double z = 0;  // softmax denominator over the candidate set
-  for (Cand& c : cands_) z += (c.w = std::exp(c.x - mx));
+  for (Cand& c : cands) z += (c.w = std::exp(c.x - mx));
 
   // Top-p keeps the smallest best-first prefix whose mass reaches top_p. Rather than sorting, the
   // weights go into buckets by their leading float bits (monotonic in the weight, so a better token
   // is never in a lower bucket); whole buckets are kept from the top while the mass stays below
   // the target, and only the bucket holding the cut is sorted. O(size) for any nucleus size.
-  size_t keep = cands_.size();
+  size_t keep = cands.size();
   if (top_p < 1.0) {
     const double target = top_p * z;
     auto bucket = [](float w) { return std::bit_cast<uint32_t>(w) >> kBucketShift; };
-    bucket_mass_.assign(kBuckets, 0.0);
-    for (const Cand& c : cands_) bucket_mass_[bucket(c.w)] += c.w;
+    sc.bucket_mass.assign(kBuckets, 0.0);
+    for (const Cand& c : cands) sc.bucket_mass[bucket(c.w)] += c.w;
     double acc = 0;
     uint32_t cut = kBuckets - 1;
     for (; cut > 0; --cut) {
-      if (acc + bucket_mass_[cut] >= target) break;
-      acc += bucket_mass_[cut];
+      if (acc + sc.bucket_mass[cut] >= target) break;
+      acc += sc.bucket_mass[cut];
     }
-    auto above = std::partition(cands_.begin(), cands_.end(),
+    auto above = std::partition(cands.begin(), cands.end(),
                                 [&](const Cand& c) { return bucket(c.w) > cut; });
     auto in_cut =
-        std::partition(above, cands_.end(), [&](const Cand& c) { return bucket(c.w) == cut; });
+        std::partition(above, cands.end(), [&](const Cand& c) { return bucket(c.w) == cut; });
     std::sort(above, in_cut, better);
-    keep = size_t(in_cut - cands_.begin());
+    keep = size_t(in_cut - cands.begin());
     for (auto it = above; it != in_cut; ++it) {
       acc += it->w;
       if (acc >= target) {
-        keep = size_t(it - cands_.begin()) + 1;
+        keep = size_t(it - cands.begin()) + 1;
         break;
       }
     }
@@ -233,16 +248,42 @@ int32_t Sampler::draw(std::span<const float> logits) {
   // Min-p: weights are relative to the overall maximum (w = 1), which is always kept.
   double total = 0;
   for (size_t i = 0; i < keep; ++i)
-    if (cands_[i].w >= min_p) total += cands_[i].w;
-  double u = rng_.uniform() * total;
-  int32_t last = cands_[0].id;
+    if (cands[i].w >= min_p) total += cands[i].w;
+  double u = row.uniform * total;
+  int32_t last = cands[0].id;
   for (size_t i = 0; i < keep; ++i) {
-    if (cands_[i].w < min_p) continue;
-    last = cands_[i].id;
-    u -= cands_[i].w;
+    if (cands[i].w < min_p) continue;
+    last = cands[i].id;
+    u -= cands[i].w;
     if (u < 0) break;
   }
   return last;
+}
+
+}  // namespace
+
+void apply_penalties(const SampleRow& row, std::span<float> logits) {
+  if (!row.has_penalties()) return;
+  const float rep = row.repetition_penalty;
+  for (uint32_t i = 0; i < row.num_penalties; ++i) {
+    const PenaltyCount& p = row.penalties[i];
+    MD_CHECK(p.id >= 0 && size_t(p.id) < logits.size(),
+             "sampler: penalty id {} outside the vocabulary of {}", p.id, logits.size());
+    float& l = logits[size_t(p.id)];
+    if (rep != 1.0f) l = l > 0.0f ? l / rep : l * rep;
+    if (p.output_count > 0)
+      l -= row.frequency_penalty * float(p.output_count) + row.presence_penalty;
+  }
+}
+
+int32_t sample_row(const SampleRow& row, std::span<const float> logits, SampleScratch& sc) {
+  std::span<const float> l = logits;
+  if (row.has_penalties() && row.num_penalties > 0) {
+    sc.work.assign(logits.begin(), logits.end());
+    apply_penalties(row, sc.work);
+    l = sc.work;
+  }
+  return row.greedy() ? argmax(l) : draw(row, l, sc);
 }
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {

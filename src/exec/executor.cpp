@@ -20,7 +20,7 @@ int logit_row_count(std::span<const StepSeq> seqs) {
 }
 
 void Executor::step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens,
-                    float* logits, int32_t* next_ids, std::span<const SampleSpec> sampling) {
+                    float* logits, int32_t* next_ids, std::span<const SampleRow> sampling) {
   MD_CHECK(tokens.size() == seqs.size(), "decode step: {} tokens for {} sequences", tokens.size(),
            seqs.size());
   std::vector<StepSeq> ss(seqs.size());

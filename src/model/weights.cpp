@@ -341,7 +341,7 @@ ModelSizes model_sizes(const ModelConfig& c) {
   s.active_bytes += s.expert_bytes * c.num_experts_per_token * moe_layers;
   s.kda_state_bytes =
       double(c.num_kda_layers()) * c.kda_num_heads * c.kda_head_dim * c.kda_head_dim * 4.0;
-  s.mla_cache_bytes_per_token = double(c.num_mla_layers()) * double(c.mla_cache_width()) * 4.0;
+  s.mla_cache_bytes_per_token = double(c.num_mla_layers()) * double(c.mla_cache_width()) * 2.0;
   return s;
 }
 

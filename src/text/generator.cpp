@@ -105,7 +105,8 @@ std::vector<int32_t> Generator::encode_chat(const std::vector<ChatMessage>& mess
 }
 
 void Generator::reset() {
-  seq_ = model_.new_sequence();
+  seq_ = SequenceState();  // the old slot back to its pool first
+  seq_ = executor_ ? executor_->new_sequence() : model_.new_sequence();
   fed_.clear();
 }
 
@@ -199,7 +200,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
     if (i + 1 == params.max_tokens) break;
     if (executor_) {
       SequenceState* sp = &seq_;
-      const SampleSpec spec{&sampler, history};
+      const SampleRow spec = sampler.prepare(history);  // plain data the plan samples with
       executor_->step(std::span(&sp, 1), std::span(&next, 1), logits.data(), &planned,
                       std::span(&spec, 1));
     } else {

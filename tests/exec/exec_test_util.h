@@ -3,10 +3,13 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "megadecode/engine/model.h"
+#include "megadecode/exec/executor.h"
 
 namespace md::test {
 
@@ -31,21 +34,43 @@ inline void expect_same_bits(const float* a, const float* b, size_t n, const std
   ADD_FAILURE() << what << ": first difference at " << i << ": " << a[i] << " vs " << b[i];
 }
 
-// Position, KDA states, conv caches and MLA caches, bit for bit.
+// Position, KDA states, conv caches and MLA caches (rows [0, pos), in the pools' storage type),
+// bit for bit; the two states may live in different pools.
 inline void expect_same_state(const SequenceState& a, const SequenceState& b,
                               const std::string& what) {
+  ASSERT_TRUE(a.valid() && b.valid()) << what;
   EXPECT_EQ(a.pos, b.pos) << what;
-  for (auto member :
-       {&SequenceState::kda_state, &SequenceState::conv_cache, &SequenceState::mla_cache}) {
-    const auto& x = a.*member;
-    const auto& y = b.*member;
-    ASSERT_EQ(x.size(), y.size()) << what;
-    for (size_t l = 0; l < x.size(); ++l) {
-      ASSERT_EQ(x[l].size(), y[l].size()) << what << " layer " << l;
-      expect_same_bits(x[l].data(), y[l].data(), x[l].size(),
-                       what + " state, layer " + std::to_string(l));
+  const ModelConfig& c = a.pool()->config();
+  ASSERT_EQ(a.pool()->cache_bf16(), b.pool()->cache_bf16()) << what;
+  const size_t state = size_t(c.kda_num_heads) * size_t(c.kda_head_dim) * size_t(c.kda_head_dim);
+  const size_t conv = size_t(3) * size_t(c.kda_conv_size - 1) * size_t(c.kda_dim());
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string at = what + " state, layer " + std::to_string(l);
+    if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
+      expect_same_bits(a.kda_state(l), b.kda_state(l), state, at + " (KDA state)");
+      expect_same_bits(a.conv_cache(l), b.conv_cache(l), conv, at + " (conv cache)");
+      continue;
     }
+    const cpu::LatentCache x = a.latent(l), y = b.latent(l);
+    const size_t row = size_t(c.mla_cache_width()) * x.elem_bytes();
+    for (int64_t t = 0; t < std::min(a.pos, b.pos); ++t)
+      if (std::memcmp(x.row(t), y.row(t), row) != 0) {
+        ADD_FAILURE() << at << ": latent row " << t << " differs";
+        break;
+      }
   }
+}
+
+// A copy of `from` in the executor's state pool (what it steps).
+inline SequenceState copy_of(md::Executor& ex, const SequenceState& from) {
+  SequenceState s = ex.new_sequence();
+  s.copy_from(from);
+  return s;
+}
+inline std::vector<SequenceState> copies(md::Executor& ex, const std::vector<SequenceState>& from) {
+  std::vector<SequenceState> out;
+  for (const SequenceState& s : from) out.push_back(copy_of(ex, s));
+  return out;
 }
 
 }  // namespace md::test

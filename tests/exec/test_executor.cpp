@@ -60,10 +60,10 @@ std::vector<SequenceState> prefilled(Model& m, int n) {
 void check_equivalence(Model& m, int workers, ExecutorOptions eo = {}) {
   const int64_t V = m.config().vocab_size;
   std::vector<SequenceState> ref = prefilled(m, 12);
-  std::vector<SequenceState> mk = ref, ob = ref;
   eo.workers = workers;
   CpuExecutor emk(m, 8, ExecutorKind::kMegakernel, eo);
   CpuExecutor eob(m, 8, ExecutorKind::kOpByOp, eo);
+  std::vector<SequenceState> mk = test::copies(emk, ref), ob = test::copies(eob, ref);
   const std::vector<std::vector<int>> batches = {
       {0}, {0, 1},   {1, 2, 0}, {0, 1, 2, 3, 4, 5, 6, 7}, {2, 8, 5}, {9, 3, 10, 11, 4, 6, 7, 0},
       {8}, {11, 10}, {5, 1, 9}};
@@ -207,7 +207,7 @@ TEST_F(Executor, K3StepBytesCountMxfp4Experts) {
   EXPECT_DOUBLE_EQ(a.weight_bytes, fixed);
   // Run through an executor: the distinct experts of the step are counted from the router.
   CpuExecutor ex(m, 2, 2, ExecutorKind::kMegakernel);
-  SequenceState s0 = m.new_sequence(), s1 = m.new_sequence();
+  SequenceState s0 = ex.new_sequence(), s1 = ex.new_sequence();
   std::vector<SequenceState*> seqs = {&s0, &s1};
   std::vector<int32_t> toks = {5, 9};
   std::vector<float> logits(2 * size_t(c.vocab_size));
@@ -232,11 +232,12 @@ TEST_F(Executor, SamplingInThePlanMatchesTheSamplerOutside) {
   sp.repetition_penalty = 1.1f;
   sp.frequency_penalty = 0.3f;
   const int B = 3;
-  std::vector<SequenceState> mk = prefilled(m, B), ob = mk;
   ExecutorOptions eo;
   eo.workers = 2;
   CpuExecutor emk(m, B, ExecutorKind::kMegakernel, eo);
   CpuExecutor eob(m, B, ExecutorKind::kOpByOp, eo);
+  const std::vector<SequenceState> start = prefilled(m, B);
+  std::vector<SequenceState> mk = test::copies(emk, start), ob = test::copies(eob, start);
   std::vector<Sampler> smk, sob, sref;
   std::vector<std::vector<int32_t>> hist(B);
   for (int b = 0; b < B; ++b) {
@@ -250,12 +251,12 @@ TEST_F(Executor, SamplingInThePlanMatchesTheSamplerOutside) {
   int differs_from_greedy = 0;
   for (int step = 0; step < 12; ++step) {
     std::vector<SequenceState*> pm, po;
-    std::vector<SampleSpec> qm, qo;
+    std::vector<SampleRow> qm, qo;
     for (int b = 0; b < B; ++b) {
       pm.push_back(&mk[size_t(b)]);
       po.push_back(&ob[size_t(b)]);
-      qm.push_back({&smk[size_t(b)], hist[size_t(b)]});
-      qo.push_back({&sob[size_t(b)], hist[size_t(b)]});
+      qm.push_back(smk[size_t(b)].prepare(hist[size_t(b)]));
+      qo.push_back(sob[size_t(b)].prepare(hist[size_t(b)]));
     }
     std::vector<float> lm(size_t(B * V)), lo(size_t(B * V));
     std::vector<int32_t> nm(B, -1), no(B, -1);
@@ -278,10 +279,17 @@ TEST_F(Executor, SamplingInThePlanMatchesTheSamplerOutside) {
   std::vector<SequenceState*> pm = {&mk[0], &mk[1], &mk[2]};
   std::vector<float> lm(size_t(B * V));
   std::vector<int32_t> nm(B);
-  std::vector<SampleSpec> shared = {{&smk[0], {}}, {&smk[0], {}}, {nullptr, {}}};
+  const PenaltyCount outside{int32_t(V), 1};
+  std::vector<SampleRow> bad(3);
+  bad[1].repetition_penalty = 1.2f;
+  bad[1].penalties = &outside;
+  bad[1].num_penalties = 1;
   const int64_t pos0 = mk[0].pos;
-  EXPECT_THROW(emk.step(pm, tokens, lm.data(), nm.data(), shared), Error);
-  std::vector<SampleSpec> shortv = {{nullptr, {}}};
+  EXPECT_THROW(emk.step(pm, tokens, lm.data(), nm.data(), bad), Error);  // id outside
+  bad[1] = SampleRow{};
+  bad[2].top_p = 0;
+  EXPECT_THROW(emk.step(pm, tokens, lm.data(), nm.data(), bad), Error);  // top_p out of range
+  std::vector<SampleRow> shortv(1);
   EXPECT_THROW(emk.step(pm, tokens, lm.data(), nm.data(), shortv), Error);
   EXPECT_EQ(mk[0].pos, pos0);
 }
@@ -319,10 +327,10 @@ TEST_F(Executor, MlaKvSplitsMatchReference) {
           for (size_t t = 0; t < ids.size(); ++t)
             ids[t] = int32_t((i * 131 + t * 17 + 1) % (V - 1));
           m.forward(s, ids, nullptr, false);
-          ref.push_back(s);
+          ref.push_back(std::move(s));
         }
-        mk = ref;
-        ob = ref;
+        mk = test::copies(emk, ref);
+        ob = test::copies(eob, ref);
         std::vector<float> want(static_cast<size_t>(V));
         for (int step = 0; step < 4; ++step) {
           std::vector<int32_t> tokens;
@@ -400,10 +408,12 @@ TEST(ExecutorGolden, BitEqualToModelForward) {
       }
       for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
         CpuExecutor ex(m, 3, 3, kind);
-        SequenceState g = m.new_sequence(), a = m.new_sequence(), b = m.new_sequence();
-        m.forward(g, prompt, nullptr, false);
-        m.forward(a, std::span(prompt.data(), prompt.size() / 2), nullptr, false);
-        m.forward(b, std::span(prompt.data() + 3, 5), nullptr, false);
+        SequenceState g0 = m.new_sequence(), a0 = m.new_sequence(), b0 = m.new_sequence();
+        m.forward(g0, prompt, nullptr, false);
+        m.forward(a0, std::span(prompt.data(), prompt.size() / 2), nullptr, false);
+        m.forward(b0, std::span(prompt.data() + 3, 5), nullptr, false);
+        SequenceState g = test::copy_of(ex, g0), a = test::copy_of(ex, a0),
+                      b = test::copy_of(ex, b0);
         std::vector<float> out(3 * size_t(V));
         for (size_t i = 0; i < decode.size(); ++i) {
           std::vector<SequenceState*> seqs = {&a, &g, &b};
@@ -439,7 +449,7 @@ TEST_F(Executor, WatchdogReportsAnUnreachableWait) {
     }
   ASSERT_NE(victim, plan::kNone);
   ex.edit_instr_for_testing(2, victim, [](plan::Instr& in) { in.wait[0].target += 1000; });
-  SequenceState s0 = m.new_sequence(), s1 = m.new_sequence();
+  SequenceState s0 = ex.new_sequence(), s1 = ex.new_sequence();
   std::vector<SequenceState*> seqs = {&s0, &s1};
   std::vector<int32_t> toks = {5, 9};
   std::vector<float> logits(2 * size_t(m.config().vocab_size));
@@ -457,7 +467,9 @@ TEST_F(Executor, WatchdogReportsAnUnreachableWait) {
   EXPECT_LT(now_seconds() - t0, 5.0);
   // Recompiled plans and fresh sequences work again.
   ex.drop_plans();
-  SequenceState r0 = m.new_sequence(), r1 = m.new_sequence(), q0 = m.new_sequence();
+  s0 = SequenceState();  // the failed step's states are undefined: back to the pool
+  s1 = SequenceState();
+  SequenceState r0 = ex.new_sequence(), r1 = ex.new_sequence(), q0 = m.new_sequence();
   seqs = {&r0, &r1};
   ex.step(seqs, toks, logits.data());
   std::vector<float> want(size_t(m.config().vocab_size));
@@ -476,7 +488,7 @@ TEST_F(Executor, WatchdogReportsAStalledTileInBothExecutors) {
       const uint32_t victim = uint32_t(ex.plan(1).instrs.size() / 2);
       ex.edit_instr_for_testing(1, victim,
                                 [](plan::Instr& in) { in.flags |= plan::kFlagTestStall; });
-      SequenceState s = m.new_sequence();
+      SequenceState s = ex.new_sequence();
       SequenceState* sp = &s;
       int32_t tok = 3;
       std::vector<float> logits(size_t(m.config().vocab_size));
@@ -494,18 +506,21 @@ TEST_F(Executor, BadInputIsAnErrorAndChangesNothing) {
   Model m(model("tiny"), opts(Precision::BF16));
   Model other(model("small"), opts(Precision::BF16));
   CpuExecutor ex(m, 2, 2, ExecutorKind::kMegakernel);
-  SequenceState a = m.new_sequence(), b = m.new_sequence(), c = m.new_sequence();
+  SequenceState a = ex.new_sequence(), b = ex.new_sequence(), c = ex.new_sequence();
   SequenceState foreign = other.new_sequence();
+  SequenceState reference = m.new_sequence();  // this model's, but not the executor's pool
   std::vector<float> logits(3 * size_t(m.config().vocab_size));
   auto run = [&](std::vector<SequenceState*> s, std::vector<int32_t> t) {
     ex.step(s, t, logits.data());
   };
-  EXPECT_THROW(run({&a, &b, &c}, {1, 2, 3}), Error);  // over max_batch
-  EXPECT_THROW(run({}, {}), Error);                   // empty
-  EXPECT_THROW(run({&a, &a}, {1, 2}), Error);         // the same state twice
-  EXPECT_THROW(run({&a, &b}, {1, 5000}), Error);      // token outside the vocabulary
-  EXPECT_THROW(run({&a, &b}, {1}), Error);            // token count
-  EXPECT_THROW(run({&a, &foreign}, {1, 2}), Error);   // another model's state
+  EXPECT_THROW(run({&a, &b, &c}, {1, 2, 3}), Error);   // over max_batch
+  EXPECT_THROW(run({}, {}), Error);                    // empty
+  EXPECT_THROW(run({&a, &a}, {1, 2}), Error);          // the same state twice
+  EXPECT_THROW(run({&a, &b}, {1, 5000}), Error);       // token outside the vocabulary
+  EXPECT_THROW(run({&a, &b}, {1}), Error);             // token count
+  EXPECT_THROW(run({&a, &foreign}, {1, 2}), Error);    // another model's state
+  EXPECT_THROW(run({&a, &reference}, {1, 2}), Error);  // another pool's state
+  EXPECT_THROW(reference.copy_from(foreign), Error);   // another model's layout
   EXPECT_THROW(run({&a, nullptr}, {1, 2}), Error);
   EXPECT_EQ(a.pos, 0);
   EXPECT_EQ(b.pos, 0);

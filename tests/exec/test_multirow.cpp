@@ -59,7 +59,7 @@ std::vector<float> reference_stepwise(Model& m, const std::vector<int32_t>& ids,
 std::vector<float> plan_chunks(CpuExecutor& ex, Model& m, const std::vector<int32_t>& ids, int R,
                                SequenceState* out = nullptr) {
   const int64_t V = m.config().vocab_size;
-  SequenceState s = m.new_sequence();
+  SequenceState s = ex.new_sequence();
   std::vector<float> logits(ids.size() * size_t(V));
   for (size_t t = 0; t < ids.size(); t += size_t(R)) {
     const size_t n = std::min(ids.size() - t, size_t(R));
@@ -154,8 +154,8 @@ TEST_P(MultiRow, SeveralSequencesEqualTheirSingleRuns) {
     SequenceState s = m.new_sequence();
     const std::vector<int32_t> p = prompt(m, 3 + 5 * b, 10 + b);
     m.forward(s, p, nullptr, false);
-    batch.push_back(s);
-    alone.push_back(s);
+    batch.push_back(test::copy_of(ex, s));
+    alone.push_back(test::copy_of(ex, s));
     feed.push_back(prompt(m, 2 * R, 20 + b));
   }
   for (int step = 0; step < 2; ++step) {
@@ -199,7 +199,7 @@ TEST_P(MultiRow, CommitToEveryPrefix) {
     for (int k = 0; k <= R; ++k) {
       SCOPED_TRACE(std::string(executor_name(kind)) + " k=" + std::to_string(k));
       // The verify step, then the commit.
-      SequenceState s = base;
+      SequenceState s = test::copy_of(ex, base);
       const StepSeq q{&s, draft, LogitRows::kAll};
       std::vector<float> logits(size_t(R) * size_t(V));
       StepOptions so;
@@ -207,7 +207,7 @@ TEST_P(MultiRow, CommitToEveryPrefix) {
       ex.step(std::span(&q, 1), logits.data(), nullptr, {}, so);
       ex.commit(s, k);
       // A run that fed only the k tokens (through the plan, one row per step).
-      SequenceState want = base;
+      SequenceState want = test::copy_of(ex, base);
       for (int i = 0; i < k; ++i) {
         std::vector<float> l(static_cast<size_t>(V));
         SequenceState* p = &want;
@@ -250,7 +250,7 @@ TEST(MultiRowErrors, BadShapesAndCommits) {
   CpuExecutor ex(m, 2, 1, ExecutorKind::kMegakernel);
   const int64_t V = m.config().vocab_size;
   std::vector<float> logits(size_t(80) * size_t(V));
-  SequenceState a = m.new_sequence(), b = m.new_sequence();
+  SequenceState a = ex.new_sequence(), b = ex.new_sequence();
   const std::vector<int32_t> ids = prompt(m, 70, 4);
   auto error_of = [&](auto&& f) -> std::string {
     try {
@@ -298,7 +298,7 @@ TEST(MultiRowErrors, BadShapesAndCommits) {
   // Sampling specs must match the logit rows.
   {
     const StepSeq q{&b, std::span(ids).subspan(0, 3), LogitRows::kAll};
-    const SampleSpec spec{};
+    const SampleRow spec{};
     EXPECT_THAT(
         error_of([&] { ex.step(std::span(&q, 1), logits.data(), nullptr, std::span(&spec, 1)); }),
         HasSubstr("1 sampling specs for 3 logit rows"));

@@ -193,6 +193,10 @@ void register_bench(CLI::App& app) {
     RunFlags rf = o->f;
     rf.model = dir;
     if (rf.threads == 0) rf.threads = W;
+    // The decode bench keeps each batch's prefilled snapshot and the reference path's working
+    // copies in the model's pool: two sequences per batch row.
+    rf.states.max_sequences =
+        std::max(rf.states.max_sequences, 2 * *std::max_element(batches.begin(), batches.end()));
     LoadedModel lm = load_model(rf, /*with_tokenizer=*/false);
     Model& m = *lm.model;
     const bench::Machine mach = bench::this_machine();

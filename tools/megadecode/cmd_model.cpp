@@ -153,6 +153,7 @@ void register_run_commands(CLI::App& app) {
       if (o->executor != "reference") {
         ExecutorOptions eo;
         eo.workers = o->workers;
+        eo.states = o->f.states;
         ex = make_executor(m, parse_executor_kind(o->executor), int(S), eo);
       }
       auto print = [&](size_t seq, int64_t pos, const float* v) {
@@ -165,10 +166,14 @@ void register_run_commands(CLI::App& app) {
       for (size_t s = 0; s < S; ++s) {
         const int n = int(lists[s].size());
         const int p = o->rows > 0 ? 0 : o->prefill < 0 ? n : std::min(o->prefill, n);
-        states.push_back(m.new_sequence());
+        states.push_back(ex ? ex->new_sequence() : m.new_sequence());
         if (p > 0) {
+          // The prompt through the reference path, then (with an executor) into its pool.
+          SequenceState ref = ex ? m.new_sequence() : SequenceState();
+          SequenceState& into = ex ? ref : states.back();
           logits.resize(size_t(p) * size_t(V));
-          m.forward(states.back(), std::span(lists[s].data(), size_t(p)), logits.data(), true);
+          m.forward(into, std::span(lists[s].data(), size_t(p)), logits.data(), true);
+          if (ex) states.back().copy_from(ref);
           for (int i = 0; i < p; ++i) print(s, i, logits.data() + int64_t(i) * V);
         }
         cursor[s] = size_t(p);
@@ -251,9 +256,10 @@ void register_run_commands(CLI::App& app) {
       if (o->executor != "reference") {
         ExecutorOptions eo;
         eo.workers = o->workers;
+        eo.states = o->f.states;
         ex = make_executor(m, parse_executor_kind(o->executor), 1, eo);
       }
-      SequenceState s = m.new_sequence();
+      SequenceState s = ex ? ex->new_sequence() : m.new_sequence();
       std::vector<float> logits(size_t(cfg.vocab_size));
       double t0 = now_seconds();
       if (ex)

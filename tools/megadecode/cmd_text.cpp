@@ -102,6 +102,7 @@ struct DecoderFlags {
     if (executor == "reference") return nullptr;
     ExecutorOptions eo;
     eo.workers = workers;
+    eo.states = m.options().states;
     auto ex = make_executor(m, parse_executor_kind(executor), 1, eo);
     g.set_executor(ex.get(), prefill_chunk);
     return ex;
@@ -177,8 +178,10 @@ void register_text_commands(CLI::App& app) {
                "give exactly one of --prompt and --prompt-file");
       std::string text = o->prompt_file.empty() ? o->prompt : read_file(o->prompt_file);
       LoadedModel lm = load_model(o->f);
+      // The executor outlives the generator, whose sequence lives in the executor's pool.
+      std::unique_ptr<Executor> executor;
       Generator g(*lm.model, *lm.tokenizer, o->chat_template);
-      std::unique_ptr<Executor> executor = o->d.attach(*lm.model, g);
+      executor = o->d.attach(*lm.model, g);
       std::vector<int32_t> ids;
       if (o->raw) {
         ids = g.encode(text);
@@ -230,8 +233,10 @@ void register_text_commands(CLI::App& app) {
                   "template kind overriding the checkpoint's (kimi, kimi-k3)");
     c->callback([o] {
       LoadedModel lm = load_model(o->f);
+      // The executor outlives the generator, whose sequence lives in the executor's pool.
+      std::unique_ptr<Executor> executor;
       Generator g(*lm.model, *lm.tokenizer, o->chat_template);
-      std::unique_ptr<Executor> executor = o->d.attach(*lm.model, g);
+      executor = o->d.attach(*lm.model, g);
       const ChatOptions chat_options = o->t.options();
       g.render({{"user", "", "", "", {}, ""}}, true, chat_options);  // fail early: bad template
       SamplingParams p = o->s.params(g);

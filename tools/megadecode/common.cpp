@@ -40,6 +40,17 @@ void RunFlags::add(CLI::App* app, bool model_required) {
       ->check(CLI::Range(0, 1024));
   app->add_flag("--router-biased-weights", biased_router,
                 "take expert weights from the bias-corrected scores (original remote code)");
+  app->add_option("--max-sequences", states.max_sequences,
+                  "state pool: sequences that can be live at once (each holds a slot of KDA "
+                  "state, conv cache and row log)")
+      ->check(CLI::Range(1, 65536));
+  app->add_option("--cache-tokens", states.cache_tokens,
+                  "state pool: latent-cache tokens shared by all sequences (0: 16384 per "
+                  "sequence)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 31));
+  app->add_option("--page-tokens", states.page_rows,
+                  "state pool: tokens per latent-cache page (a multiple of 16)")
+      ->check(CLI::Range(16, 4096));
 }
 
 ModelOptions RunFlags::options() const {
@@ -47,6 +58,7 @@ ModelOptions RunFlags::options() const {
   o.precision = precision == "fp32" ? Precision::FP32 : Precision::BF16;
   o.threads = threads;
   o.router_biased_weights = biased_router;
+  o.states = states;
   return o;
 }
 

@@ -21,6 +21,7 @@ struct RunFlags {
   std::string precision = "bf16";
   int threads = 0;
   bool biased_router = false;
+  PoolOptions states;  // --max-sequences, --cache-tokens, --page-tokens
   void add(CLI::App* app, bool model_required = true);
   ModelOptions options() const;
 };
@@ -35,7 +36,7 @@ LoadedModel load_model(const RunFlags& f, bool with_tokenizer = true);
 
 void register_make_model(CLI::App& app);
 void register_text_commands(CLI::App& app);  // run, chat, tokenize, detokenize
-void register_run_commands(CLI::App& app);  // logits, generate, inspect
+void register_run_commands(CLI::App& app);   // logits, generate, inspect
 void register_bench(CLI::App& app);
 void register_plan(CLI::App& app);  // plan
 

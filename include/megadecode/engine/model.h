@@ -1,5 +1,5 @@
-// A loaded model and the per-sequence state it runs on: the reference forward path (prefill of a
-// prompt in one call, then decode token by token), on CPU worker threads.
+// A loaded model and the reference forward path (prefill of a prompt in one call, then decode
+// token by token) on CPU worker threads, over sequences of a state pool (engine/state_pool.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -10,28 +10,12 @@
 
 #include "megadecode/base/threads.h"
 #include "megadecode/engine/numerics.h"
+#include "megadecode/engine/state_pool.h"
 #include "megadecode/model/config.h"
 #include "megadecode/model/safetensors.h"
 #include "megadecode/model/weights.h"
 
 namespace md {
-
-// Everything one sequence carries between steps.
-struct SequenceState {
-  int64_t pos = 0;                             // tokens consumed so far
-  std::vector<std::vector<float>> kda_state;   // per layer (KDA layers): [H][K][V] fp32
-  std::vector<std::vector<float>> conv_cache;  // per layer (KDA): [3 (q,k,v)][W-1][C]
-  std::vector<std::vector<float>> mla_cache;   // per layer (MLA): [pos][R+P] (c then k_pe)
-  // Kept by a multi-row plan step that may be cut back to a prefix of its rows
-  // (Executor::commit): the position before the step, its row count, and per KDA layer the
-  // state and conv cache before it and every row's recurrence inputs. rows == 0: nothing kept.
-  struct RowLog {
-    int64_t pos0 = 0;
-    int rows = 0;
-    std::vector<std::vector<float>> kda_state0, conv0, inputs;  // per layer
-  } rowlog;
-  size_t bytes() const;
-};
 
 class Model {
  public:
@@ -46,7 +30,10 @@ class Model {
   const Checkpoint& checkpoint() const { return *ckpt_; }
   ThreadPool& pool() { return *pool_; }
 
+  // A sequence of the reference path's state pool (ModelOptions::states; an md::Error when the
+  // pool is full). Model::forward accepts a sequence of any pool of this model's layout.
   SequenceState new_sequence() const;
+  StatePool& states() const { return *states_; }
 
   // Reads every page of the mapped weights once (so the first steps do not page-fault),
   // reporting progress in bytes.
@@ -65,6 +52,7 @@ class Model {
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;
   std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<StatePool> states_;
   std::unique_ptr<Impl> impl_;
 };
 

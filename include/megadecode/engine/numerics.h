@@ -11,6 +11,7 @@
 
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/dtype.h"
+#include "megadecode/engine/state_pool.h"
 #include "megadecode/kernels/cpu/ops.h"
 #include "megadecode/model/config.h"
 
@@ -27,6 +28,7 @@ struct ModelOptions {
   int threads = 0;  // 0: one per CPU
   bool pin_threads = true;
   bool router_biased_weights = false;  // the original remote code's expert-weight variant
+  PoolOptions states;  // the reference path's state pool (Model::new_sequence)
 };
 
 enum class ResidualKind : uint8_t {

@@ -38,6 +38,46 @@ struct SamplingParams {
   bool greedy() const { return temperature == 0.0f; }
 };
 
+// One logit row's sampling as plain data: what a plan's sample instruction reads (a device
+// backend copies it as it is; no host object behind it). Sampler::prepare builds it from the
+// sequence's parameters, penalty counts and RNG stream. The default is greedy.
+struct PenaltyCount {
+  int32_t id;            // an id seen in prompt + output
+  int32_t output_count;  // how often it occurs in the output (frequency / presence penalties)
+};
+struct SampleRow {
+  float temperature = 0.0f;  // 0: greedy (argmax of the penalised logits, ties to the lowest id)
+  int32_t top_k = 0;
+  float top_p = 1.0f, min_p = 0.0f;
+  float repetition_penalty = 1.0f, presence_penalty = 0.0f, frequency_penalty = 0.0f;
+  double uniform = 0.0;  // the draw's uniform in [0, 1), from the sequence's RNG stream
+  const PenaltyCount* penalties = nullptr;  // the ids the penalties apply to (any order)
+  uint32_t num_penalties = 0;
+  bool greedy() const { return temperature == 0.0f; }
+  bool has_penalties() const {
+    return repetition_penalty != 1.0f || presence_penalty != 0.0f || frequency_penalty != 0.0f;
+  }
+};
+
+// Working memory of sample_row, grown to the vocabulary on first use and then reused (one per
+// thread that samples).
+struct SampleScratch {
+  struct Cand {
+    int32_t id;
+    float x;  // logit / temperature
+    float w;  // exp(x - max x)
+  };
+  std::vector<float> work, weights;
+  std::vector<Cand> cands;
+  std::vector<double> bucket_mass;
+};
+
+// The sampling math of one row on plain data (steps 1-7 above), the same for the host Sampler
+// and a plan's sample tile. NaN logits or all -inf are an md::Error.
+int32_t sample_row(const SampleRow& row, std::span<const float> logits, SampleScratch& scratch);
+// Steps 1-2 in place.
+void apply_penalties(const SampleRow& row, std::span<float> logits);
+
 // Samples one sequence. Keeps per-sequence state (RNG stream, token counts for the penalties), so
 // use one Sampler per sequence and pass a history that only grows by appending.
 class Sampler {
@@ -48,6 +88,12 @@ class Sampler {
   // by the first call is taken to be the prompt and everything appended later counts as output
   // (presence/frequency penalties look at output ids only, as in vLLM).
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
+
+  // The plain-data form of the next sample (what sample() computes with): the parameters, the
+  // penalty counts of `history` and the next uniform of the RNG stream (taken now: a non-greedy
+  // prepare advances the stream as a sample does). Its penalties point into this sampler and
+  // stay valid until the next prepare/sample.
+  SampleRow prepare(std::span<const int32_t> history);
 
   // Marks history[0, n) as the prompt (resets the penalty counts).
   void set_prompt_length(size_t n);
@@ -62,8 +108,7 @@ class Sampler {
  private:
   bool has_penalties() const;
   void update_counts(std::span<const int32_t> history);
-  int32_t argmax(std::span<const float> logits) const;
-  int32_t draw(std::span<const float> logits);
+  SampleRow row_without_draw(std::span<const int32_t> history);
 
   SamplingParams params_;
   int64_t vocab_;
@@ -76,17 +121,8 @@ class Sampler {
   std::vector<int32_t> counts_;
   std::vector<uint8_t> seen_;
   std::vector<int32_t> touched_;
-
-  // Scratch buffers reused across calls.
-  std::vector<float> work_;
-  struct Cand {
-    int32_t id;
-    float x;  // logit / temperature
-    float w;  // exp(x - max x)
-  };
-  std::vector<Cand> cands_;
-  std::vector<double> bucket_mass_;
-  std::vector<float> weights_;
+  std::vector<PenaltyCount> entries_;  // prepare's plain-data copy of the counts
+  SampleScratch scratch_;
 };
 
 // Incremental stop-string detection over streamed text. feed() returns the text that is safe to

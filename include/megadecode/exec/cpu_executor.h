@@ -26,6 +26,7 @@ class CpuExecutor final : public Executor {
 
   void commit(SequenceState& seq, int k) override;
   const plan::Plan& plan(int batch, int rows = 1) override;
+  StatePool& states() override;
   std::string_view name() const override;
   const Model& model() const override;
   int workers() const override;
@@ -42,7 +43,7 @@ class CpuExecutor final : public Executor {
 
  protected:
   void run_step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
-                std::span<const SampleSpec> sampling, const StepOptions& options) override;
+                std::span<const SampleRow> sampling, const StepOptions& options) override;
 
  private:
   struct Impl;

@@ -34,6 +34,9 @@ struct ExecutorOptions {
   double watchdog_seconds = 10.0;
   bool profile = false;    // time every tile (StepStats::run_by_op); costs two clock reads a tile
   plan::PlanOptions plan;  // tiling and cost model; batch and workers are set per plan
+  // The executor's state pool (at least max_batch sequences): every sequence it steps is made
+  // by new_sequence() or imported into one with SequenceState::copy_from.
+  PoolOptions states;
 };
 
 // What one step moved through memory (what the bench divides by the step time).
@@ -43,7 +46,7 @@ struct StepStats {
   int distinct_experts = 0;  // summed over MoE layers: experts selected by the batch
   double weight_bytes = 0;   // non-expert weights, embedding rows, the distinct experts
   double state_bytes = 0;    // KDA state read + written, conv caches read + written
-  double cache_bytes = 0;    // MLA latent caches read once per sequence (fp32 storage)
+  double cache_bytes = 0;    // MLA latent caches read once per sequence (pool storage type)
   double total() const { return weight_bytes + state_bytes + cache_bytes; }
   // Timing of the step (executors only): wall time of the workers' run, and the time workers
   // spent waiting (on counters or barriers) summed over workers, also split by the op of the
@@ -72,24 +75,20 @@ struct StepSeq {
 };
 
 struct StepOptions {
-  // Keep what commit() needs to cut the step back to a prefix of its rows: per KDA layer one
-  // copy of the state and conv cache, plus 7C + H floats per row (SequenceState::RowLog; for
-  // Kimi-Linear-48B 32 x 128 x 128 x 4 B = 2 MiB of state per KDA layer, ~40 MiB a sequence).
-  // Needs rows <= plan::kMaxChainedRows.
+  // Keep what commit() needs to cut the step back to a prefix of its rows, in the sequence's
+  // slot of the state pool (its row log, PoolOptions::commit_rows): per KDA layer one copy of
+  // the state and conv cache, plus 7C + H floats per row (for Kimi-Linear-48B 32 x 128 x 128 x
+  // 4 B = 2 MiB of state per KDA layer, ~40 MiB a sequence). Needs rows <=
+  // plan::kMaxChainedRows and <= the pool's commit rows.
   bool keep_for_commit = false;
 };
 
 // Logit rows of a step: the sum over its sequences of 0, 1 or R.
 int logit_row_count(std::span<const StepSeq> seqs);
 
-// How a logit row's next token is drawn inside the step: by `sampler` (penalties see `history`),
-// or the greedy argmax (ties to the lowest id) when sampler is null. A sampler must not be
-// shared by two rows of a step.
-struct SampleSpec {
-  Sampler* sampler = nullptr;
-  std::span<const int32_t> history;
-};
-
+// How a logit row's next token is drawn inside the step: by a SampleRow (engine/sampler.h), plain
+// data (parameters, penalty counts, the draw's uniform) that Sampler::prepare makes from a
+// sequence's sampler, the default being greedy (argmax, ties to the lowest id).
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -100,19 +99,19 @@ class Executor {
   // The general step: every sequence feeds its R tokens (1 <= R <= plan::kMaxRows, the same R for
   // all), row i at position pos + i. logits receives [logit rows][vocab] (logit_row_count: in
   // sequence order, rows in order; bf16-valued in BF16 precision, as Model::forward), next_ids
-  // (if not null) the token sampled for each logit row by sampling[j] (one spec per logit row,
+  // (if not null) the token sampled for each logit row by sampling[j] (one row per logit row,
   // or empty: greedy). Each sequence advances by R. The batch may differ from step to step
   // (1..max_batch distinct sequences of this model). Bad input (shape, token id, a foreign or
   // repeated sequence) is an md::Error before anything changes; a step that fails while running
   // (watchdog) leaves the batch's states undefined.
   void step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids = nullptr,
-            std::span<const SampleSpec> sampling = {}, const StepOptions& options = {}) {
+            std::span<const SampleRow> sampling = {}, const StepOptions& options = {}) {
     run_step(seqs, logits, next_ids, sampling, options);
   }
   // A decode step: one token per sequence, its next-token logits at logits[b * vocab], and
   // (with next_ids) the token sampled inside the step.
   void step(std::span<SequenceState* const> seqs, std::span<const int32_t> tokens, float* logits,
-            int32_t* next_ids = nullptr, std::span<const SampleSpec> sampling = {});
+            int32_t* next_ids = nullptr, std::span<const SampleRow> sampling = {});
 
   // After a step with keep_for_commit: cut the sequence back to the first k of that step's R
   // rows (0 <= k <= R): its KDA states, conv and MLA caches become exactly those of a sequence
@@ -123,6 +122,11 @@ class Executor {
   // Feeds a prompt through the plan in steps of at most `chunk` rows (the last one shorter);
   // logits (if not null) receives the last row's [vocab].
   void prefill(SequenceState& seq, std::span<const int32_t> ids, float* logits, int chunk = 16);
+
+  // A fresh sequence of this executor's state pool (an md::Error naming the budget when the
+  // pool is full); the pool itself (its budget, what is in use).
+  SequenceState new_sequence() { return states().acquire(); }
+  virtual StatePool& states() = 0;
 
   // The plan for a step shape (compiled on first use and cached).
   virtual const plan::Plan& plan(int batch, int rows = 1) = 0;
@@ -136,7 +140,7 @@ class Executor {
 
  protected:
   virtual void run_step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
-                        std::span<const SampleSpec> sampling, const StepOptions& options) = 0;
+                        std::span<const SampleRow> sampling, const StepOptions& options) = 0;
 };
 
 // A plan executor of the given kind on this machine's backend (today: CPU threads).

@@ -120,7 +120,7 @@ struct ModelSizes {
   double expert_bytes = 0;      // one routed expert (all layers have the same shape); MXFP4
                                 // experts count 4.25 bits per weight (codes + E8M0 scales)
   double kda_state_bytes = 0;   // per sequence
-  double mla_cache_bytes_per_token = 0;  // all MLA layers, at the storage width of the cache
+  double mla_cache_bytes_per_token = 0;  // all MLA layers, bf16 pages (FP32 precision: twice)
 };
 ModelSizes model_sizes(const ModelConfig& cfg);
 

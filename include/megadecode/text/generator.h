@@ -89,10 +89,11 @@ class Generator {
   // generation's sampler. nullptr: the reference path. The plan's rows compute what the
   // reference path computes one token at a time, bit for bit; the reference's one-call prefill
   // differs from that in fp32 order only, so the tokens can differ only where two logits
-  // are within rounding of each other.
+  // are within rounding of each other. The sequence starts over in the executor's state pool.
   void set_executor(Executor* executor, int prefill_chunk = 16) {
     executor_ = executor;
     prefill_chunk_ = prefill_chunk;
+    reset();
   }
 
   void reset();  // forget the sequence

@@ -152,9 +152,11 @@ StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
       (2.0 * 4 * double(c.kda_num_heads) * c.kda_head_dim * c.kda_head_dim +
        2.0 * 4 * 3 * double(c.kda_dim()) * (c.kda_conv_size - 1));
   s.state_bytes = per_seq_state * s.batch;
+  // The latent caches in the state pool's storage type (bf16 pages in BF16 precision).
+  const double cache_elem = m.numerics().round_bf16 ? 2 : 4;
   for (int64_t p : positions)
     s.cache_bytes +=
-        double(c.num_mla_layers()) * double(p + rows) * double(c.mla_cache_width()) * 4;
+        double(c.num_mla_layers()) * double(p + rows) * double(c.mla_cache_width()) * cache_elem;
   return s;
 }
 

@@ -1,6 +1,6 @@
 // Cutting a multi-row step back to a prefix of its rows on the CPU (what a speculative verify
 // needs): the KDA layers' state and conv cache are restored from the row log and the prefix's
-// recurrence replayed; the MLA caches are truncated.
+// recurrence replayed; the MLA caches are truncated (pages past the prefix go back to the pool).
 #include <algorithm>
 
 #include "megadecode/base/error.h"
@@ -25,11 +25,11 @@ void commit_rows(const ModelConfig& c, SequenceState& seq, int k, ThreadPool& po
     for (int l = 0; l < L; ++l) {
       if (c.attn_kind[size_t(l)] != AttnKind::KDA) continue;
       SeqView& v = views[size_t(l)];
-      v.kda_state = seq.kda_state[size_t(l)].data();
-      v.conv_cache = seq.conv_cache[size_t(l)].data();
-      v.kda_state0 = lg.kda_state0[size_t(l)].data();
-      v.conv0 = lg.conv0[size_t(l)].data();
-      v.rowlog = lg.inputs[size_t(l)].data();
+      v.kda_state = seq.kda_state(l);
+      v.conv_cache = seq.conv_cache(l);
+      v.kda_state0 = seq.kda_state0(l);
+      v.conv0 = seq.conv0(l);
+      v.rowlog = seq.row_inputs(l);
       kda_layers.push_back(l);
     }
     const int H = c.kda_num_heads;
@@ -42,10 +42,9 @@ void commit_rows(const ModelConfig& c, SequenceState& seq, int k, ThreadPool& po
         replay_kda_rows(c, views[size_t(l)], k, h, h + 1, scratch[size_t(w)].data());
       }
     });
-    // The MLA layers: drop the cache rows past the prefix.
-    for (int l = 0; l < L; ++l)
-      if (c.attn_kind[size_t(l)] == AttnKind::MLA)
-        seq.mla_cache[size_t(l)].resize(size_t(lg.pos0 + k) * size_t(c.mla_cache_width()));
+    // The MLA layers: the rows past the prefix are dropped with the pages they alone used
+    // (rows in a kept page are overwritten by the next step before anything reads them).
+    seq.truncate(lg.pos0 + k);
   }
   seq.pos = lg.pos0 + k;
   lg.rows = 0;

@@ -184,7 +184,8 @@ struct CpuExecutor::Impl {
   ExecutorOptions opt;
   int W;
   double spin_seconds;
-  std::unique_ptr<ThreadPool> pool;  // the workers (and commit's replay)
+  std::unique_ptr<ThreadPool> pool;   // the workers (and commit's replay)
+  std::unique_ptr<StatePool> states;  // this backend's sequences (host memory)
   std::map<std::pair<int, int>, std::unique_ptr<PlanRuntime>> plans;  // by (batch, rows)
   std::unique_ptr<uint8_t, AlignedFree> arena;
   size_t arena_cap = 0;
@@ -207,6 +208,9 @@ struct CpuExecutor::Impl {
     // Oversubscribed workers must hand the CPU over quickly to whoever holds the work.
     spin_seconds = W > online_cpus() ? 5e-6 : 200e-6;
     pool = std::make_unique<ThreadPool>(W, o.pin);
+    PoolOptions po = o.states;
+    po.max_sequences = std::max(po.max_sequences, mb);  // a full batch always fits
+    states = std::make_unique<StatePool>(m.config(), m.numerics().round_bf16, po);
     scratch.resize(size_t(W));
     status = std::make_unique<WorkerStatus[]>(size_t(W));
   }
@@ -507,8 +511,11 @@ struct CpuExecutor::Impl {
     MD_CHECK(!so.keep_for_commit || R <= plan::kMaxChainedRows,
              "step: a step that may be committed to a prefix takes at most {} rows, not {}",
              plan::kMaxChainedRows, R);
-    const size_t state = size_t(c.kda_num_heads) * c.kda_head_dim * c.kda_head_dim;
-    const size_t conv = size_t(3) * size_t(c.kda_conv_size - 1) * size_t(c.kda_dim());
+    MD_CHECK(!so.keep_for_commit || R <= states->options().commit_rows,
+             "step: a step that may be committed to a prefix of its {} rows needs a row log of "
+             "{} rows, the state pool keeps {} (commit rows)",
+             R, R, states->options().commit_rows);
+    int64_t pages = 0;
     for (int b = 0; b < B; ++b) {
       const SequenceState* s = seqs[size_t(b)].seq;
       MD_CHECK(s != nullptr, "step: sequence {} is null", b);
@@ -522,27 +529,22 @@ struct CpuExecutor::Impl {
         MD_CHECK(id >= 0 && id < c.vocab_size,
                  "token id {} (sequence {}) is outside the vocabulary [0, {})", id, b,
                  c.vocab_size);
-      MD_CHECK(s->pos >= 0 && int(s->kda_state.size()) == c.num_layers &&
-                   int(s->conv_cache.size()) == c.num_layers &&
-                   int(s->mla_cache.size()) == c.num_layers,
-               "step: sequence {} was not made by this model", b);
-      for (int l = 0; l < c.num_layers; ++l) {
-        if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
-          MD_CHECK(
-              s->kda_state[size_t(l)].size() == state && s->conv_cache[size_t(l)].size() == conv,
-              "step: sequence {} has a KDA state of the wrong size in layer {}", b, l);
-        } else {
-          MD_CHECK(s->mla_cache[size_t(l)].size() == size_t(s->pos) * size_t(c.mla_cache_width()),
-                   "step: sequence {} has {} latent-cache values in layer {} for position {}", b,
-                   s->mla_cache[size_t(l)].size(), l, s->pos);
-        }
-      }
+      MD_CHECK(s->pool() == states.get(),
+               "step: sequence {} is not a state of this executor's pool (make it with "
+               "Executor::new_sequence, or import one with SequenceState::copy_from)",
+               b);
+      pages += std::max<int64_t>(0, states->pages_for(s->pos + R) - int64_t(s->pages().size()));
     }
+    MD_CHECK(pages <= states->free_pages(),
+             "state pool is out of latent-cache pages: this step needs {} more pages of {} "
+             "tokens, {} of {} are free (--cache-tokens {})",
+             pages, states->options().page_rows, states->free_pages(), states->total_pages(),
+             states->options().cache_tokens);
     MD_CHECK(logits != nullptr || logit_row_count(seqs) == 0, "step: no logits buffer");
   }
 
   void step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
-            std::span<const SampleSpec> sampling, const StepOptions& so) {
+            std::span<const SampleRow> sampling, const StepOptions& so) {
     const int R = seqs.empty() ? 0 : int(seqs[0].tokens.size());
     check_inputs(seqs, logits, R, so);
     const ModelConfig& c = model.config();
@@ -558,55 +560,47 @@ struct CpuExecutor::Impl {
       }
     MD_CHECK(sampling.empty() || int(sampling.size()) == n_logits,
              "step: {} sampling specs for {} logit rows", sampling.size(), n_logits);
-    std::vector<exec::SampleBinding> bind(sampling.size());
+    // Sampling rows are plain data: checked here, read by the sample tiles as they are.
     for (size_t j = 0; j < sampling.size(); ++j) {
-      Sampler* sp = sampling[j].sampler;
-      if (sp) {
-        MD_CHECK(sp->vocab() == c.vocab_size, "step: sampler {} has vocabulary {}, the model {}", j,
-                 sp->vocab(), c.vocab_size);
-        for (size_t a = 0; a < j; ++a)
-          MD_CHECK(sampling[a].sampler != sp, "step: logit rows {} and {} share a sampler", a, j);
-      }
-      bind[j] = exec::SampleBinding{sp, sampling[j].history.data(), sampling[j].history.size()};
+      const SampleRow& r = sampling[j];
+      MD_CHECK(r.temperature >= 0 && r.top_p > 0 && r.top_p <= 1 && r.min_p >= 0 && r.min_p <= 1 &&
+                   r.top_k >= 0 && r.repetition_penalty > 0 && r.uniform >= 0 && r.uniform < 1,
+               "step: sampling row {} has parameters out of range", j);
+      MD_CHECK(r.num_penalties == 0 || r.penalties != nullptr,
+               "step: sampling row {} has {} penalty ids but no array", j, r.num_penalties);
+      for (uint32_t i = 0; i < r.num_penalties; ++i)
+        MD_CHECK(r.penalties[i].id >= 0 && r.penalties[i].id < c.vocab_size,
+                 "step: sampling row {} penalises id {}, outside the vocabulary [0, {})", j,
+                 r.penalties[i].id, c.vocab_size);
     }
     PlanRuntime& rt = runtime(B, R);
 
-    // Host-side preparation: grow each latent cache by the rows this step writes, set up the
-    // row logs, then resolve every state pointer (vectors do not move while the workers run).
+    // Host-side preparation: give each latent cache the pages of the rows this step writes
+    // (check_inputs made sure they are free), set up the row logs, then resolve every state
+    // pointer into the pool.
     std::vector<exec::SeqView> views(size_t(B) * size_t(L));
     std::vector<int64_t> pos(static_cast<size_t>(B), 0);
     std::vector<int32_t> tokens(static_cast<size_t>(N));
-    const int64_t row_log = exec::row_log_floats(c);
     for (int b = 0; b < B; ++b) {
       SequenceState& s = *seqs[size_t(b)].seq;
       std::copy(seqs[size_t(b)].tokens.begin(), seqs[size_t(b)].tokens.end(),
                 tokens.begin() + int64_t(b) * R);
       pos[size_t(b)] = s.pos;
-      SequenceState::RowLog& lg = s.rowlog;
-      lg.rows = 0;
-      if (so.keep_for_commit) {
-        lg.pos0 = s.pos;
-        lg.rows = R;
-        lg.kda_state0.resize(size_t(L));
-        lg.conv0.resize(size_t(L));
-        lg.inputs.resize(size_t(L));
-      }
+      s.reserve(s.pos + R);
+      s.rowlog = {};
+      if (so.keep_for_commit) s.rowlog = {s.pos, R};
       for (int l = 0; l < L; ++l) {
         exec::SeqView& v = views[size_t(b) * size_t(L) + size_t(l)];
         if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
-          v.kda_state = s.kda_state[size_t(l)].data();
-          v.conv_cache = s.conv_cache[size_t(l)].data();
+          v.kda_state = s.kda_state(l);
+          v.conv_cache = s.conv_cache(l);
           if (so.keep_for_commit) {
-            lg.kda_state0[size_t(l)].resize(s.kda_state[size_t(l)].size());
-            lg.conv0[size_t(l)].resize(s.conv_cache[size_t(l)].size());
-            lg.inputs[size_t(l)].resize(size_t(R) * size_t(row_log));
-            v.kda_state0 = lg.kda_state0[size_t(l)].data();
-            v.conv0 = lg.conv0[size_t(l)].data();
-            v.rowlog = lg.inputs[size_t(l)].data();
+            v.kda_state0 = s.kda_state0(l);
+            v.conv0 = s.conv0(l);
+            v.rowlog = s.row_inputs(l);
           }
         } else {
-          s.mla_cache[size_t(l)].resize(size_t(s.pos + R) * size_t(c.mla_cache_width()));
-          v.mla_cache = s.mla_cache[size_t(l)].data();
+          v.mla = s.latent(l);
         }
       }
     }
@@ -625,7 +619,7 @@ struct CpuExecutor::Impl {
     ctx.logit_of_row = logit_of_row.data();
     ctx.seqs = views.data();
     ctx.pos = pos.data();
-    ctx.sampling = bind.empty() ? nullptr : bind.data();
+    ctx.sampling = sampling.empty() ? nullptr : sampling.data();
 
     abort.store(false, std::memory_order_relaxed);
     err.clear();
@@ -707,7 +701,7 @@ CpuExecutor::CpuExecutor(Model& model, int max_batch, ExecutorKind kind, const E
 CpuExecutor::~CpuExecutor() = default;
 
 void CpuExecutor::run_step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
-                           std::span<const SampleSpec> sampling, const StepOptions& options) {
+                           std::span<const SampleRow> sampling, const StepOptions& options) {
   impl_->step(seqs, logits, next_ids, sampling, options);
 }
 
@@ -719,11 +713,16 @@ const plan::Plan& CpuExecutor::plan(int batch, int rows) {
 }
 
 void CpuExecutor::commit(SequenceState& seq, int k) {
+  MD_CHECK(seq.pool() == impl_->states.get(),
+           "commit: the sequence is not a state of this executor's pool");
   exec::commit_rows(impl_->model.config(), seq, k, *impl_->pool);
 }
 
 std::string_view CpuExecutor::name() const {
   return executor_name(impl_->kind);
+}
+StatePool& CpuExecutor::states() {
+  return *impl_->states;
 }
 const Model& CpuExecutor::model() const {
   return impl_->model;

@@ -148,21 +148,16 @@ void embed_tile(const StepCtx& s, const Instr& in, const Args& a) {
   for (int b = int(in.r0); b < int(in.r1); ++b) embed_seq(s, a, b);
 }
 
-// [logits, next]: logit rows [r0, r1) (of those the step has) pick their next token.
-void sample_tile(const StepCtx& s, const Instr& in, const Args& a) {
+// [logits, next]: logit rows [r0, r1) (of those the step has) pick their next token from their
+// SampleRow (plain data; none: greedy, ties to the lowest id).
+void sample_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
   const int64_t V = s.cfg->vocab_size;
+  const SampleRow greedy;
   for (int b = int(in.r0); b < std::min(int(in.r1), s.n_logits); ++b) {
     const float* row = s.logits + int64_t(b) * V;
-    const SampleBinding* sb = s.sampling ? &s.sampling[b] : nullptr;
-    int32_t id = 0;
-    if (sb && sb->sampler) {
-      id = sb->sampler->sample(std::span<const float>(row, size_t(V)),
-                               std::span<const int32_t>(sb->history, sb->history_len));
-    } else {
-      for (int64_t v = 1; v < V; ++v)  // greedy; ties to the lowest id (strict >)
-        if (row[v] > row[id]) id = int32_t(v);
-    }
-    a.ints(plan::arg::Sample::next, b)[0] = id;
+    const SampleRow& r = s.sampling ? s.sampling[b] : greedy;
+    a.ints(plan::arg::Sample::next, b)[0] =
+        sample_row(r, std::span<const float>(row, size_t(V)), sc.sample);
   }
 }
 
@@ -363,6 +358,7 @@ size_t scratch_floats(const plan::Plan& p) {
   const int64_t mla = int64_t(c.mla_num_heads) * (2 * c.kv_lora_rank + c.qk_rope_head_dim + 2) +
                       c.kv_lora_rank + 64;
   n = std::max<int64_t>(n, mla);
+  n = std::max<int64_t>(n, c.mla_cache_width());  // a latent row before it is stored
   return size_t(n + 64);
 }
 
@@ -393,7 +389,7 @@ void run_instr(const StepCtx& s, const Instr& in, Scratch& sc) {
     case Op::kKdaCore:
       return kda_core_tile(s, in, a, sc);
     case Op::kMlaLatent:
-      return mla_latent_tile(s, in, a);
+      return mla_latent_tile(s, in, a, sc);
     case Op::kMlaCore:
       return mla_core_tile(s, in, a, sc);
     case Op::kMlaMerge:
@@ -414,7 +410,7 @@ void run_instr(const StepCtx& s, const Instr& in, Scratch& sc) {
     case Op::kCombine:
       return combine_tile(s, in, a, sc);
     case Op::kSample:
-      return sample_tile(s, in, a);
+      return sample_tile(s, in, a, sc);
     case Op::kCount:
       break;
   }

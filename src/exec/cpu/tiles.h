@@ -9,6 +9,8 @@
 #include "megadecode/engine/model.h"
 #include "megadecode/engine/numerics.h"
 #include "megadecode/engine/sampler.h"
+#include "megadecode/engine/state_pool.h"
+#include "megadecode/kernels/cpu/mla.h"
 #include "megadecode/kernels/cpu/ops.h"
 #include "megadecode/model/config.h"
 #include "megadecode/model/weights.h"
@@ -26,32 +28,19 @@ struct WeightView {
   const uint8_t* scales = nullptr;
 };
 
-// How the kSample tile picks a logit row's next token: its sampler (penalties look at history),
-// or greedy argmax (ties to the lowest id) when sampler is null.
-struct SampleBinding {
-  Sampler* sampler = nullptr;
-  const int32_t* history = nullptr;
-  size_t history_len = 0;
-};
-
 // Per (sequence, layer) state pointers, resolved before every step. With a row log (a step
 // that may be committed to a prefix of its rows), a KDA core tile first copies its heads' state
 // and conv channels to kda_state0 / conv0, and records every row's recurrence inputs in rowlog
-// ([rows][RowLog layout], see row_log_floats), which is all a commit needs to replay a prefix.
+// ([rows][RowLog layout], see kda_row_log_floats), which is all a commit needs to replay a
+// prefix. All of it lives in the sequence's slot and pages of the executor's state pool.
 struct SeqView {
   float* kda_state = nullptr;
   float* conv_cache = nullptr;
-  float* mla_cache = nullptr;
+  cpu::LatentCache mla;         // MLA layers: the sequence's latent-cache pages
   float* kda_state0 = nullptr;  // null: no row log this step
   float* conv0 = nullptr;
   float* rowlog = nullptr;
 };
-
-// One row's entry in a KDA layer's row log: raw q, k, v (the conv inputs), the conv outputs
-// qc, kc, vc, the decay gate f (each C floats), then beta (H floats).
-inline int64_t row_log_floats(const ModelConfig& c) {
-  return 7 * c.kda_dim() + c.kda_num_heads;
-}
 
 struct StepCtx {
   const plan::Plan* plan = nullptr;
@@ -68,7 +57,7 @@ struct StepCtx {
   const int32_t* logit_of_row = nullptr;  // [n]: the row's logit-row index, or -1
   const SeqView* seqs = nullptr;          // [b * layers + l]
   const int64_t* pos = nullptr;  // [b]: position of the sequence's first row (cache rows before)
-  const SampleBinding* sampling = nullptr;  // [n_logits], or null: greedy for every row
+  const SampleRow* sampling = nullptr;  // [n_logits], or null: greedy for every row
   // Sequence and position of token row t.
   int seq_of(int t) const { return t / rows; }
   int64_t pos_of(int t) const { return pos[t / rows] + t % rows; }
@@ -78,6 +67,7 @@ struct StepCtx {
 struct Scratch {
   std::vector<float> f;
   std::vector<int> i;
+  SampleScratch sample;  // the sample tile's (grows to the vocabulary once)
 };
 size_t scratch_floats(const plan::Plan& p);
 size_t scratch_ints(const plan::Plan& p);
@@ -127,7 +117,7 @@ void gemv_rows(const WeightView& w, int64_t r0, int64_t r1, const float* X, int 
 
 // The attention tiles (tiles_attention.cpp).
 void kda_core_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
-void mla_latent_tile(const StepCtx& s, const plan::Instr& in, const Args& a);
+void mla_latent_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
 void mla_core_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
 void mla_merge_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
 void mla_q_up_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
