@@ -73,8 +73,10 @@ std::string counter_str(const Plan& p, uint32_t c) {
 std::string describe_instr(const Plan& p, const Instr& in) {
   std::string s = fmt::format("#{} {} {}", in.id, op_name(in.op), layer_str(in.layer));
   switch (in.op) {
-    case Op::kEmbed:
     case Op::kMlaLatent:
+      s += fmt::format(" seqs [{}, {})", in.r0, in.r1);
+      break;
+    case Op::kEmbed:
     case Op::kFfnNorm:
     case Op::kRouter:
     case Op::kLatentNorm:

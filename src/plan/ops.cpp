@@ -99,7 +99,7 @@ const std::array<OpDesc, kNumOps>& table() {
                       {arg::MlaQUp::q_b, kNo},
                       0});
     set(Op::kMlaLatent,
-        {"mla_latent", "token rows", kMlaLatent, false, 1.0, Stream::kNone, {kNo, kNo}, 0});
+        {"mla_latent", "sequences", kMlaLatent, false, 1.0, Stream::kNone, {kNo, kNo}, 0});
     set(Op::kMlaCore, {"mla_core",
                        "heads of sequence `seq` (KV split `slot` of `splits`)",
                        kMlaCore,

@@ -140,16 +140,20 @@ std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> Builder::mla_layer(int l, 
                h, q, in_ready, q_done);
   }
 
-  // Latent cache rows of whole sequences (the executor grows the caches before the step), so
-  // that a sequence's cores wait for one counter.
+  // Latent cache rows by ranges of whole sequences (the executor gives the caches their pages
+  // before the step; a sequence's rows are known only then), so that a sequence's cores wait
+  // for one counter.
   std::vector<uint32_t> latent(static_cast<size_t>(B_));  // counter of b's range
   {
     auto a = args({a_out, weight(WeightKind::kMlaKvANorm, l), state(StateKind::kMlaCache, l)});
     for (auto r : seq_row_ranges()) {
-      const uint32_t ctr = counter(Op::kMlaLatent, l, uint32_t(r.first));
-      for (int t = r.first; t < r.second; t += R_) latent[size_t(t / R_)] = ctr;
+      const int b0 = r.first / R_, b1 = r.second / R_;
+      const uint32_t ctr = counter(Op::kMlaLatent, l, uint32_t(b0));
+      for (int b = b0; b < b1; ++b) latent[size_t(b)] = ctr;
       Instr in = make(Op::kMlaLatent, l, {all_of(kva_done)}, ctr);
-      set_rows(in, r);
+      in.seq = uint16_t(b0);
+      in.r0 = uint32_t(b0);
+      in.r1 = uint32_t(b1);
       emit(in, a, uint64_t(r.second - r.first) * uint64_t(CW) * 12);
     }
   }

@@ -42,7 +42,8 @@ struct ExecutorOptions {
 // What one step moved through memory (what the bench divides by the step time).
 struct StepStats {
   int batch = 0;
-  int rows = 1;              // token rows per sequence
+  int rows = 1;              // token rows of the longest sequence
+  int token_rows = 0;        // token rows of the step (summed over its sequences)
   int distinct_experts = 0;  // summed over MoE layers: experts selected by the batch
   double weight_bytes = 0;   // non-expert weights, embedding rows, the distinct experts
   double state_bytes = 0;    // KDA state read + written, conv caches read + written
@@ -62,12 +63,15 @@ struct StepStats {
 // (summed over MoE layers; for sequences decoded one at a time, B * top_k * MoE layers).
 StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
                             int distinct_experts, int rows = 1);
+// The same with each sequence's row count.
+StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
+                            int distinct_experts, std::span<const int> rows);
 
 // Which of a sequence's rows in a step return logits (and a sampled token).
 enum class LogitRows : uint8_t { kNone, kLast, kAll };
 
-// One sequence's part of a step: R consecutive tokens fed at its position (R is the same for
-// every sequence of a step).
+// One sequence's part of a step: R consecutive tokens fed at its position. Sequences of one step
+// may feed different R (decode rows beside prefill chunks or a verify).
 struct StepSeq {
   SequenceState* seq = nullptr;
   std::span<const int32_t> tokens;
@@ -96,14 +100,14 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // The general step: every sequence feeds its R tokens (1 <= R <= plan::kMaxRows, the same R for
-  // all), row i at position pos + i. logits receives [logit rows][vocab] (logit_row_count: in
-  // sequence order, rows in order; bf16-valued in BF16 precision, as Model::forward), next_ids
-  // (if not null) the token sampled for each logit row by sampling[j] (one row per logit row,
-  // or empty: greedy). Each sequence advances by R. The batch may differ from step to step
-  // (1..max_batch distinct sequences of this model). Bad input (shape, token id, a foreign or
-  // repeated sequence) is an md::Error before anything changes; a step that fails while running
-  // (watchdog) leaves the batch's states undefined.
+  // The general step: every sequence feeds its R tokens (1 <= R <= plan::kMaxRows, R may differ
+  // between sequences), row i at position pos + i. logits receives [logit rows][vocab]
+  // (logit_row_count: in sequence order, rows in order; bf16-valued in BF16 precision, as
+  // Model::forward), next_ids (if not null) the token sampled for each logit row by sampling[j]
+  // (one row per logit row, or empty: greedy). Each sequence advances by R. The batch may differ
+  // from step to step (1..max_batch distinct sequences of this model). Bad input (shape, token id,
+  // a foreign or repeated sequence) is an md::Error before anything changes; a step that fails
+  // while running (watchdog) leaves the batch's states undefined.
   void step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids = nullptr,
             std::span<const SampleRow> sampling = {}, const StepOptions& options = {}) {
     run_step(seqs, logits, next_ids, sampling, options);

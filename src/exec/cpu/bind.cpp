@@ -116,6 +116,14 @@ WeightView bind_weight(const ModelWeights& w, const plan::WeightRef& r) {
 
 StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
                             int distinct_experts, int rows) {
+  const std::vector<int> each(positions.size(), rows);
+  return decode_step_bytes(m, positions, distinct_experts, std::span<const int>(each));
+}
+
+StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
+                            int distinct_experts, std::span<const int> rows) {
+  MD_CHECK(rows.size() == positions.size(), "decode_step_bytes: {} row counts for {} sequences",
+           rows.size(), positions.size());
   const ModelConfig& c = m.config();
   const ModelWeights& w = m.weights();
   // Every matrix but the experts and the embedding table (one row per sequence).
@@ -143,10 +151,13 @@ StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
   }
   StepStats s;
   s.batch = int(positions.size());
-  s.rows = rows;
+  for (int r : rows) {
+    s.rows = std::max(s.rows, r);
+    s.token_rows += r;
+  }
   s.distinct_experts = distinct_experts;
-  s.weight_bytes = fixed + double(s.batch) * rows * double(c.hidden_size) * 2 +
-                   double(distinct_experts) * expert;
+  s.weight_bytes =
+      fixed + double(s.token_rows) * double(c.hidden_size) * 2 + double(distinct_experts) * expert;
   const double per_seq_state =
       double(c.num_kda_layers()) *
       (2.0 * 4 * double(c.kda_num_heads) * c.kda_head_dim * c.kda_head_dim +
@@ -154,9 +165,9 @@ StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
   s.state_bytes = per_seq_state * s.batch;
   // The latent caches in the state pool's storage type (bf16 pages in BF16 precision).
   const double cache_elem = m.numerics().round_bf16 ? 2 : 4;
-  for (int64_t p : positions)
-    s.cache_bytes +=
-        double(c.num_mla_layers()) * double(p + rows) * double(c.mla_cache_width()) * cache_elem;
+  for (size_t b = 0; b < positions.size(); ++b)
+    s.cache_bytes += double(c.num_mla_layers()) * double(positions[b] + rows[b]) *
+                     double(c.mla_cache_width()) * cache_elem;
   return s;
 }
 

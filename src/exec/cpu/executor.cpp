@@ -500,13 +500,14 @@ struct CpuExecutor::Impl {
 
   // ---- a step -------------------------------------------------------------------------------
 
+  // R: the most rows any sequence of the step feeds (each feeds 1..R).
   void check_inputs(std::span<const StepSeq> seqs, const float* logits, int R,
                     const StepOptions& so) const {
     const ModelConfig& c = model.config();
     const int B = int(seqs.size());
     MD_CHECK(B >= 1 && B <= max_batch, "step: batch of {} sequences is outside 1..{}", B,
              max_batch);
-    MD_CHECK(R >= 1 && R <= plan::kMaxRows, "step: {} token rows per sequence is outside 1..{}", R,
+    MD_CHECK(R <= plan::kMaxRows, "step: {} token rows of a sequence is outside 1..{}", R,
              plan::kMaxRows);
     MD_CHECK(!so.keep_for_commit || R <= plan::kMaxChainedRows,
              "step: a step that may be committed to a prefix takes at most {} rows, not {}",
@@ -519,10 +520,9 @@ struct CpuExecutor::Impl {
     for (int b = 0; b < B; ++b) {
       const SequenceState* s = seqs[size_t(b)].seq;
       MD_CHECK(s != nullptr, "step: sequence {} is null", b);
-      MD_CHECK(int(seqs[size_t(b)].tokens.size()) == R,
-               "step: sequence {} feeds {} tokens, sequence 0 {} (a step feeds the same number "
-               "of rows for every sequence)",
-               b, seqs[size_t(b)].tokens.size(), R);
+      MD_CHECK(!seqs[size_t(b)].tokens.empty(),
+               "step: sequence {} feeds no tokens (token rows of a sequence are outside 1..{})", b,
+               plan::kMaxRows);
       for (int a = 0; a < b; ++a)
         MD_CHECK(seqs[size_t(a)].seq != s, "step: sequences {} and {} are the same state", a, b);
       for (int32_t id : seqs[size_t(b)].tokens)
@@ -533,7 +533,8 @@ struct CpuExecutor::Impl {
                "step: sequence {} is not a state of this executor's pool (make it with "
                "Executor::new_sequence, or import one with SequenceState::copy_from)",
                b);
-      pages += std::max<int64_t>(0, states->pages_for(s->pos + R) - int64_t(s->pages().size()));
+      const int64_t rows = int64_t(seqs[size_t(b)].tokens.size());
+      pages += std::max<int64_t>(0, states->pages_for(s->pos + rows) - int64_t(s->pages().size()));
     }
     MD_CHECK(pages <= states->free_pages(),
              "state pool is out of latent-cache pages: this step needs {} more pages of {} "
@@ -545,19 +546,30 @@ struct CpuExecutor::Impl {
 
   void step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
             std::span<const SampleRow> sampling, const StepOptions& so) {
-    const int R = seqs.empty() ? 0 : int(seqs[0].tokens.size());
+    // Rows are compact in sequence order: sequence b's are [row0[b], row0[b + 1]). The plan is
+    // the one for the batch and the longest sequence's rows; the others use fewer of its rows.
+    int R = 0;
+    for (const StepSeq& q : seqs) R = std::max(R, int(q.tokens.size()));
     check_inputs(seqs, logits, R, so);
     const ModelConfig& c = model.config();
-    const int B = int(seqs.size()), L = c.num_layers, N = B * R;
-    // Logit rows: which token rows return logits, compacted in row order.
-    std::vector<int32_t> logit_of_row(size_t(N), -1);
-    int n_logits = 0;
+    const int B = int(seqs.size()), L = c.num_layers;
+    std::vector<int32_t> row0(size_t(B) + 1, 0);
     for (int b = 0; b < B; ++b)
-      for (int i = 0; i < R; ++i) {
+      row0[size_t(b) + 1] = row0[size_t(b)] + int(seqs[size_t(b)].tokens.size());
+    const int N = row0[size_t(B)];
+    // Logit rows: which token rows return logits, compacted in row order.
+    std::vector<int32_t> logit_of_row(size_t(N), -1), seq_of_row(size_t(N), 0);
+    int n_logits = 0;
+    for (int b = 0; b < B; ++b) {
+      const int Rb = row0[size_t(b) + 1] - row0[size_t(b)];
+      for (int i = 0; i < Rb; ++i) {
+        const int t = row0[size_t(b)] + i;
+        seq_of_row[size_t(t)] = b;
         const LogitRows lr = seqs[size_t(b)].logits;
-        if (lr == LogitRows::kAll || (lr == LogitRows::kLast && i == R - 1))
-          logit_of_row[size_t(b * R + i)] = n_logits++;
+        if (lr == LogitRows::kAll || (lr == LogitRows::kLast && i == Rb - 1))
+          logit_of_row[size_t(t)] = n_logits++;
       }
+    }
     MD_CHECK(sampling.empty() || int(sampling.size()) == n_logits,
              "step: {} sampling specs for {} logit rows", sampling.size(), n_logits);
     // Sampling rows are plain data: checked here, read by the sample tiles as they are.
@@ -583,12 +595,13 @@ struct CpuExecutor::Impl {
     std::vector<int32_t> tokens(static_cast<size_t>(N));
     for (int b = 0; b < B; ++b) {
       SequenceState& s = *seqs[size_t(b)].seq;
+      const int Rb = int(seqs[size_t(b)].tokens.size());
       std::copy(seqs[size_t(b)].tokens.begin(), seqs[size_t(b)].tokens.end(),
-                tokens.begin() + int64_t(b) * R);
+                tokens.begin() + row0[size_t(b)]);
       pos[size_t(b)] = s.pos;
-      s.reserve(s.pos + R);
+      s.reserve(s.pos + Rb);
       s.rowlog = {};
-      if (so.keep_for_commit) s.rowlog = {s.pos, R};
+      if (so.keep_for_commit) s.rowlog = {s.pos, Rb};
       for (int l = 0; l < L; ++l) {
         exec::SeqView& v = views[size_t(b) * size_t(L) + size_t(l)];
         if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
@@ -613,6 +626,8 @@ struct CpuExecutor::Impl {
     ctx.batch = B;
     ctx.rows = R;
     ctx.n = N;
+    ctx.row0 = row0.data();
+    ctx.seq_of_row = seq_of_row.data();
     ctx.tokens = tokens.data();
     ctx.logits = logits;
     ctx.n_logits = n_logits;
@@ -659,8 +674,12 @@ struct CpuExecutor::Impl {
       for (int j = 0; j < n_logits; ++j)
         std::memcpy(&next_ids[j], arena.get() + d.offset + d.stride * uint64_t(j), 4);
     }
-    for (const StepSeq& q : seqs) q.seq->pos += R;
-    compute_stats(rt, pos, R);
+    std::vector<int> rows(static_cast<size_t>(B));
+    for (int b = 0; b < B; ++b) {
+      rows[size_t(b)] = int(seqs[size_t(b)].tokens.size());
+      seqs[size_t(b)].seq->pos += rows[size_t(b)];
+    }
+    compute_stats(rt, pos, rows, N);
     stats.seconds = t_run;
     for (int w = 0; w < W; ++w) {
       stats.wait_seconds += status[w].wait_s;
@@ -671,9 +690,10 @@ struct CpuExecutor::Impl {
     }
   }
 
-  void compute_stats(const PlanRuntime& rt, const std::vector<int64_t>& pos, int rows) {
+  void compute_stats(const PlanRuntime& rt, const std::vector<int64_t>& pos,
+                     const std::vector<int>& rows, int n) {
     const ModelConfig& c = model.config();
-    const int B = rt.plan.token_rows();
+    const int B = n;  // the step's token rows (the router ids of the rows it has)
     std::vector<int> mark(2 * static_cast<size_t>(std::max(c.num_experts, 1)));
     int distinct = 0;
     for (int l = 0; l < c.num_layers; ++l) {
@@ -684,7 +704,7 @@ struct CpuExecutor::Impl {
                                         d.stride / 4, B, c.num_experts_per_token, c.num_experts,
                                         mark.data(), mark.data() + c.num_experts);
     }
-    stats = decode_step_bytes(model, pos, distinct, rows);
+    stats = decode_step_bytes(model, pos, distinct, std::span<const int>(rows));
   }
 };
 

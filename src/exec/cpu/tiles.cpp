@@ -9,6 +9,7 @@
 #include "megadecode/plan/ops.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <span>
 
@@ -368,8 +369,32 @@ size_t scratch_ints(const plan::Plan& p) {
                 2 * p.token_rows() * std::max(p.cfg.num_experts_per_token, 1) + 16);
 }
 
-void run_instr(const StepCtx& s, const Instr& in, Scratch& sc) {
+namespace {
+
+// Ops whose [r0, r1) are token rows (op table): the plan covers batch x rows of them, a step may
+// have fewer (sequences with fewer rows than the plan's).
+const std::array<bool, plan::kNumOps>& token_row_ops() {
+  static const std::array<bool, plan::kNumOps> t = [] {
+    std::array<bool, plan::kNumOps> r{};
+    for (size_t i = 0; i < r.size(); ++i) r[i] = plan::op_desc(Op(i)).ranges == "token rows";
+    return r;
+  }();
+  return t;
+}
+
+}  // namespace
+
+void run_instr(const StepCtx& s, const Instr& instr, Scratch& sc) {
   using namespace detail;
+  const Instr* ip = &instr;
+  Instr clipped;
+  if (token_row_ops()[size_t(instr.op)] && instr.r1 > uint32_t(s.n)) {
+    if (instr.r0 >= uint32_t(s.n)) return;  // rows this step does not have
+    clipped = instr;
+    clipped.r1 = uint32_t(s.n);
+    ip = &clipped;
+  }
+  const Instr& in = *ip;
   const Args a{s, s.plan->buffers.data() + in.args, in.layer};
   switch (in.op) {
     case Op::kEmbed:

@@ -48,9 +48,9 @@ struct StepCtx {
   Numerics num;  // the model's numeric policy (rounding points, router, activation)
   uint8_t* arena = nullptr;
   const WeightView* weights = nullptr;
-  int batch = 0;                    // sequences
-  int rows = 1;                     // token rows per sequence
-  int n = 0;                        // token rows (batch * rows)
+  int batch = 0;  // sequences
+  int rows = 1;   // the plan's token rows per sequence: each sequence's row count is at most this
+  int n = 0;      // token rows of the step (the sum of the sequences' rows; <= batch * rows)
   const int32_t* tokens = nullptr;  // [n]
   float* logits = nullptr;          // [n_logits][vocab]
   int n_logits = 0;
@@ -59,8 +59,14 @@ struct StepCtx {
   const int64_t* pos = nullptr;  // [b]: position of the sequence's first row (cache rows before)
   const SampleRow* sampling = nullptr;  // [n_logits], or null: greedy for every row
   // Sequence and position of token row t.
-  int seq_of(int t) const { return t / rows; }
-  int64_t pos_of(int t) const { return pos[t / rows] + t % rows; }
+  // Sequence b's token rows are [row0[b], row0[b + 1]) (compact, in sequence order; a step may
+  // give sequences different row counts: decode rows beside prefill chunks).
+  const int32_t* row0 = nullptr;        // [batch + 1]
+  const int32_t* seq_of_row = nullptr;  // [n]
+  int seq_of(int t) const { return seq_of_row[t]; }
+  int first_row(int b) const { return row0[b]; }
+  int rows_of(int b) const { return row0[b + 1] - row0[b]; }
+  int64_t pos_of(int t) const { return pos[seq_of_row[t]] + (t - row0[seq_of_row[t]]); }
 };
 
 // Scratch owned by one worker; sized by scratch_floats() for the plan.

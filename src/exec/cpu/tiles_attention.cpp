@@ -41,7 +41,7 @@ namespace detail {
 void kda_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
   using K_ = plan::arg::KdaCore;  // q, k, v are consecutive slots
   const ModelConfig& c = *s.cfg;
-  const int b = in.seq, h0 = int(in.r0), h1 = int(in.r1), R = s.rows, t0 = b * R;
+  const int b = in.seq, h0 = int(in.r0), h1 = int(in.r1), R = s.rows_of(b), t0 = s.first_row(b);
   const int K = c.kda_head_dim, Wc = c.kda_conv_size, H = c.kda_num_heads;
   const int64_t C = c.kda_dim(), c0 = int64_t(h0) * K, c1 = int64_t(h1) * K, n = c1 - c0;
   // Channel-indexed scratch, [R][C] each (the kernels take absolute channel indices), then the
@@ -144,7 +144,7 @@ void kda_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
   }
 }
 
-// [a, kv_a_norm, mla_cache]: the new cache rows of token rows [r0, r1), stored into the
+// [a, kv_a_norm, mla_cache]: the new cache rows of sequences [r0, r1), stored into the
 // sequences' pages (bf16 in BF16 precision: the row is bf16-valued, so storing is exact).
 void mla_latent_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
   using L_ = plan::arg::MlaLatent;
@@ -152,7 +152,8 @@ void mla_latent_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& 
   const int R = c.kv_lora_rank;
   const int64_t CW = c.mla_cache_width();
   float* row = sc.f.data();
-  for (int t = int(in.r0); t < int(in.r1); ++t) {
+  const int t0 = s.first_row(int(in.r0)), t1 = s.first_row(int(in.r1));  // sequences [r0, r1)
+  for (int t = t0; t < t1; ++t) {
     const float* x = a.f(L_::a, t);
     cpu::rmsnorm(x, a.vec(L_::kv_a_norm), R, s.num.latent_eps, row, s.num.round_bf16);
     std::copy(x + R, x + CW, row + R);
@@ -170,8 +171,8 @@ void mla_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
                        c.kv_lora_rank};
   const cpu::LatentCache& cache = a.seq(b).mla;
   const bf16* kvb = static_cast<const bf16*>(a.w(M::kv_b).data);
-  for (int i = 0; i < s.rows; ++i) {
-    const int t = b * s.rows + i;
+  for (int i = 0; i < s.rows_of(b); ++i) {
+    const int t = s.first_row(b) + i;
     const int T = int(s.pos[b] + i + 1);
     if (in.splits > 1) {
       // [q, kv_b, cache, parts]: split `slot`'s partials of heads [r0, r1).
@@ -200,8 +201,8 @@ void mla_merge_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& s
   const ModelConfig& c = *s.cfg;
   const cpu::MlaDims d{c.mla_num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
                        c.kv_lora_rank};
-  for (int i = 0; i < s.rows; ++i) {
-    const int t = in.seq * s.rows + i;
+  for (int i = 0; i < s.rows_of(in.seq); ++i) {
+    const int t = s.first_row(in.seq) + i;
     const float* part = a.f(Mg::parts, t) + int64_t(in.r0) * (d.R + 2);
     float* att = a.f(Mg::att, t);
     cpu::mla_decode_merge(part, int64_t(d.H) * (d.R + 2), int(in.splits),
