@@ -148,13 +148,15 @@ void Forward::mla(int l, SequenceState& s, const float* h, int T, float* out) co
     pool.run([&](int id, int nw) {
       auto [h0, h1] = split_range(size_t(H), nw, id);
       if (h0 < h1)
-        cpu::mla_decode_absorbed(q.data(), cache.data(), CW, int(T0 + 1), kvb, d, int(h0), int(h1),
-                                 att.data(), scratch.data() + size_t(id) * size_t(T0 + 1 + 2 * R));
+        cpu::mla_decode_absorbed(q.data(), cpu::LatentCache::contiguous(cache.data(), CW, T0 + 1),
+                                 int(T0 + 1), kvb, d, int(h0), int(h1), att.data(),
+                                 scratch.data() + size_t(id) * size_t(T0 + 1 + 2 * R));
     });
   } else {
     pool.parallel_for(size_t(H), [&](size_t h0, size_t h1) {
-      cpu::mla_prefill(q.data(), QW, T, int(T0), cache.data(), CW, kvb, d, int(h0), int(h1),
-                       att.data(), OW, rnd());
+      cpu::mla_prefill(q.data(), QW, T, int(T0),
+                       cpu::LatentCache::contiguous(cache.data(), CW, T0 + T), kvb, d, int(h0),
+                       int(h1), att.data(), OW, rnd());
     });
   }
   round(att.data(), int64_t(att.size()));

@@ -307,8 +307,8 @@ TEST_P(IsaPath, MlaDecode) {
     auto run = [&] {
       std::vector<float> out(static_cast<size_t>(d.H) * d.V),
           scratch(static_cast<size_t>(T) + 2 * d.R);
-      mla_decode_absorbed(q.data(), cache.data(), RP, T, kvb.data(), d, 0, d.H, out.data(),
-                          scratch.data());
+      mla_decode_absorbed(q.data(), LatentCache::contiguous(cache.data(), RP, T), T, kvb.data(), d,
+                          0, d.H, out.data(), scratch.data());
       return out;
     };
     std::vector<float> y, yp;

@@ -166,7 +166,8 @@ void mla_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
   const int b = in.seq;
   const cpu::MlaDims d{c.mla_num_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim,
                        c.kv_lora_rank};
-  const float* cache = a.seq(b).mla_cache;
+  const cpu::LatentCache cache =
+      cpu::LatentCache::contiguous(a.seq(b).mla_cache, c.mla_cache_width(), s.pos[b] + s.rows);
   const bf16* kvb = static_cast<const bf16*>(a.w(M::kv_b).data);
   for (int i = 0; i < s.rows; ++i) {
     const int t = b * s.rows + i;
@@ -176,14 +177,14 @@ void mla_core_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
       int t0 = 0, t1 = 0;
       cpu::mla_split_rows(T, int(in.splits), in.slot, &t0, &t1);
       float* part = a.f(M::out, t) + (int64_t(in.slot) * d.H + in.r0) * (d.R + 2);
-      cpu::mla_decode_partial(a.f(M::q, t), cache, c.mla_cache_width(), t0, t1, kvb, d, int(in.r0),
-                              int(in.r1), part, sc.f.data());
+      cpu::mla_decode_partial(a.f(M::q, t), cache, t0, t1, kvb, d, int(in.r0), int(in.r1), part,
+                              sc.f.data());
       continue;
     }
     // [q, kv_b, cache, att]; the scratch holds the unsplit decode's workspace (scratch_floats).
     float* att = a.f(M::out, t);
-    cpu::mla_decode_absorbed(a.f(M::q, t), cache, c.mla_cache_width(), T, kvb, d, int(in.r0),
-                             int(in.r1), att, sc.f.data());
+    cpu::mla_decode_absorbed(a.f(M::q, t), cache, T, kvb, d, int(in.r0), int(in.r1), att,
+                             sc.f.data());
     const int64_t o0 = int64_t(in.r0) * d.V, on = int64_t(in.r1 - in.r0) * d.V;
     maybe_round(att + o0, on, s.num.round_bf16);
     // K3: att *= sigmoid(g) on these heads (operand 4: round(g_proj h)).

@@ -9,6 +9,16 @@
 // Prefill follows the reference's explicit formulation (k_nope and v expanded from the latent for
 // every visible row, once per head and chunk) because its bf16 rounding points sit on k_nope, v
 // and the probabilities, which the absorbed form does not materialise.
+//
+// The cache is paged and its element type is fp32 or bf16 (LatentCache). The loads and products
+// take either element type (templates on it), and each body that reads the cache is compiled once
+// per element type E (and per instruction set), so E is chosen once per call, never inside a loop.
+// A bf16 element widens to fp32 exactly and then meets the same arithmetic in the same order as
+// an fp32 one, so a bf16 cache holding bf16-valued data gives exactly the fp32 cache's bits. Rows
+// that many products read are widened once into an fp32 buffer (a decode block, read by every
+// head; a prefill latent, read by every kv_b row), the rest (prefill's k_pe) is read in place.
+// Rows are addressed through the page table once per block (decode) or per page (prefill) and by
+// the row stride in between.
 #include "megadecode/kernels/cpu/mla.h"
 
 #include <algorithm>
@@ -18,8 +28,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
+#include "megadecode/base/error.h"
 #include "megadecode/kernels/cpu/cpu_features.h"
 
 namespace md::cpu {
@@ -28,7 +40,7 @@ namespace {
 // Cache rows per decode block: 16 rows of R + P = 576 floats are 36 KiB, which stays in a 48 KiB
 // L1 together with one head's query (2.3 KiB) and output accumulator (2 KiB) while all heads of
 // the range pass over the block. (Measured: 8 and 16 equal, 32 slower, 64 much slower.)
-constexpr int kBlockT = 16;
+constexpr int kBlockT = kMlaBlockRows;
 
 // Helpers are inlined into each instruction-set copy of the bodies below.
 #define MD_INLINE [[gnu::always_inline]] inline
@@ -55,6 +67,8 @@ struct Simd<8> {
 template <int W>
 using Vec = typename Simd<W>::F;
 
+// Loads W elements as fp32: fp32 as they are, bf16 widened (overloads, so the helpers below take
+// either element type for any operand).
 template <int W>
 MD_INLINE void load(Vec<W>& v, const float* p) {
   std::memcpy(&v, p, sizeof v);
@@ -67,11 +81,35 @@ MD_INLINE void store(float* p, const Vec<W>& v) {
 
 // W bf16 values widened to fp32 (a bf16 is the top half of the fp32 with the same value).
 template <int W>
-MD_INLINE void load_bf16(Vec<W>& v, const bf16* p) {
+MD_INLINE void load(Vec<W>& v, const bf16* p) {
   typename Simd<W>::H h;
   std::memcpy(&h, p, sizeof h);
   const typename Simd<W>::U u = __builtin_convertvector(h, typename Simd<W>::U) << 16;
   std::memcpy(&v, &u, sizeof v);
+}
+
+// One element as fp32 (the scalar tails).
+MD_INLINE float f32(float x) {
+  return x;
+}
+MD_INLINE float f32(bf16 x) {
+  return bf16_to_f32(x);
+}
+
+// x * y rounded to fp32 on its own, for the scalar tails of the dot products (the n % W elements
+// after the vector loop), which add one product at a time. Left to itself the compiler fuses such
+// a product into the add (FMA, in the AVX2 copy) or not depending on whether it vectorises the
+// tail loop (a vectorised reduction multiplies in a vector, then adds in order), and that choice
+// differs between fp32 and bf16 operands: the empty asm fixes the rounding, so both element types
+// give the same bits. (It is also what the vectorised tails of the fp32-only kernels computed.)
+MD_INLINE float mul_rounded(float x, float y) {
+  float p = x * y;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __asm__("" : "+x"(p));
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+  __asm__("" : "+w"(p));
+#endif
+  return p;
 }
 
 template <int W>
@@ -81,9 +119,10 @@ MD_INLINE float hsum(const Vec<W>& v) {
   return s;
 }
 
-// a . b with two vector accumulators (independent partial sums hide the add latency).
-template <int W>
-MD_INLINE float dot(const float* a, const float* b, int n) {
+// a . b with two vector accumulators (independent partial sums hide the add latency). A and B are
+// float or bf16 (weight rows, cache rows).
+template <int W, class A, class B>
+MD_INLINE float dot(const A* a, const B* b, int n) {
   Vec<W> acc0 = {}, acc1 = {};
   int i = 0;
   for (; i + 2 * W <= n; i += 2 * W) {
@@ -97,34 +136,14 @@ MD_INLINE float dot(const float* a, const float* b, int n) {
   }
   acc0 += acc1;
   float s = hsum<W>(acc0);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-// w . x for a bf16 row w.
-template <int W>
-MD_INLINE float dot_bf16(const bf16* w, const float* x, int n) {
-  Vec<W> acc0 = {}, acc1 = {};
-  int i = 0;
-  for (; i + 2 * W <= n; i += 2 * W) {
-    Vec<W> w0, w1, x0, x1;
-    load_bf16<W>(w0, w + i);
-    load_bf16<W>(w1, w + i + W);
-    load<W>(x0, x + i);
-    load<W>(x1, x + i + W);
-    acc0 += w0 * x0;
-    acc1 += w1 * x1;
-  }
-  acc0 += acc1;
-  float s = hsum<W>(acc0);
-  for (; i < n; ++i) s += bf16_to_f32(w[i]) * x[i];
+  for (; i < n; ++i) s += mul_rounded(f32(a[i]), f32(b[i]));
   return s;
 }
 
 // out[k] = a . b_k for four vectors b_k: each load of a serves four products.
-template <int W>
-MD_INLINE void dot4(const float* a, const float* b0, const float* b1, const float* b2,
-                    const float* b3, int n, float* out) {
+template <int W, class A, class B>
+MD_INLINE void dot4(const A* a, const B* b0, const B* b1, const B* b2, const B* b3, int n,
+                    float* out) {
   Vec<W> c0 = {}, c1 = {}, c2 = {}, c3 = {};
   int i = 0;
   for (; i + W <= n; i += W) {
@@ -141,10 +160,11 @@ MD_INLINE void dot4(const float* a, const float* b0, const float* b1, const floa
   }
   float s0 = hsum<W>(c0), s1 = hsum<W>(c1), s2 = hsum<W>(c2), s3 = hsum<W>(c3);
   for (; i < n; ++i) {
-    s0 += a[i] * b0[i];
-    s1 += a[i] * b1[i];
-    s2 += a[i] * b2[i];
-    s3 += a[i] * b3[i];
+    const float x = f32(a[i]);
+    s0 += mul_rounded(x, f32(b0[i]));
+    s1 += mul_rounded(x, f32(b1[i]));
+    s2 += mul_rounded(x, f32(b2[i]));
+    s3 += mul_rounded(x, f32(b3[i]));
   }
   out[0] = s0;
   out[1] = s1;
@@ -154,9 +174,8 @@ MD_INLINE void dot4(const float* a, const float* b0, const float* b1, const floa
 
 // Rows a0, a1 against four consecutive rows of b (row stride n): out0[k] = a0 . b_k and
 // out1[k] = a1 . b_k. Six loads feed eight products.
-template <int W>
-MD_INLINE void dot2x4(const float* a0, const float* a1, const float* b, int n, float* out0,
-                      float* out1) {
+template <int W, class A>
+MD_INLINE void dot2x4(const A* a0, const A* a1, const float* b, int n, float* out0, float* out1) {
   const float* b0 = b;
   const float* b1 = b0 + n;
   const float* b2 = b1 + n;
@@ -184,9 +203,10 @@ MD_INLINE void dot2x4(const float* a0, const float* a1, const float* b, int n, f
   float s1[4] = {hsum<W>(c10), hsum<W>(c11), hsum<W>(c12), hsum<W>(c13)};
   const float* bk[4] = {b0, b1, b2, b3};
   for (; i < n; ++i) {
+    const float x0 = f32(a0[i]), x1 = f32(a1[i]);
     for (int k = 0; k < 4; ++k) {
-      s0[k] += a0[i] * bk[k][i];
-      s1[k] += a1[i] * bk[k][i];
+      s0[k] += mul_rounded(x0, bk[k][i]);
+      s1[k] += mul_rounded(x1, bk[k][i]);
     }
   }
   for (int k = 0; k < 4; ++k) {
@@ -195,9 +215,9 @@ MD_INLINE void dot2x4(const float* a0, const float* a1, const float* b, int n, f
   }
 }
 
-// y += a * x.
-template <int W>
-MD_INLINE void axpy(float* y, const float* x, float a, int n) {
+// y += a * x (x: float or bf16).
+template <int W, class X>
+MD_INLINE void axpy(float* y, const X* x, float a, int n) {
   int i = 0;
   for (; i + W <= n; i += W) {
     Vec<W> vx, vy;
@@ -206,21 +226,7 @@ MD_INLINE void axpy(float* y, const float* x, float a, int n) {
     vy += a * vx;
     store<W>(y + i, vy);
   }
-  for (; i < n; ++i) y[i] += a * x[i];
-}
-
-// y += a * w for a bf16 row w.
-template <int W>
-MD_INLINE void axpy_bf16(float* y, const bf16* w, float a, int n) {
-  int i = 0;
-  for (; i + W <= n; i += W) {
-    Vec<W> vw, vy;
-    load_bf16<W>(vw, w + i);
-    load<W>(vy, y + i);
-    vy += a * vw;
-    store<W>(y + i, vy);
-  }
-  for (; i < n; ++i) y[i] += a * bf16_to_f32(w[i]);
+  for (; i < n; ++i) y[i] += a * f32(x[i]);
 }
 
 template <int W>
@@ -235,17 +241,24 @@ MD_INLINE void scale_vec(float* y, float a, int n) {
   for (; i < n; ++i) y[i] *= a;
 }
 
-// y += sum_k p[k] * x_k over rows x_k = x + k * ldx, k in [0, nt). Four rows per pass, so y is
-// loaded and stored once per four rows.
-template <int W>
-MD_INLINE void accumulate_rows(float* y, const float* x, int64_t ldx, int nt, const float* p,
-                               int n) {
+// Rows x + k * ld, k = 0, 1, ... (fp32 buffers; a cache block is an array of row pointers).
+template <class E>
+struct Strided {
+  const E* x;
+  int64_t ld;
+  MD_INLINE const E* operator[](int64_t k) const { return x + k * ld; }
+};
+
+// y += sum_k p[k] * x[k] over rows x[k], k in [0, nt) (x: a row pointer array or Strided). Four
+// rows per pass, so y is loaded and stored once per four rows.
+template <int W, class Rows>
+MD_INLINE void accumulate_rows(float* y, const Rows& x, int nt, const float* p, int n) {
   int k = 0;
   for (; k + 4 <= nt; k += 4) {
-    const float* x0 = x + k * ldx;
-    const float* x1 = x0 + ldx;
-    const float* x2 = x1 + ldx;
-    const float* x3 = x2 + ldx;
+    const auto* x0 = x[k];
+    const auto* x1 = x[k + 1];
+    const auto* x2 = x[k + 2];
+    const auto* x3 = x[k + 3];
     const float p0 = p[k], p1 = p[k + 1], p2 = p[k + 2], p3 = p[k + 3];
     int i = 0;
     for (; i + W <= n; i += W) {
@@ -258,28 +271,86 @@ MD_INLINE void accumulate_rows(float* y, const float* x, int64_t ldx, int nt, co
       vy += p0 * v0 + p1 * v1 + p2 * v2 + p3 * v3;
       store<W>(y + i, vy);
     }
-    for (; i < n; ++i) y[i] += p0 * x0[i] + p1 * x1[i] + p2 * x2[i] + p3 * x3[i];
+    for (; i < n; ++i) {
+      y[i] += p0 * f32(x0[i]) + p1 * f32(x1[i]) + p2 * f32(x2[i]) + p3 * f32(x3[i]);
+    }
   }
-  for (; k < nt; ++k) axpy<W>(y, x + k * ldx, p[k], n);
+  for (; k < nt; ++k) axpy<W>(y, x[k], p[k], n);
 }
 
-// s[k] = scale * (a . x_k) for rows x_k = x + k * ldx, k in [0, nt).
-template <int W>
-MD_INLINE void score_rows(const float* a, const float* x, int64_t ldx, int nt, int n, float scale,
-                          float* s) {
+// s[k] = scale * (a . x[k]) for rows x[k], k in [0, nt).
+template <int W, class E>
+MD_INLINE void score_rows(const float* a, const E* const* x, int nt, int n, float scale, float* s) {
   int k = 0;
-  for (; k + 4 <= nt; k += 4) {
-    const float* x0 = x + k * ldx;
-    dot4<W>(a, x0, x0 + ldx, x0 + 2 * ldx, x0 + 3 * ldx, n, s + k);
-  }
-  for (; k < nt; ++k) s[k] = dot<W>(a, x + k * ldx, n);
+  for (; k + 4 <= nt; k += 4) dot4<W>(a, x[k], x[k + 1], x[k + 2], x[k + 3], n, s + k);
+  for (; k < nt; ++k) s[k] = dot<W>(a, x[k], n);
   for (k = 0; k < nt; ++k) s[k] *= scale;
+}
+
+// Cache row t as elements of type E.
+template <class E>
+MD_INLINE const E* cache_row(const LatentCache& c, int64_t t) {
+  return static_cast<const E*>(c.row(t));
+}
+
+// Rows from t to the end of t's page.
+MD_INLINE int64_t page_left(const LatentCache& c, int64_t t) {
+  return c.page_rows - t % c.page_rows;
+}
+
+// dst[0, n) = src[0, n) widened to fp32.
+template <int W>
+MD_INLINE void widen(float* dst, const bf16* src, int n) {
+  int i = 0;
+  for (; i + W <= n; i += W) {
+    Vec<W> v;
+    load<W>(v, src + i);
+    store<W>(dst + i, v);
+  }
+  for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+}
+
+// The first n elements of cache row r as fp32: an fp32 row where it is, a bf16 row widened into
+// buf. Rows that many products read (a decode block: every head; a prefill row: every weight row
+// of kv_b) are widened once, so the products run on fp32 for either element type: the same code
+// and bits, at the fp32 speed. (Widening inside the products instead converts at every load; that
+// measured twice as slow at 32 heads.)
+template <int W, class E>
+MD_INLINE const float* row_f32(const E* r, int n, float* buf) {
+  if constexpr (std::is_same_v<E, float>) {
+    return r;
+  } else {
+    widen<W>(buf, r, n);
+    return buf;
+  }
+}
+
+// rows[k] = the first m elements of cache row t + k as fp32 (row_f32; buf: n rows of m floats),
+// for k in [0, n). The page table is read once per page touched: once per block when blocks start
+// on multiples of kBlockT, as mla_split_rows' splits do (a block from any other start may cross a
+// page).
+template <int W, class E>
+MD_INLINE void block_rows(const LatentCache& c, int64_t t, int n, int m, float* buf,
+                          const float** rows) {
+  for (int k = 0; k < n;) {
+    const E* r = cache_row<E>(c, t + k);
+    const int e = static_cast<int>(std::min<int64_t>(n, k + page_left(c, t + k)));
+    for (; k < e; ++k, r += c.ld) rows[k] = row_f32<W>(r, m, buf + static_cast<size_t>(k) * m);
+  }
 }
 
 // Per-thread fallback workspace for when the caller's scratch (sized T + 2R by the contract, i.e.
 // for one head at a time) cannot hold the state of the whole head range. Only short contexts take
 // this path; it grows once per thread and is then reused.
 float* thread_workspace(size_t n) {
+  thread_local std::vector<float> ws;
+  if (ws.size() < n) ws.resize(n);
+  return ws.data();
+}
+
+// One decode block widened to fp32 (block_rows, bf16 caches only): kBlockT rows of R + P floats,
+// grown once per thread, then reused.
+float* block_workspace(size_t n) {
   thread_local std::vector<float> ws;
   if (ws.size() < n) ws.resize(n);
   return ws.data();
@@ -297,8 +368,8 @@ float* prefill_workspace(size_t n) {
 // The partial attention of heads [h0, h1) over cache rows [t0, t1), written to part[hh] =
 // {ol[R] (unnormalised sum of p_t c_t), running max, running denominator} (see mla.h).
 // ws holds nh * (R + P) + kBlockT floats.
-template <int W>
-MD_INLINE void partial_body(const float* q, const float* cache, int64_t ldc, int t0, int t1,
+template <int W, class E>
+MD_INLINE void partial_body(const float* q, const LatentCache& cache, int t0, int t1,
                             const bf16* kv_b, const MlaDims& d, int h0, int h1, float* part,
                             float* ws) {
   const int nh = h1 - h0;
@@ -317,7 +388,7 @@ MD_INLINE void partial_body(const float* q, const float* cache, int64_t ldc, int
     // ql = W_UK^T q_nope walks W_UK row by row (rows are contiguous R values) and adds each row
     // with its q weight: a transposed product without a transposed copy.
     std::fill(qah, qah + R, 0.0f);
-    for (int n = 0; n < N; ++n) axpy_bf16<W>(qah, wuk + static_cast<size_t>(n) * R, qh[n], R);
+    for (int n = 0; n < N; ++n) axpy<W>(qah, wuk + static_cast<size_t>(n) * R, qh[n], R);
     std::copy(qh + N, qh + N + P, qah + R);
     float* ph = part + static_cast<size_t>(hh) * PS;
     std::fill(ph, ph + R, 0.0f);
@@ -325,14 +396,17 @@ MD_INLINE void partial_body(const float* q, const float* cache, int64_t ldc, int
     ph[R + 1] = 0.0f;
   }
 
+  const float* rows[kBlockT];
+  float* wide =
+      std::is_same_v<E, float> ? nullptr : block_workspace(static_cast<size_t>(kBlockT) * RP);
   for (int b0 = t0; b0 < t1; b0 += kBlockT) {
     const int nt = std::min(kBlockT, t1 - b0);
-    const float* rows = cache + static_cast<int64_t>(b0) * ldc;
+    block_rows<W, E>(cache, b0, nt, RP, wide, rows);
     for (int hh = 0; hh < nh; ++hh) {
       float* olh = part + static_cast<size_t>(hh) * PS;
       float& run_max = olh[R];
       float& run_sum = olh[R + 1];
-      score_rows<W>(qa + static_cast<size_t>(hh) * RP, rows, ldc, nt, RP, scale, s);
+      score_rows<W>(qa + static_cast<size_t>(hh) * RP, rows, nt, RP, scale, s);
       float bmax = s[0];
       for (int k = 1; k < nt; ++k) bmax = std::max(bmax, s[k]);
       if (bmax > run_max) {
@@ -349,7 +423,7 @@ MD_INLINE void partial_body(const float* q, const float* cache, int64_t ldc, int
         sum += s[k];
       }
       run_sum += sum;
-      accumulate_rows<W>(olh, rows, ldc, nt, s, R);
+      accumulate_rows<W>(olh, rows, nt, s, R);
     }
   }
 }
@@ -386,45 +460,52 @@ MD_INLINE void merge_body(const float* part, int64_t split_stride, int S, const 
     const bf16* wuv = kv_b + (static_cast<size_t>(h) * (N + V) + N) * R;
     const float inv = 1.0f / sum;
     // Normalising after the W_UV product costs V multiplies instead of R.
-    for (int v = 0; v < V; ++v) oh[v] = dot_bf16<W>(wuv + static_cast<size_t>(v) * R, acc, R) * inv;
+    for (int v = 0; v < V; ++v) oh[v] = dot<W>(wuv + static_cast<size_t>(v) * R, acc, R) * inv;
   }
 }
 
 // kv[t][j] = c_t . w_j for cache rows t in [0, Tk) and the head's N + V weight rows (fp32 copy w).
-// Two cache rows by four weight rows per pass: six loads feed eight products.
-template <int W>
-MD_INLINE void expand_kv_body(const float* cache, int64_t ldc, int Tk, const float* w, int NV,
-                              int R, float* kv) {
-  int t = 0;
-  for (; t + 2 <= Tk; t += 2) {
-    const float* c0 = cache + static_cast<int64_t>(t) * ldc;
-    float* kv0 = kv + static_cast<size_t>(t) * NV;
-    int j = 0;
-    for (; j + 4 <= NV; j += 4) {
-      dot2x4<W>(c0, c0 + ldc, w + static_cast<size_t>(j) * R, R, kv0 + j, kv0 + NV + j);
+// Two cache rows by four weight rows per pass: six loads feed eight products. Page by page (pages
+// hold an even number of rows, so the pairs are those of a flat cache; each kv[t][j] is one dot
+// whichever way the rows are paired). cw: 2 R floats for the latents of a bf16 pair (row_f32).
+template <int W, class E>
+MD_INLINE void expand_kv_body(const LatentCache& cache, int Tk, const float* w, int NV, int R,
+                              float* kv, float* cw) {
+  const int64_t ldc = cache.ld;
+  for (int t = 0; t < Tk;) {
+    const E* c = cache_row<E>(cache, t);
+    const int e = static_cast<int>(std::min<int64_t>(Tk, t + page_left(cache, t)));
+    for (; t + 2 <= e; t += 2, c += 2 * ldc) {
+      const float* c0 = row_f32<W>(c, R, cw);
+      const float* c1 = row_f32<W>(c + ldc, R, cw + R);
+      float* kv0 = kv + static_cast<size_t>(t) * NV;
+      int j = 0;
+      for (; j + 4 <= NV; j += 4) {
+        dot2x4<W>(c0, c1, w + static_cast<size_t>(j) * R, R, kv0 + j, kv0 + NV + j);
+      }
+      for (; j < NV; ++j) {
+        kv0[j] = dot<W>(c0, w + static_cast<size_t>(j) * R, R);
+        kv0[NV + j] = dot<W>(c1, w + static_cast<size_t>(j) * R, R);
+      }
     }
-    for (; j < NV; ++j) {
-      kv0[j] = dot<W>(c0, w + static_cast<size_t>(j) * R, R);
-      kv0[NV + j] = dot<W>(c0 + ldc, w + static_cast<size_t>(j) * R, R);
+    for (; t < e; ++t, c += ldc) {
+      const float* c0 = row_f32<W>(c, R, cw);
+      float* kvt = kv + static_cast<size_t>(t) * NV;
+      int j = 0;
+      for (; j + 4 <= NV; j += 4) {
+        const float* w0 = w + static_cast<size_t>(j) * R;
+        dot4<W>(c0, w0, w0 + R, w0 + 2 * R, w0 + 3 * R, R, kvt + j);
+      }
+      for (; j < NV; ++j) kvt[j] = dot<W>(c0, w + static_cast<size_t>(j) * R, R);
     }
-  }
-  for (; t < Tk; ++t) {
-    const float* c = cache + static_cast<int64_t>(t) * ldc;
-    float* kvt = kv + static_cast<size_t>(t) * NV;
-    int j = 0;
-    for (; j + 4 <= NV; j += 4) {
-      const float* w0 = w + static_cast<size_t>(j) * R;
-      dot4<W>(c, w0, w0 + R, w0 + 2 * R, w0 + 3 * R, R, kvt + j);
-    }
-    for (; j < NV; ++j) kvt[j] = dot<W>(c, w + static_cast<size_t>(j) * R, R);
   }
 }
 
 // Causal attention of the chunk's queries for head h over the expanded rows kv.
-template <int W>
-MD_INLINE void prefill_attend_body(const float* q, int64_t ldq, int Tq, int T0, const float* cache,
-                                   int64_t ldc, const float* kv, const MlaDims& d, int h,
-                                   float* out, int64_t ldo, bool round, float* p) {
+template <int W, class E>
+MD_INLINE void prefill_attend_body(const float* q, int64_t ldq, int Tq, int T0,
+                                   const LatentCache& cache, const float* kv, const MlaDims& d,
+                                   int h, float* out, int64_t ldo, bool round, float* p) {
   const int N = d.N, P = d.P, V = d.V, R = d.R, NV = N + V;
   const float scale = 1.0f / std::sqrt(static_cast<float>(N + P));
   for (int i = 0; i < Tq; ++i) {
@@ -433,12 +514,15 @@ MD_INLINE void prefill_attend_body(const float* q, int64_t ldq, int Tq, int T0, 
     const int nk = T0 + i + 1;  // causal: rows [0, T0 + i]
     // Scores as the reference: q . [k_nope ; k_pe], then the scale.
     float smax = -std::numeric_limits<float>::infinity();
-    for (int t = 0; t < nk; ++t) {
-      const float* kpe = cache + static_cast<int64_t>(t) * ldc + R;
-      float s = dot<W>(qn, kv + static_cast<size_t>(t) * NV, N) + dot<W>(qpe, kpe, P);
-      // The bf16 reference rounds the q.k matmul, then the scaled score (two bf16 tensors).
-      p[t] = round ? md::round_bf16(md::round_bf16(s) * scale) : s * scale;
-      smax = std::max(smax, p[t]);
+    for (int t = 0; t < nk;) {  // page by page
+      const E* kpe = cache_row<E>(cache, t) + R;
+      for (const int64_t e = std::min<int64_t>(nk, t + page_left(cache, t)); t < e;
+           ++t, kpe += cache.ld) {
+        float s = dot<W>(qn, kv + static_cast<size_t>(t) * NV, N) + dot<W>(qpe, kpe, P);
+        // The bf16 reference rounds the q.k matmul, then the scaled score (two bf16 tensors).
+        p[t] = round ? md::round_bf16(md::round_bf16(s) * scale) : s * scale;
+        smax = std::max(smax, p[t]);
+      }
     }
     float sum = 0.0f;
     for (int t = 0; t < nk; ++t) {
@@ -453,7 +537,7 @@ MD_INLINE void prefill_attend_body(const float* q, int64_t ldq, int Tq, int T0, 
     }
     float* o = out + i * ldo + static_cast<int64_t>(h) * V;
     std::fill(o, o + V, 0.0f);
-    accumulate_rows<W>(o, kv + N, NV, nk, p, V);
+    accumulate_rows<W>(o, Strided<float>{kv + N, NV}, nk, p, V);
   }
 }
 
@@ -478,6 +562,8 @@ bool use_avx2() {
 #endif
 }
 
+// MD_MLA_VERSIONS_E: the same for the bodies that read cache rows, each also a template on the
+// cache element type E (float or bf16); callers pick E once per call (with_cache_type).
 // clang-format off
 #ifdef MD_MLA_X86
 #define MD_MLA_VERSIONS(name, params, args)                                                \
@@ -487,36 +573,90 @@ bool use_avx2() {
     if (use_avx2()) return name##_avx2 args;                                               \
     name##_portable args;                                                                  \
   }
+#define MD_MLA_VERSIONS_E(name, params, args)                                              \
+  template <class E> void name##_portable params { name##_body<4, E> args; }               \
+  template <class E>                                                                       \
+  __attribute__((target("avx2,fma"))) void name##_avx2 params { name##_body<8, E> args; }  \
+  template <class E> void name params {                                                    \
+    if (use_avx2()) return name##_avx2<E> args;                                            \
+    name##_portable<E> args;                                                               \
+  }
 #else
 #define MD_MLA_VERSIONS(name, params, args) \
   void name params { name##_body<4> args; }
+#define MD_MLA_VERSIONS_E(name, params, args) \
+  template <class E> void name params { name##_body<4, E> args; }
 #endif
 // clang-format on
 
-MD_MLA_VERSIONS(partial,
-                (const float* q, const float* cache, int64_t ldc, int t0, int t1, const bf16* kv_b,
-                 const MlaDims& d, int h0, int h1, float* part, float* ws),
-                (q, cache, ldc, t0, t1, kv_b, d, h0, h1, part, ws))
+MD_MLA_VERSIONS_E(partial,
+                  (const float* q, const LatentCache& cache, int t0, int t1, const bf16* kv_b,
+                   const MlaDims& d, int h0, int h1, float* part, float* ws),
+                  (q, cache, t0, t1, kv_b, d, h0, h1, part, ws))
 MD_MLA_VERSIONS(merge,
                 (const float* part, int64_t split_stride, int S, const bf16* kv_b,
                  const MlaDims& d, int h0, int h1, float* out, float* acc),
                 (part, split_stride, S, kv_b, d, h0, h1, out, acc))
-MD_MLA_VERSIONS(expand_kv,
-                (const float* cache, int64_t ldc, int Tk, const float* w, int NV, int R, float* kv),
-                (cache, ldc, Tk, w, NV, R, kv))
-MD_MLA_VERSIONS(prefill_attend,
-                (const float* q, int64_t ldq, int Tq, int T0, const float* cache, int64_t ldc,
-                 const float* kv, const MlaDims& d, int h, float* out, int64_t ldo, bool round,
-                 float* p),
-                (q, ldq, Tq, T0, cache, ldc, kv, d, h, out, ldo, round, p))
+MD_MLA_VERSIONS_E(expand_kv,
+                  (const LatentCache& cache, int Tk, const float* w, int NV, int R, float* kv,
+                   float* cw),
+                  (cache, Tk, w, NV, R, kv, cw))
+MD_MLA_VERSIONS_E(prefill_attend,
+                  (const float* q, int64_t ldq, int Tq, int T0, const LatentCache& cache,
+                   const float* kv, const MlaDims& d, int h, float* out, int64_t ldo, bool round,
+                   float* p),
+                  (q, ldq, Tq, T0, cache, kv, d, h, out, ldo, round, p))
+
+// The cache's shape (mla.h), checked once per call. The bodies need rows of at least R + P
+// elements; they would cope with any page size, but pages of whole decode blocks keep the page
+// table to one look-up per block.
+void check_cache(const LatentCache& c, const MlaDims& d, const char* fn) {
+  MD_CHECK(c.base != nullptr && c.pages != nullptr && c.page_rows > 0 &&
+               c.page_rows % kMlaBlockRows == 0 && c.ld >= d.R + d.P,
+           "{}: latent cache needs a base, a page table, page_rows a positive multiple of {} "
+           "(got {}) and ld >= R + P = {} (got {})",
+           fn, kMlaBlockRows, c.page_rows, d.R + d.P, c.ld);
+}
+
+// Calls f(E{}) with E the cache's element type: float or bf16.
+template <class F>
+void with_cache_type(const LatentCache& c, F&& f) {
+  if (c.bf16) {
+    f(bf16{});
+  } else {
+    f(float{});
+  }
+}
 
 }  // namespace
+
+LatentCache LatentCache::contiguous(float* rows, int64_t ld, int64_t n) {
+  static const int32_t kPage0 = 0;  // the one page
+  LatentCache c;
+  c.base = rows;
+  c.pages = &kPage0;
+  c.page_rows = static_cast<int>(
+      std::max<int64_t>(kMlaBlockRows, (n + kMlaBlockRows - 1) / kMlaBlockRows * kMlaBlockRows));
+  c.page_stride = static_cast<int64_t>(c.page_rows) * ld * static_cast<int64_t>(sizeof(float));
+  c.ld = ld;
+  c.bf16 = false;
+  return c;
+}
+
+void store_latent_row(const LatentCache& c, int64_t t, const float* x, int64_t n) {
+  if (c.bf16) {
+    bf16* r = static_cast<bf16*>(c.row(t));
+    for (int64_t i = 0; i < n; ++i) r[i] = f32_to_bf16(x[i]);
+  } else {
+    std::memcpy(c.row(t), x, static_cast<size_t>(n) * sizeof(float));
+  }
+}
 
 const char* mla_isa() {
   return use_avx2() ? "avx2" : "portable";
 }
 
-void mla_decode_absorbed(const float* q, const float* cache, int64_t ldc, int T, const bf16* kv_b,
+void mla_decode_absorbed(const float* q, const LatentCache& cache, int T, const bf16* kv_b,
                          const MlaDims& d, int h0, int h1, float* out, float* scratch) {
   const int nh = h1 - h0;
   if (nh <= 0) return;
@@ -524,13 +664,16 @@ void mla_decode_absorbed(const float* q, const float* cache, int64_t ldc, int T,
     std::fill(out + static_cast<size_t>(h0) * d.V, out + static_cast<size_t>(h1) * d.V, 0.0f);
     return;
   }
+  check_cache(cache, d, "mla_decode_absorbed");
   // Workspace: the partials [nh][R + 2], the absorbed queries [nh][R + P], block scores, and the
   // merge accumulator [R].
   const size_t npart = static_cast<size_t>(nh) * (d.R + 2);
   const size_t need = npart + mla_partial_scratch_floats(d, nh) + static_cast<size_t>(d.R);
   const size_t have = static_cast<size_t>(T) + 2 * static_cast<size_t>(d.R);
   float* ws = need <= have ? scratch : thread_workspace(need);
-  partial(q, cache, ldc, 0, T, kv_b, d, h0, h1, ws, ws + npart);
+  with_cache_type(cache, [&](auto e) {
+    partial<decltype(e)>(q, cache, 0, T, kv_b, d, h0, h1, ws, ws + npart);
+  });
   merge(ws, 0, 1, kv_b, d, h0, h1, out, ws + npart + mla_partial_scratch_floats(d, nh));
 }
 
@@ -546,11 +689,13 @@ void mla_split_rows(int T, int S, int i, int* t0, int* t1) {
   *t1 = static_cast<int>(std::min<int64_t>(T, b1 * kBlockT));
 }
 
-void mla_decode_partial(const float* q, const float* cache, int64_t ldc, int t0, int t1,
-                        const bf16* kv_b, const MlaDims& d, int h0, int h1, float* part,
-                        float* scratch) {
+void mla_decode_partial(const float* q, const LatentCache& cache, int t0, int t1, const bf16* kv_b,
+                        const MlaDims& d, int h0, int h1, float* part, float* scratch) {
   if (h1 <= h0) return;
-  partial(q, cache, ldc, t0, std::max(t0, t1), kv_b, d, h0, h1, part, scratch);
+  if (t1 > t0) check_cache(cache, d, "mla_decode_partial");
+  with_cache_type(cache, [&](auto e) {
+    partial<decltype(e)>(q, cache, t0, std::max(t0, t1), kv_b, d, h0, h1, part, scratch);
+  });
 }
 
 void mla_decode_merge(const float* part, int64_t split_stride, int S, const bf16* kv_b,
@@ -559,27 +704,44 @@ void mla_decode_merge(const float* part, int64_t split_stride, int S, const bf16
   merge(part, split_stride, S, kv_b, d, h0, h1, out, scratch);
 }
 
-void mla_prefill(const float* q, int64_t ldq, int Tq, int T0, const float* cache, int64_t ldc,
-                 const bf16* kv_b, const MlaDims& d, int h0, int h1, float* out, int64_t ldo,
-                 bool round_bf16) {
-  if (Tq <= 0 || h1 <= h0) return;
+namespace {
+
+template <class E>
+void prefill_heads(const float* q, int64_t ldq, int Tq, int T0, const LatentCache& cache,
+                   const bf16* kv_b, const MlaDims& d, int h0, int h1, float* out, int64_t ldo,
+                   bool round_bf16) {
   const int NV = d.N + d.V;
   const int Tk = T0 + Tq;  // cache rows any new token can see
   const size_t nw = static_cast<size_t>(NV) * d.R, nkv = static_cast<size_t>(Tk) * NV;
-  float* w = prefill_workspace(nw + nkv + static_cast<size_t>(Tk));  // this head's kv_b rows
-  float* kv = w + nw;                                                 // [t][k_nope (N) ; v (V)]
-  float* p = kv + nkv;                                                // [Tk] probabilities
+  // This head's kv_b rows, then [t][k_nope (N) ; v (V)], [Tk] probabilities, and 2 R floats for a
+  // widened pair of bf16 latents (expand_kv).
+  float* w = prefill_workspace(nw + nkv + static_cast<size_t>(Tk) + 2 * static_cast<size_t>(d.R));
+  float* kv = w + nw;
+  float* p = kv + nkv;
+  float* cw = p + Tk;
   for (int h = h0; h < h1; ++h) {
     const bf16* wh = kv_b + static_cast<size_t>(h) * NV * d.R;
     for (size_t i = 0; i < nw; ++i) w[i] = bf16_to_f32(wh[i]);
     // k_nope and v of every visible cache row, once per head: every query of the chunk reuses
     // them, as the reference's kv_b_proj over the whole cache does.
-    expand_kv(cache, ldc, Tk, w, NV, d.R, kv);
+    expand_kv<E>(cache, Tk, w, NV, d.R, kv, cw);
     if (round_bf16) {
       for (size_t i = 0; i < nkv; ++i) kv[i] = md::round_bf16(kv[i]);
     }
-    prefill_attend(q, ldq, Tq, T0, cache, ldc, kv, d, h, out, ldo, round_bf16, p);
+    prefill_attend<E>(q, ldq, Tq, T0, cache, kv, d, h, out, ldo, round_bf16, p);
   }
+}
+
+}  // namespace
+
+void mla_prefill(const float* q, int64_t ldq, int Tq, int T0, const LatentCache& cache,
+                 const bf16* kv_b, const MlaDims& d, int h0, int h1, float* out, int64_t ldo,
+                 bool round_bf16) {
+  if (Tq <= 0 || h1 <= h0) return;
+  check_cache(cache, d, "mla_prefill");
+  with_cache_type(cache, [&](auto e) {
+    prefill_heads<decltype(e)>(q, ldq, Tq, T0, cache, kv_b, d, h0, h1, out, ldo, round_bf16);
+  });
 }
 
 }  // namespace md::cpu
