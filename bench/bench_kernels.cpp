@@ -8,10 +8,13 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
+#include <string>
 #include <vector>
 
 #include "megadecode/base/bf16.h"
@@ -260,6 +263,71 @@ void k3_expert_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_MatmulMxfp4)->Name("K3ExpertMxfp4")->Apply(k3_expert_args)->UseRealTime();
 BENCHMARK(BM_MatmulBf16)->Name("K3ExpertBf16")->Apply(k3_expert_args)->UseRealTime();
+
+}  // namespace
+}  // namespace md::cpu
+
+// ---- MLA decode (absorbed, one token) ---------------------------------------------------------
+// Registered after BENCHMARK_MAIN, as the MXFP4 block.
+#include "megadecode/kernels/cpu/mla.h"
+
+namespace md::cpu {
+namespace {
+
+// Args: T (cache rows), heads (of 32, from head 0), layout, portable. Layout 0: one contiguous fp32
+// page (LatentCache::contiguous); 1: bf16 pages of 64 rows in a scrambled order; 2: the same with
+// fp32 pages. Kimi Linear's MLA dims (R 512, P 64, N 128, V 128). One thread; the cache and kv_b
+// stay in the CPU caches between calls, so this times the kernel's arithmetic and L2 traffic.
+void BM_MlaDecode(benchmark::State& state) {
+  const int T = static_cast<int>(state.range(0)), nh = static_cast<int>(state.range(1));
+  const int layout = static_cast<int>(state.range(2));
+  if (state.range(3) != 0) set_isa(Isa::kPortable);
+  const MlaDims d{32, 128, 64, 128, 512};
+  const int64_t ld = d.R + d.P;
+  Rng rng(11);
+  std::vector<float> rows(static_cast<size_t>(T) * ld), q(static_cast<size_t>(d.H) * (d.N + d.P));
+  for (auto& x : rows) x = round_bf16(static_cast<float>(rng.normal()));
+  for (auto& x : q) x = static_cast<float>(2.0 * rng.normal());
+  std::vector<bf16> kvb(static_cast<size_t>(d.H) * (d.N + d.V) * d.R);
+  for (auto& w : kvb) w = f32_to_bf16(static_cast<float>(rng.normal() / std::sqrt(double(d.R))));
+  LatentCache cache = LatentCache::contiguous(rows.data(), ld, T);
+  std::vector<unsigned char> paged;
+  std::vector<int32_t> pages;
+  if (layout != 0) {
+    const int page_rows = 64, npages = (T + page_rows - 1) / page_rows;
+    for (int i = 0; i < npages; ++i) pages.push_back((i * 7 + 3) % npages);  // a permutation
+    if (npages % 7 == 0) std::iota(pages.begin(), pages.end(), 0);           // (7 coprime)
+    cache.bf16 = layout == 1;
+    cache.page_rows = page_rows;
+    cache.page_stride = page_rows * ld * static_cast<int64_t>(cache.elem_bytes());
+    paged.resize(static_cast<size_t>(cache.page_stride) * npages);
+    cache.base = paged.data();
+    cache.pages = pages.data();
+    for (int t = 0; t < T; ++t) store_latent_row(cache, t, rows.data() + t * ld, ld);
+  }
+  std::vector<float> out(static_cast<size_t>(d.H) * d.V), scratch(static_cast<size_t>(T) + 2 * d.R);
+  for (auto _ : state) {
+    mla_decode_absorbed(q.data(), cache, T, kvb.data(), d, 0, nh, out.data(), scratch.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(std::string(mla_isa()) + (layout == 0   ? " fp32 contiguous"
+                                           : layout == 1 ? " bf16 paged"
+                                                         : " fp32 paged"));
+  reset_isa();
+}
+
+BENCHMARK(BM_MlaDecode)
+    ->Name("MlaDecode")
+    ->ArgNames({"T", "heads", "layout", "port"})
+    ->Args({4096, 32, 0, 0})
+    ->Args({4096, 32, 1, 0})
+    ->Args({4096, 32, 2, 0})
+    ->Args({4096, 4, 0, 0})
+    ->Args({4096, 4, 1, 0})
+    ->Args({4096, 32, 0, 1})
+    ->Args({4096, 32, 1, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace md::cpu

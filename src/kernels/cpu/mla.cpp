@@ -175,8 +175,7 @@ MD_INLINE void dot4(const A* a, const B* b0, const B* b1, const B* b2, const B* 
 // Rows a0, a1 against four consecutive rows of b (row stride n): out0[k] = a0 . b_k and
 // out1[k] = a1 . b_k. Six loads feed eight products.
 template <int W, class A>
-MD_INLINE void dot2x4(const A* a0, const A* a1, const float* b, int n, float* out0,
-                      float* out1) {
+MD_INLINE void dot2x4(const A* a0, const A* a1, const float* b, int n, float* out0, float* out1) {
   const float* b0 = b;
   const float* b1 = b0 + n;
   const float* b2 = b1 + n;
@@ -281,8 +280,7 @@ MD_INLINE void accumulate_rows(float* y, const Rows& x, int nt, const float* p, 
 
 // s[k] = scale * (a . x[k]) for rows x[k], k in [0, nt).
 template <int W, class E>
-MD_INLINE void score_rows(const float* a, const E* const* x, int nt, int n, float scale,
-                          float* s) {
+MD_INLINE void score_rows(const float* a, const E* const* x, int nt, int n, float scale, float* s) {
   int k = 0;
   for (; k + 4 <= nt; k += 4) dot4<W>(a, x[k], x[k + 1], x[k + 2], x[k + 3], n, s + k);
   for (; k < nt; ++k) s[k] = dot<W>(a, x[k], n);
@@ -399,8 +397,8 @@ MD_INLINE void partial_body(const float* q, const LatentCache& cache, int t0, in
   }
 
   const float* rows[kBlockT];
-  float* wide = std::is_same_v<E, float> ? nullptr
-                                         : block_workspace(static_cast<size_t>(kBlockT) * RP);
+  float* wide =
+      std::is_same_v<E, float> ? nullptr : block_workspace(static_cast<size_t>(kBlockT) * RP);
   for (int b0 = t0; b0 < t1; b0 += kBlockT) {
     const int nt = std::min(kBlockT, t1 - b0);
     block_rows<W, E>(cache, b0, nt, RP, wide, rows);
@@ -691,9 +689,8 @@ void mla_split_rows(int T, int S, int i, int* t0, int* t1) {
   *t1 = static_cast<int>(std::min<int64_t>(T, b1 * kBlockT));
 }
 
-void mla_decode_partial(const float* q, const LatentCache& cache, int t0, int t1,
-                        const bf16* kv_b, const MlaDims& d, int h0, int h1, float* part,
-                        float* scratch) {
+void mla_decode_partial(const float* q, const LatentCache& cache, int t0, int t1, const bf16* kv_b,
+                        const MlaDims& d, int h0, int h1, float* part, float* scratch) {
   if (h1 <= h0) return;
   if (t1 > t0) check_cache(cache, d, "mla_decode_partial");
   with_cache_type(cache, [&](auto e) {

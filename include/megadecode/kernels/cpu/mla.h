@@ -28,8 +28,8 @@ struct LatentCache {
   int64_t page_stride = 0;         // bytes
   const int32_t* pages = nullptr;  // page ids, in row order
   int page_rows = 0;
-  int64_t ld = 0;                  // elements per row
-  bool bf16 = false;               // element type (else fp32)
+  int64_t ld = 0;     // elements per row
+  bool bf16 = false;  // element type (else fp32)
   // Address of row t (as bytes; callers cast by element type).
   void* row(int64_t t) const {
     const int64_t p = t / page_rows, r = t - p * page_rows;
@@ -37,7 +37,8 @@ struct LatentCache {
            r * ld * static_cast<int64_t>(elem_bytes());
   }
   size_t elem_bytes() const { return bf16 ? 2 : 4; }
-  // A view of n contiguous fp32 rows of stride ld (one page; for tests and callers with a flat cache).
+  // A view of n contiguous fp32 rows of stride ld (one page; for tests and callers with a flat
+  // cache).
   static LatentCache contiguous(float* rows, int64_t ld, int64_t n);
 };
 
@@ -81,9 +82,8 @@ void mla_decode_absorbed(const float* q, const LatentCache& cache, int T, const 
 // ascending, covering [0, T).
 size_t mla_partial_scratch_floats(const MlaDims& d, int heads);
 void mla_split_rows(int T, int S, int i, int* t0, int* t1);
-void mla_decode_partial(const float* q, const LatentCache& cache, int t0, int t1,
-                        const bf16* kv_b, const MlaDims& d, int h0, int h1, float* part,
-                        float* scratch);
+void mla_decode_partial(const float* q, const LatentCache& cache, int t0, int t1, const bf16* kv_b,
+                        const MlaDims& d, int h0, int h1, float* part, float* scratch);
 void mla_decode_merge(const float* part, int64_t split_stride, int S, const bf16* kv_b,
                       const MlaDims& d, int h0, int h1, float* out, float* scratch);
 
