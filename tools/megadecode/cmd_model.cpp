@@ -277,11 +277,17 @@ void register_run_commands(CLI::App& app) {
         bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), next) !=
                    cfg.eos_token_ids.end();
         if ((eos && !o->ignore_eos) || i + 1 == o->max_tokens) break;
-        if (ex) {
-          SequenceState* sp = &s;
-          ex->step(std::span(&sp, 1), std::span(&next, 1), logits.data(), &planned);
-        } else {
-          m.forward(s, std::span(&next, 1), logits.data(), false);
+        try {
+          if (ex) {
+            SequenceState* sp = &s;
+            ex->step(std::span(&sp, 1), std::span(&next, 1), logits.data(), &planned);
+          } else {
+            m.forward(s, std::span(&next, 1), logits.data(), false);
+          }
+        } catch (const Error&) {
+          std::printf("\n");  // end the ids line before the error (e.g. the state pool is full)
+          std::fflush(stdout);
+          throw;
         }
       }
       double t2 = now_seconds();
