@@ -104,6 +104,23 @@ TEST(ExecutorCli, BenchWritesTableJsonAndPlot) {
       "--executor megakernel,opbyop");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("megakernel / opbyop speed"));
+  // Prefill, verify and mixed steps through the plan, in the JSON.
+  r = test::run_cli(
+      "bench --preset tiny --what prefill,verify,mixed --batch 2 --steps 1 --reps 1 --workers 2 "
+      "--prompt 20 --chunks 8 --mixed-chunk 5 --context 7 --executor megakernel,opbyop --json " +
+      (d / "m.json"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("== mixed: 2 decode rows + a 5-row prefill chunk at position 7"));
+  std::ifstream mf(d / "m.json");
+  const nlohmann::json mj = nlohmann::json::parse(mf);
+  ASSERT_EQ(mj["mixed"]["results"].size(), 2u);
+  for (const auto& row : mj["mixed"]["results"]) {
+    EXPECT_EQ(row["batch"].get<int>(), 2);
+    EXPECT_GT(row["mixed_ms"].get<double>(), 0);
+    EXPECT_GT(row["separate_ms"].get<double>(), 0);
+  }
+  EXPECT_TRUE(mj.contains("verify"));
+  EXPECT_NE(test::run_cli("bench --preset tiny --what mixed --executor reference").status, 0);
   // The preset's temporary checkpoint is gone.
   auto bad = test::run_cli("bench --preset tiny --batch 0");
   EXPECT_NE(bad.status, 0);

@@ -126,7 +126,7 @@ void register_bench(CLI::App& app) {
     std::string executors = "megakernel,opbyop,reference";
     std::string what = "decode";
     int steps = 16, reps = 5, context = 16, workers = 0;
-    int prompt = 512, verify_rows = 8;
+    int prompt = 512, verify_rows = 8, mixed_chunk = 16;
     std::string chunks = "8,16,32,64";
     std::string json, plot;
   };
@@ -143,7 +143,9 @@ void register_bench(CLI::App& app) {
   c->add_option("--what", o->what,
                 "comma-separated: decode (batch sizes x executors), prefill (a --prompt-token "
                 "prompt through the plan in --chunks rows per step vs the reference prefill), "
-                "verify (a --verify-rows step of one sequence vs a decode step)");
+                "verify (a --verify-rows step of one sequence vs a decode step), mixed (each "
+                "--batch of decode rows beside a --mixed-chunk prefill chunk in one step vs two "
+                "steps)");
   c->add_option("--batch", o->batches, "decode: comma-separated batch sizes, e.g. 1,2,4,8");
   c->add_option("--executor", o->executors,
                 "comma-separated executors: megakernel, opbyop, reference");
@@ -159,6 +161,8 @@ void register_bench(CLI::App& app) {
   c->add_option("--chunks", o->chunks, "prefill: comma-separated token rows per plan step");
   c->add_option("--verify-rows", o->verify_rows, "verify: rows of the step (anchor + drafts)")
       ->check(CLI::Range(2, 16));
+  c->add_option("--mixed-chunk", o->mixed_chunk, "mixed: prefill rows beside the decode rows")
+      ->check(CLI::Range(1, 64));
   c->add_option("--json", o->json, "also write the results as JSON to this file");
   c->add_option("--plot", o->plot, "also write an SVG plot of decode tokens/s vs batch size");
   c->callback([o] {
@@ -173,16 +177,17 @@ void register_bench(CLI::App& app) {
     std::vector<std::string> plan_names;
     for (const std::string& n : names)
       if (n != "reference") plan_names.push_back(n);
-    bool decode = false, prefill = false, verify = false;
+    bool decode = false, prefill = false, verify = false, mixed = false;
     for (const std::string& w : split(o->what, ',')) {
-      MD_CHECK(w == "decode" || w == "prefill" || w == "verify",
-               "--what: unknown benchmark '{}' (decode, prefill, verify)", w);
+      MD_CHECK(w == "decode" || w == "prefill" || w == "verify" || w == "mixed",
+               "--what: unknown benchmark '{}' (decode, prefill, verify, mixed)", w);
       decode |= w == "decode";
       prefill |= w == "prefill";
       verify |= w == "verify";
+      mixed |= w == "mixed";
     }
-    MD_CHECK(!(prefill || verify) || !plan_names.empty(),
-             "bench: prefill and verify need a plan executor (megakernel or opbyop)");
+    MD_CHECK(!(prefill || verify || mixed) || !plan_names.empty(),
+             "bench: prefill, verify and mixed need a plan executor (megakernel or opbyop)");
     TempCheckpoint tmp;
     std::string dir = o->f.model;
     if (!o->preset.empty()) {
@@ -195,8 +200,9 @@ void register_bench(CLI::App& app) {
     if (rf.threads == 0) rf.threads = W;
     // The decode bench keeps each batch's prefilled snapshot and the reference path's working
     // copies in the model's pool: two sequences per batch row.
-    rf.states.max_sequences =
-        std::max(rf.states.max_sequences, 2 * *std::max_element(batches.begin(), batches.end()));
+    // (The mixed bench keeps batch + 1 there.)
+    rf.states.max_sequences = std::max(rf.states.max_sequences,
+                                       2 * *std::max_element(batches.begin(), batches.end()) + 1);
     LoadedModel lm = load_model(rf, /*with_tokenizer=*/false);
     Model& m = *lm.model;
     const bench::Machine mach = bench::this_machine();
@@ -356,6 +362,39 @@ void register_bench(CLI::App& app) {
                      {"context", o->context},
                      {"read_bandwidth_gbps", r.bandwidth_gbps},
                      {"results", cells}};
+    }
+    if (mixed) {
+      nlohmann::json all = nlohmann::json::array();
+      for (int B : batches) {
+        bench::MixedOptions x;
+        x.batch = B;
+        x.chunk = o->mixed_chunk;
+        x.context = o->context;
+        x.steps = o->steps;
+        x.reps = o->reps;
+        x.workers = W;
+        x.executors = plan_names;
+        x.progress = on_progress;
+        const bench::MixedResult r = bench::run_mixed(m, x);
+        progress.done();
+        std::printf(
+            "\n== mixed: %d decode rows + a %d-row prefill chunk at position %d, one step vs "
+            "two; read bandwidth median %.1f GB/s\n\n",
+            r.batch, r.chunk, o->context, r.bandwidth_gbps);
+        std::printf("%-11s %12s %14s %16s\n", "executor", "mixed ms", "separate ms",
+                    "separate/mixed");
+        for (const bench::MixedCell& cl : r.cells) {
+          std::printf("%-11s %12.3f %14.3f %15.2fx\n", cl.executor.c_str(), cl.mixed_ms,
+                      cl.separate_ms, cl.separate_over_mixed);
+          all.push_back({{"batch", r.batch},
+                         {"chunk", r.chunk},
+                         {"executor", cl.executor},
+                         {"mixed_ms", cl.mixed_ms},
+                         {"separate_ms", cl.separate_ms},
+                         {"separate_over_mixed", cl.separate_over_mixed}});
+        }
+      }
+      j["mixed"] = {{"context", o->context}, {"results", all}};
     }
     if (!o->json.empty()) {
       std::ofstream f(o->json);

@@ -113,4 +113,28 @@ struct VerifyResult {
 };
 VerifyResult run_verify(Model& m, const VerifyOptions& o);
 
+// ---- mixed ----------------------------------------------------------------------------------
+
+// `batch` sequences decoding one row each beside one sequence prefilling `chunk` rows, all at
+// `context`: one mixed step against a decode step of the batch plus the chunk's own step.
+struct MixedOptions {
+  int batch = 4, chunk = 16;
+  int context = 64, steps = 8, reps = 5, workers = 0;
+  std::vector<std::string> executors{"megakernel", "opbyop"};
+  Progress progress;
+};
+
+struct MixedCell {
+  std::string executor;
+  double mixed_ms = 0;             // one mixed step (median)
+  double separate_ms = 0;          // the decode step + the chunk's step (median)
+  double separate_over_mixed = 0;  // median of per-rep ratios
+};
+struct MixedResult {
+  int batch = 0, chunk = 0;
+  std::vector<MixedCell> cells;
+  double bandwidth_gbps = 0;
+};
+MixedResult run_mixed(Model& m, const MixedOptions& o);
+
 }  // namespace md::bench
