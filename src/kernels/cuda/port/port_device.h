@@ -1,0 +1,195 @@
+// The portability layer on the GPU (see port.h). sm_90 and later stream through the copy engine
+// (cp.async.bulk completing on an mbarrier's transaction count); sm_80 has no bulk copies, so
+// there the issuing thread copies in 16-byte loads and the mbarrier is a phase word in shared
+// memory, with the same interface and the same results.
+#pragma once
+#include <cuda/atomic>
+
+#define MD_DEV __device__ __forceinline__
+#define MD_GLOBAL __global__
+#define MD_HD __host__ __device__ __forceinline__
+
+namespace md::cuda::port {
+
+MD_DEV uint32_t thread_id() {
+  return threadIdx.x;
+}
+MD_DEV uint32_t block_threads() {
+  return blockDim.x;
+}
+MD_DEV uint32_t block_id() {
+  return blockIdx.x;
+}
+MD_DEV uint32_t grid_blocks() {
+  return gridDim.x;
+}
+// The kernel's dynamic shared memory (the launch's smem bytes), 128-byte aligned.
+MD_DEV uint8_t* smem() {
+  extern __shared__ __align__(128) uint8_t md_dynamic_smem[];
+  return md_dynamic_smem;
+}
+MD_DEV void sync_block() {
+  __syncthreads();
+}
+
+MD_DEV uint32_t f2u(float x) {
+  return __float_as_uint(x);
+}
+MD_DEV float u2f(uint32_t u) {
+  return __uint_as_float(u);
+}
+MD_DEV float exp_f(float x) {
+  return expf(x);
+}
+MD_DEV float sqrt_f(float x) {
+  return sqrtf(x);
+}
+MD_DEV float tanh_f(float x) {
+  return tanhf(x);
+}
+MD_DEV float log_f(float x) {
+  return logf(x);
+}
+
+MD_DEV float warp_sum(float v) {
+  for (int m = 16; m >= 1; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+MD_DEV float warp_max(float v) {
+  for (int m = 16; m >= 1; m /= 2) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, m);
+    v = v < o ? o : v;
+  }
+  return v;
+}
+MD_DEV uint32_t warp_min_u32(uint32_t v) {
+  for (int m = 16; m >= 1; m /= 2) {
+    const uint32_t o = __shfl_xor_sync(0xffffffffu, v, m);
+    v = o < v ? o : v;
+  }
+  return v;
+}
+MD_DEV uint64_t warp_max_u64(uint64_t v) {
+  for (int m = 16; m >= 1; m /= 2) {
+    const uint64_t o = __shfl_xor_sync(0xffffffffu, v, m);
+    v = v < o ? o : v;
+  }
+  return v;
+}
+MD_DEV float warp_shfl(float v, uint32_t src_lane) {
+  return __shfl_sync(0xffffffffu, v, int(src_lane));
+}
+MD_DEV uint32_t warp_ballot(bool p) {
+  return __ballot_sync(0xffffffffu, p);
+}
+
+MD_DEV uint32_t load_acquire(const uint32_t* p) {
+  return ::cuda::atomic_ref<const uint32_t, ::cuda::thread_scope_device>(*p).load(
+      ::cuda::memory_order_acquire);
+}
+MD_DEV uint32_t load_relaxed(const uint32_t* p) {
+  return ::cuda::atomic_ref<const uint32_t, ::cuda::thread_scope_device>(*p).load(
+      ::cuda::memory_order_relaxed);
+}
+MD_DEV void store_relaxed(uint32_t* p, uint32_t v) {
+  ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device>(*p).store(v,
+                                                                      ::cuda::memory_order_relaxed);
+}
+MD_DEV uint32_t atomic_add_release(uint32_t* p, uint32_t v) {
+  return ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device>(*p).fetch_add(
+      v, ::cuda::memory_order_release);
+}
+MD_DEV uint32_t atomic_add_acq_rel(uint32_t* p, uint32_t v) {
+  return ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device>(*p).fetch_add(
+      v, ::cuda::memory_order_acq_rel);
+}
+MD_DEV uint32_t atomic_or_relaxed(uint32_t* p, uint32_t v) {
+  return ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device>(*p).fetch_or(
+      v, ::cuda::memory_order_relaxed);
+}
+
+MD_DEV void pause(const char*) {
+  __nanosleep(64);
+}
+MD_DEV uint64_t now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+[[noreturn]] __device__ inline void trap(const char*) {
+  __trap();
+  __builtin_unreachable();
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+struct Mbar {
+  uint64_t word;
+};
+MD_DEV uint32_t smem_addr(const void* p) {
+  return uint32_t(__cvta_generic_to_shared(p));
+}
+MD_DEV void mbar_init(Mbar* m, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(m)), "r"(count)
+               : "memory");
+}
+MD_DEV void mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+MD_DEV void mbar_arrive_expect_tx(Mbar* m, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(m)),
+               "r"(bytes)
+               : "memory");
+}
+MD_DEV void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, Mbar* m) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::
+          "r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(m))
+      : "memory");
+}
+MD_DEV void mbar_wait(Mbar* m, uint32_t parity) {
+  uint32_t done = 0;
+  while (true) {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(smem_addr(m)), "r"(parity) : "memory");
+    if (done) return;
+  }
+}
+#else
+// sm_80: one issuing thread per phase copies synchronously; the phase word completes when the
+// announced bytes have been copied.
+struct Mbar {
+  uint32_t phase;
+  int32_t tx;
+};
+MD_DEV void mbar_init(Mbar* m, uint32_t) {
+  m->phase = 0;
+  m->tx = 0;
+}
+MD_DEV void mbar_init_fence() {}
+MD_DEV void mbar_arrive_expect_tx(Mbar* m, uint32_t bytes) {
+  m->tx += int32_t(bytes);
+  if (m->tx == 0) {
+    __threadfence_block();
+    *reinterpret_cast<volatile uint32_t*>(&m->phase) = m->phase + 1;
+  }
+}
+MD_DEV void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, Mbar* m) {
+  const int4* s = static_cast<const int4*>(src);
+  int4* d = static_cast<int4*>(dst);
+  for (uint32_t i = 0; i < bytes / 16; ++i) d[i] = s[i];
+  m->tx -= int32_t(bytes);
+  if (m->tx == 0) {
+    __threadfence_block();
+    *reinterpret_cast<volatile uint32_t*>(&m->phase) = m->phase + 1;
+  }
+}
+MD_DEV void mbar_wait(Mbar* m, uint32_t parity) {
+  while ((*reinterpret_cast<volatile uint32_t*>(&m->phase) & 1u) == (parity & 1u)) {
+  }
+  __threadfence_block();
+}
+#endif
+
+}  // namespace md::cuda::port

@@ -1,0 +1,102 @@
+// What a CUDA kernel of the decode plan reads: the step's tables and pointers, all in device
+// memory (plain data, filled by the host executor, src/exec/cuda, and passed by value to every
+// launch). The CUDA twin of exec::StepCtx (src/exec/cpu/tiles.h), field for field where they
+// share a meaning.
+#pragma once
+#include <cstdint>
+
+#include "megadecode/engine/numerics.h"
+#include "megadecode/kernels/cpu/mla.h"
+#include "megadecode/plan/plan.h"
+
+namespace md::cuda {
+
+// Threads of every tile's block (both executors: the same block, the same summation orders).
+inline constexpr uint32_t kTileThreads = 256;
+// The weight stream of a GEMV tile: stages of kStageBytes in shared memory, filled by bulk async
+// copies while the block computes on the previous ones.
+inline constexpr uint32_t kStages = 4;
+inline constexpr uint32_t kStageBytes = 16 << 10;
+// Shared memory of a tile block: the stages, their mbarriers, and a work area for the tiles'
+// reductions and small vectors (kWorkFloats).
+inline constexpr uint32_t kWorkFloats = 4096;
+inline constexpr uint32_t kSmemBytes = kStages * kStageBytes + 128 + kWorkFloats * 4;
+
+enum class WDType : uint8_t { kBF16, kF32, kMXFP4 };
+
+// A weight-table entry in device memory ([rows, cols]; MXFP4: packed codes [rows, cols/2] and
+// E8M0 scales [rows, cols/32]).
+struct DevWeight {
+  const void* data = nullptr;
+  const uint8_t* scales = nullptr;
+  int64_t rows = 0, cols = 0;
+  WDType dtype = WDType::kBF16;
+};
+
+// Per (sequence, layer) state in the device state pool (exec::SeqView's fields).
+struct DevSeq {
+  float* kda_state = nullptr;
+  float* conv_cache = nullptr;
+  float* kda_state0 = nullptr;  // null: no row log this step
+  float* conv0 = nullptr;
+  float* rowlog = nullptr;
+  cpu::LatentCache mla;  // plain data: base, page table (device pointers), layout
+};
+
+// The model's shape as the tiles need it (a subset of ModelConfig, which holds host vectors).
+struct DevCfg {
+  int64_t hidden = 0, vocab = 0;
+  int kda_heads = 0, kda_head_dim = 0, kda_conv = 0;
+  float kda_gate_lower_bound = 0;
+  int mla_heads = 0, nope = 0, rope = 0, v_head = 0, kv_lora = 0, q_lora = 0;
+  int num_layers = 0, num_experts = 0, top_k = 0;
+  int64_t moe_inter = 0, expert_dim = 0;
+  int64_t kda_dim() const { return int64_t(kda_heads) * kda_head_dim; }
+  int64_t mla_cache_width() const { return kv_lora + rope; }
+};
+
+// The megakernel's per-block report for the watchdog (read by the host after a failed step).
+struct DevStatus {
+  uint32_t instr = plan::kNone;    // the instruction it is on
+  uint32_t counter = plan::kNone;  // the counter it waits on (kNone: running)
+  uint32_t target = 0;
+  uint32_t state = 0;  // 0 idle, 1 running, 2 waiting, 3 stalled (test hook), 4 finished
+};
+
+struct DevStep {
+  const plan::Instr* instrs = nullptr;  // the plan's global order
+  const plan::BufferDesc* buffers = nullptr;
+  const DevWeight* weights = nullptr;
+  uint8_t* arena = nullptr;
+  Numerics num;
+  DevCfg cfg;
+  int batch = 0, rows = 1, n = 0;
+  const int32_t* tokens = nullptr;
+  float* logits = nullptr;
+  int n_logits = 0;
+  const int32_t* logit_of_row = nullptr;
+  const DevSeq* seqs = nullptr;  // [b * layers + l]
+  const int64_t* pos = nullptr;
+  const int32_t* row0 = nullptr;
+  const int32_t* seq_of_row = nullptr;
+  const float* sample_params = nullptr;  // [n_logits][kSampleParams] or null: greedy
+  float* sample_work = nullptr;          // [n_logits][vocab] scratch of the sample tiles
+  // The phase kernel: the phase's instruction ids.
+  const uint32_t* phase_ids = nullptr;
+  // The megakernel: per block its queue (instruction ids, offsets [queue_off[b], queue_off[b+1])),
+  // the counters, the step epoch, the abort flag and the status board.
+  const uint32_t* queue_ids = nullptr;
+  const uint32_t* queue_off = nullptr;
+  const uint32_t* per_step = nullptr;  // [counters]
+  uint32_t* counters = nullptr;
+  uint32_t epoch = 0;
+  uint32_t* abort = nullptr;
+  DevStatus* status = nullptr;
+  uint64_t watchdog_ns = 0;
+};
+
+// The greedy-or-sampled parameters of one logit row as the sample tile reads them: temperature,
+// top_k, top_p, min_p, uniform (as float pairs: hi, lo).
+inline constexpr int kSampleParams = 6;
+
+}  // namespace md::cuda
