@@ -43,6 +43,7 @@
 #include "megadecode/base/threads.h"
 #include "megadecode/base/util.h"
 #include "megadecode/kernels/cpu/expert_slots.h"
+#include "../step_layout.h"
 #include "tiles.h"
 
 namespace md {
@@ -500,105 +501,27 @@ struct CpuExecutor::Impl {
 
   // ---- a step -------------------------------------------------------------------------------
 
-  // R: the most rows any sequence of the step feeds (each feeds 1..R).
-  void check_inputs(std::span<const StepSeq> seqs, const float* logits, int R,
-                    const StepOptions& so) const {
-    const ModelConfig& c = model.config();
-    const int B = int(seqs.size());
-    MD_CHECK(B >= 1 && B <= max_batch, "step: batch of {} sequences is outside 1..{}", B,
-             max_batch);
-    MD_CHECK(R <= plan::kMaxRows, "step: {} token rows of a sequence is outside 1..{}", R,
-             plan::kMaxRows);
-    MD_CHECK(!so.keep_for_commit || R <= plan::kMaxChainedRows,
-             "step: a step that may be committed to a prefix takes at most {} rows, not {}",
-             plan::kMaxChainedRows, R);
-    MD_CHECK(!so.keep_for_commit || R <= states->options().commit_rows,
-             "step: a step that may be committed to a prefix of its {} rows needs a row log of "
-             "{} rows, the state pool keeps {} (commit rows)",
-             R, R, states->options().commit_rows);
-    int64_t pages = 0;
-    for (int b = 0; b < B; ++b) {
-      const SequenceState* s = seqs[size_t(b)].seq;
-      MD_CHECK(s != nullptr, "step: sequence {} is null", b);
-      MD_CHECK(!seqs[size_t(b)].tokens.empty(),
-               "step: sequence {} feeds no tokens (token rows of a sequence are outside 1..{})", b,
-               plan::kMaxRows);
-      for (int a = 0; a < b; ++a)
-        MD_CHECK(seqs[size_t(a)].seq != s, "step: sequences {} and {} are the same state", a, b);
-      for (int32_t id : seqs[size_t(b)].tokens)
-        MD_CHECK(id >= 0 && id < c.vocab_size,
-                 "token id {} (sequence {}) is outside the vocabulary [0, {})", id, b,
-                 c.vocab_size);
-      MD_CHECK(s->pool() == states.get(),
-               "step: sequence {} is not a state of this executor's pool (make it with "
-               "Executor::new_sequence, or import one with SequenceState::copy_from)",
-               b);
-      const int64_t rows = int64_t(seqs[size_t(b)].tokens.size());
-      pages += std::max<int64_t>(0, states->pages_for(s->pos + rows) - int64_t(s->pages().size()));
-    }
-    MD_CHECK(pages <= states->free_pages(),
-             "state pool is out of latent-cache pages: this step needs {} more pages of {} "
-             "tokens, {} of {} are free (--cache-tokens {})",
-             pages, states->options().page_rows, states->free_pages(), states->total_pages(),
-             states->options().cache_tokens);
-    MD_CHECK(logits != nullptr || logit_row_count(seqs) == 0, "step: no logits buffer");
-  }
-
   void step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
             std::span<const SampleRow> sampling, const StepOptions& so) {
     // Rows are compact in sequence order: sequence b's are [row0[b], row0[b + 1]). The plan is
     // the one for the batch and the longest sequence's rows; the others use fewer of its rows.
-    int R = 0;
-    for (const StepSeq& q : seqs) R = std::max(R, int(q.tokens.size()));
-    check_inputs(seqs, logits, R, so);
+    exec::StepLayout lay = exec::layout_step(model, *states, max_batch, seqs, logits, sampling, so);
     const ModelConfig& c = model.config();
-    const int B = int(seqs.size()), L = c.num_layers;
-    std::vector<int32_t> row0(size_t(B) + 1, 0);
-    for (int b = 0; b < B; ++b)
-      row0[size_t(b) + 1] = row0[size_t(b)] + int(seqs[size_t(b)].tokens.size());
-    const int N = row0[size_t(B)];
-    // Logit rows: which token rows return logits, compacted in row order.
-    std::vector<int32_t> logit_of_row(size_t(N), -1), seq_of_row(size_t(N), 0);
-    int n_logits = 0;
-    for (int b = 0; b < B; ++b) {
-      const int Rb = row0[size_t(b) + 1] - row0[size_t(b)];
-      for (int i = 0; i < Rb; ++i) {
-        const int t = row0[size_t(b)] + i;
-        seq_of_row[size_t(t)] = b;
-        const LogitRows lr = seqs[size_t(b)].logits;
-        if (lr == LogitRows::kAll || (lr == LogitRows::kLast && i == Rb - 1))
-          logit_of_row[size_t(t)] = n_logits++;
-      }
-    }
-    MD_CHECK(sampling.empty() || int(sampling.size()) == n_logits,
-             "step: {} sampling specs for {} logit rows", sampling.size(), n_logits);
-    // Sampling rows are plain data: checked here, read by the sample tiles as they are.
-    for (size_t j = 0; j < sampling.size(); ++j) {
-      const SampleRow& r = sampling[j];
-      MD_CHECK(r.temperature >= 0 && r.top_p > 0 && r.top_p <= 1 && r.min_p >= 0 && r.min_p <= 1 &&
-                   r.top_k >= 0 && r.repetition_penalty > 0 && r.uniform >= 0 && r.uniform < 1,
-               "step: sampling row {} has parameters out of range", j);
-      MD_CHECK(r.num_penalties == 0 || r.penalties != nullptr,
-               "step: sampling row {} has {} penalty ids but no array", j, r.num_penalties);
-      for (uint32_t i = 0; i < r.num_penalties; ++i)
-        MD_CHECK(r.penalties[i].id >= 0 && r.penalties[i].id < c.vocab_size,
-                 "step: sampling row {} penalises id {}, outside the vocabulary [0, {})", j,
-                 r.penalties[i].id, c.vocab_size);
-    }
+    const int B = lay.B, L = c.num_layers, R = lay.R, N = lay.N, n_logits = lay.n_logits;
+    std::vector<int32_t>& row0 = lay.row0;
+    std::vector<int32_t>& logit_of_row = lay.logit_of_row;
+    std::vector<int32_t>& seq_of_row = lay.seq_of_row;
     PlanRuntime& rt = runtime(B, R);
 
     // Host-side preparation: give each latent cache the pages of the rows this step writes
     // (check_inputs made sure they are free), set up the row logs, then resolve every state
     // pointer into the pool.
     std::vector<exec::SeqView> views(size_t(B) * size_t(L));
-    std::vector<int64_t> pos(static_cast<size_t>(B), 0);
-    std::vector<int32_t> tokens(static_cast<size_t>(N));
+    std::vector<int64_t>& pos = lay.pos;
+    std::vector<int32_t>& tokens = lay.tokens;
     for (int b = 0; b < B; ++b) {
       SequenceState& s = *seqs[size_t(b)].seq;
       const int Rb = int(seqs[size_t(b)].tokens.size());
-      std::copy(seqs[size_t(b)].tokens.begin(), seqs[size_t(b)].tokens.end(),
-                tokens.begin() + row0[size_t(b)]);
-      pos[size_t(b)] = s.pos;
       s.reserve(s.pos + Rb);
       s.rowlog = {};
       if (so.keep_for_commit) s.rowlog = {s.pos, Rb};
@@ -693,18 +616,15 @@ struct CpuExecutor::Impl {
   void compute_stats(const PlanRuntime& rt, const std::vector<int64_t>& pos,
                      const std::vector<int>& rows, int n) {
     const ModelConfig& c = model.config();
-    const int B = n;  // the step's token rows (the router ids of the rows it has)
-    std::vector<int> mark(2 * static_cast<size_t>(std::max(c.num_experts, 1)));
-    int distinct = 0;
+    std::vector<exec::RouterIds> ids(size_t(c.num_layers));
     for (int l = 0; l < c.num_layers; ++l) {
       const uint32_t bi = rt.plan.router_ids_buffer[size_t(l)];
       if (bi == kNone) continue;
       const plan::BufferDesc& d = rt.plan.buffers[bi];
-      distinct += cpu::distinct_experts(reinterpret_cast<const int32_t*>(arena.get() + d.offset),
-                                        d.stride / 4, B, c.num_experts_per_token, c.num_experts,
-                                        mark.data(), mark.data() + c.num_experts);
+      ids[size_t(l)] = {reinterpret_cast<const int32_t*>(arena.get() + d.offset), d.stride / 4};
     }
-    stats = decode_step_bytes(model, pos, distinct, std::span<const int>(rows));
+    stats = decode_step_bytes(model, pos, exec::distinct_experts_of_step(c, n, ids),
+                              std::span<const int>(rows));
   }
 };
 

@@ -7,6 +7,7 @@
 
 #include "megadecode/engine/numerics.h"
 #include "megadecode/kernels/cpu/mla.h"
+#include "megadecode/plan/ops.h"
 #include "megadecode/plan/plan.h"
 
 namespace md::cuda {

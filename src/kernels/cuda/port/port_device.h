@@ -108,6 +108,12 @@ MD_DEV uint32_t atomic_or_relaxed(uint32_t* p, uint32_t v) {
       v, ::cuda::memory_order_relaxed);
 }
 
+// Orders the block's earlier writes (made visible to this thread by a block barrier) before
+// this thread's next release at device scope.
+MD_DEV void fence_device() {
+  __threadfence();
+}
+
 MD_DEV void pause(const char*) {
   __nanosleep(64);
 }

@@ -103,6 +103,12 @@ MD_DEV uint32_t atomic_or_relaxed(uint32_t* p, uint32_t v) {
   return __atomic_fetch_or(p, v, __ATOMIC_RELAXED);
 }
 
+// Orders the block's earlier writes (made visible to this thread by a block barrier) before
+// this thread's next release at device scope.
+MD_DEV void fence_device() {
+  // Nothing: one host thread runs every fiber, and TSan sees the barrier and the release.
+}
+
 MD_DEV void pause(const char* what) {
   sim::pause(what);
 }

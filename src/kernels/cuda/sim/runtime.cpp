@@ -26,7 +26,7 @@
 #define MD_SIM_RELEASE(p) __tsan_release(p)
 #define MD_SIM_ACQUIRE(p) __tsan_acquire(p)
 #define MD_SIM_STACK (size_t{512} << 10)
-#elif defined(__SANITIZE_ADDRESS__) || (defined(__has_feature) && __has_feature(address_sanitizer))
+#elif defined(__SANITIZE_ADDRESS__)
 #define MD_SIM_RELEASE(p) (void)(p)
 #define MD_SIM_ACQUIRE(p) (void)(p)
 #define MD_SIM_STACK (size_t{512} << 10)
@@ -155,6 +155,7 @@ void thread_main(void* arg) {
   Thread& t = *static_cast<Thread*>(arg);
   t.fiber->entered();
   g_cur = &t;
+  MD_SIM_ACQUIRE(t.launch);  // what the host wrote before the launch
   try {
     (*t.launch->body)();
   } catch (const std::exception& e) {
@@ -164,6 +165,7 @@ void thread_main(void* arg) {
     if (t.launch->error.empty())
       t.launch->error = fmt::format("block {} thread {}: unknown exception", t.c.bid, t.c.tid);
   }
+  MD_SIM_RELEASE(t.launch);  // what the thread wrote, for the host after the launch
   t.state = State::kDone;
   t.launch->remove_runnable(&t);
   t.launch->progress();
@@ -471,6 +473,7 @@ void launch(uint32_t grid, uint32_t block, size_t smem, bool cooperative,
     free_slots.pop_back();
     start_block(s);
   }
+  MD_SIM_RELEASE(&L);
   while (L.live > 0 && L.error.empty()) {
     if (L.runnable.empty() || L.stuck >= L.runnable.size()) {
       L.error = "deadlock: no simulated thread can make progress" + describe_waits(L);
@@ -490,6 +493,7 @@ void launch(uint32_t grid, uint32_t block, size_t smem, bool cooperative,
       if (next < grid) start_block(s);
     }
   }
+  MD_SIM_ACQUIRE(&L);
   std::string err = std::move(L.error);
   give_back();
   if (!err.empty()) throw Error(fmt::format("cuda-sim: {}", err));

@@ -1,0 +1,469 @@
+// The CUDA executors' host side: weights uploaded once, plans and their tables in device memory,
+// the per-step tables, the launches (one per phase, or the megakernel), the watchdog's report,
+// the logits and sampled ids back. One code for the GPU and the simulation (kernels/cuda/device.h).
+#include "megadecode/exec/cuda_executor.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <map>
+#include <unordered_map>
+
+#include "../../kernels/cuda/device.h"
+#include "../../kernels/cuda/step.h"
+#include "../cpu/tiles.h"
+#include "../step_layout.h"
+#include "megadecode/base/error.h"
+#include "megadecode/base/util.h"
+
+namespace md {
+
+using cuda::DevStep;
+using plan::kNone;
+
+namespace {
+
+// A device allocation owned by the executor.
+struct DevBuf {
+  cuda::Device* dev = nullptr;
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevBuf() = default;
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() {
+    if (dev) dev->free(p);
+  }
+  void reset(cuda::Device* d, size_t n) {
+    if (dev) dev->free(p);
+    dev = d;
+    p = d->alloc(n);
+    bytes = n;
+  }
+  // Grows to at least n bytes (contents dropped).
+  void reserve(cuda::Device* d, size_t n) {
+    if (!p || bytes < n) reset(d, std::max(n, size_t(256)));
+  }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+template <class T>
+void upload(cuda::Device& d, DevBuf& b, const std::vector<T>& v) {
+  b.reset(&d, std::max<size_t>(v.size() * sizeof(T), 16));
+  d.copy(b.p, v.data(), v.size() * sizeof(T));
+}
+
+// A plan in device memory.
+struct DevPlan {
+  plan::Plan plan;
+  DevBuf instrs, buffers, weights, per_step, queue_ids, queue_off, counters, status;
+  uint32_t epoch = 0;
+};
+
+const char* status_name(uint32_t s) {
+  switch (s) {
+    case 1:
+      return "is running";
+    case 2:
+      return "waits";
+    case 3:
+      return "is stalled (test hook)";
+    case 4:
+      return "has finished its queue";
+    default:
+      return "has not started";
+  }
+}
+
+}  // namespace
+
+struct CudaExecutor::Impl {
+  Model& model;
+  int max_batch;
+  ExecutorKind kind;
+  CudaTarget target;
+  ExecutorOptions opt;
+  std::unique_ptr<cuda::Device> dev;
+  int W = 0;
+  std::unique_ptr<StatePool> states;
+  std::unordered_map<const void*, std::unique_ptr<DevBuf>> uploaded;  // by host address
+  std::map<std::pair<int, int>, std::unique_ptr<DevPlan>> plans;
+  DevBuf arena, tokens, pos, row0, seq_of_row, logit_of_row, logits, abort;
+  std::vector<float> host_logits;
+  StepStats stats;
+
+  Impl(Model& m, int mb, ExecutorKind k, CudaTarget t, const ExecutorOptions& o)
+      : model(m), max_batch(mb), kind(k), target(t), opt(o) {
+    MD_CHECK(mb >= 1 && mb <= 1024, "executor: max_batch {} is outside 1..1024", mb);
+    MD_CHECK(o.watchdog_seconds > 0, "executor: the watchdog timeout must be positive");
+    dev = t == CudaTarget::kGpu ? cuda::make_gpu_device() : cuda::make_sim_device();
+    W = o.workers > 0 ? std::min(o.workers, dev->info().sm_count) : dev->info().sm_count;
+    PoolOptions po = o.states;
+    po.max_sequences = std::max(po.max_sequences, mb);
+    // The state pool: host memory, which the simulation's kernels address directly. On a GPU it
+    // must live in device memory (not done yet: the GPU executor refuses to step, see step()).
+    states = std::make_unique<StatePool>(m.config(), m.numerics().round_bf16, po);
+    abort.reset(dev.get(), 16);
+    upload_weights();
+  }
+
+  // Every tensor a plan can name, once (bf16 / fp32 as stored; MXFP4 codes then scales).
+  void upload_weights() {
+    plan::PlanOptions po = opt.plan;
+    po.batch = 1;
+    po.workers = W;
+    const plan::Plan p = plan::compile_decode_plan(model.config(), &model.weights(), po);
+    double total = 0, done = 0;
+    std::vector<exec::WeightView> views;
+    for (const plan::WeightRef& r : p.weights) views.push_back(exec::bind_weight(model.weights(), r));
+    for (const auto& v : views) total += double(v.rows) * double(v.cols) * 2;
+    const bool bar = total > double(size_t(1) << 30);
+    for (const auto& v : views) upload_one(v, bar, total, done);
+    if (bar) fmt::print(stderr, "\n");
+  }
+
+  void upload_one(const exec::WeightView& v, bool bar, double total, double& done) {
+    if (!v.data || uploaded.count(v.data)) return;
+    size_t bytes = v.dtype == DType::U8 ? size_t(v.rows) * size_t(v.cols) / 2
+                                        : size_t(v.rows) * size_t(v.cols) * dtype_size(v.dtype);
+    auto b = std::make_unique<DevBuf>();
+    b->reset(dev.get(), bytes);
+    dev->copy(b->p, v.data, bytes);
+    uploaded[v.data] = std::move(b);
+    if (v.scales && !uploaded.count(v.scales)) {
+      const size_t sb = size_t(v.rows) * size_t(v.cols) / 32;
+      auto s = std::make_unique<DevBuf>();
+      s->reset(dev.get(), sb);
+      dev->copy(s->p, v.scales, sb);
+      uploaded[v.scales] = std::move(s);
+    }
+    done += double(bytes);
+    if (bar)
+      fmt::print(stderr, "\ruploading weights to {}: {} of {}", dev->info().name,
+                 human_bytes(done), human_bytes(total));
+  }
+
+  cuda::DevWeight dev_weight(const exec::WeightView& v) const {
+    cuda::DevWeight d;
+    d.data = uploaded.at(v.data)->p;
+    d.scales = v.scales ? static_cast<const uint8_t*>(uploaded.at(v.scales)->p) : nullptr;
+    d.rows = v.rows;
+    d.cols = v.cols;
+    d.dtype = v.dtype == DType::U8    ? cuda::WDType::kMXFP4
+              : v.dtype == DType::F32 ? cuda::WDType::kF32
+                                      : cuda::WDType::kBF16;
+    return d;
+  }
+
+  DevPlan& runtime(int batch, int rows) {
+    auto it = plans.find({batch, rows});
+    if (it != plans.end()) return *it->second;
+    auto dp = std::make_unique<DevPlan>();
+    plan::PlanOptions po = opt.plan;
+    po.batch = batch;
+    po.rows = rows;
+    po.workers = W;
+    dp->plan = plan::compile_decode_plan(model.config(), &model.weights(), po);
+    sync_plan(*dp);
+    if (dp->plan.arena_bytes > arena.bytes) arena.reset(dev.get(), dp->plan.arena_bytes);
+    return *plans.emplace(std::make_pair(batch, rows), std::move(dp)).first->second;
+  }
+
+  // The plan's tables into device memory (again after a test edit).
+  void sync_plan(DevPlan& dp) {
+    const plan::Plan& p = dp.plan;
+    upload(*dev, dp.instrs, p.instrs);
+    upload(*dev, dp.buffers, p.buffers);
+    std::vector<cuda::DevWeight> w;
+    for (const plan::WeightRef& r : p.weights) {
+      const exec::WeightView v = exec::bind_weight(model.weights(), r);
+      MD_CHECK(v.data != nullptr, "decode plan: weight {} of layer {} is absent",
+               plan::weight_kind_name(r.kind), r.layer);
+      double unused = 0;
+      upload_one(v, false, 0, unused);
+      w.push_back(dev_weight(v));
+    }
+    upload(*dev, dp.weights, w);
+    std::vector<uint32_t> per_step, qids, qoff{0};
+    for (const plan::CounterDesc& c : p.counters) per_step.push_back(c.per_step);
+    for (const auto& q : p.queue_ids) {
+      qids.insert(qids.end(), q.begin(), q.end());
+      qoff.push_back(uint32_t(qids.size()));
+    }
+    upload(*dev, dp.per_step, per_step);
+    upload(*dev, dp.queue_ids, qids);
+    upload(*dev, dp.queue_off, qoff);
+    dp.counters.reset(dev.get(), std::max<size_t>(p.counters.size(), 1) * 4);
+    dp.status.reset(dev.get(), size_t(W) * sizeof(cuda::DevStatus));
+    dp.epoch = 0;
+  }
+
+  cuda::DevCfg dev_cfg() const {
+    const ModelConfig& c = model.config();
+    cuda::DevCfg d;
+    d.hidden = c.hidden_size;
+    d.vocab = c.vocab_size;
+    d.kda_heads = c.kda_num_heads;
+    d.kda_head_dim = c.kda_head_dim;
+    d.kda_conv = c.kda_conv_size;
+    d.kda_gate_lower_bound = float(c.kda_gate_lower_bound);
+    d.mla_heads = c.mla_num_heads;
+    d.nope = c.qk_nope_head_dim;
+    d.rope = c.qk_rope_head_dim;
+    d.v_head = c.v_head_dim;
+    d.kv_lora = c.kv_lora_rank;
+    d.q_lora = c.q_lora_rank;
+    d.num_layers = c.num_layers;
+    d.num_experts = c.num_experts;
+    d.top_k = c.num_experts_per_token;
+    d.moe_inter = c.moe_intermediate_size;
+    d.expert_dim = c.expert_dim();
+    return d;
+  }
+
+  template <class T>
+  T* put(DevBuf& b, const std::vector<T>& v) {
+    b.reserve(dev.get(), std::max<size_t>(v.size() * sizeof(T), 16));
+    dev->copy(b.p, v.data(), v.size() * sizeof(T));
+    return b.as<T>();
+  }
+
+  void step(std::span<const StepSeq> seqs, float* out_logits, int32_t* next_ids,
+            std::span<const SampleRow> sampling, const StepOptions& so) {
+    MD_CHECK(dev->backend() == cuda::Backend::kSim,
+             "cuda executor: stepping on the GPU needs the state pool in device memory, which is "
+             "not implemented yet (use --device cuda-sim)");
+    exec::StepLayout lay = exec::layout_step(model, *states, max_batch, seqs, out_logits, sampling,
+                                             so);
+    const ModelConfig& c = model.config();
+    const int B = lay.B, L = c.num_layers, N = lay.N;
+    DevPlan& dp = runtime(B, lay.R);
+    const plan::Plan& p = dp.plan;
+
+    std::vector<cuda::DevSeq> views(size_t(B) * size_t(L));
+    for (int b = 0; b < B; ++b) {
+      SequenceState& s = *seqs[size_t(b)].seq;
+      const int Rb = lay.rows[size_t(b)];
+      s.reserve(s.pos + Rb);
+      s.rowlog = {};
+      if (so.keep_for_commit) s.rowlog = {s.pos, Rb};
+      for (int l = 0; l < L; ++l) {
+        cuda::DevSeq& v = views[size_t(b) * size_t(L) + size_t(l)];
+        if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
+          v.kda_state = s.kda_state(l);
+          v.conv_cache = s.conv_cache(l);
+          if (so.keep_for_commit) {
+            v.kda_state0 = s.kda_state0(l);
+            v.conv0 = s.conv0(l);
+            v.rowlog = s.row_inputs(l);
+          }
+        } else {
+          v.mla = s.latent(l);
+        }
+      }
+    }
+    DevStep h;
+    h.instrs = dp.instrs.as<plan::Instr>();
+    h.buffers = dp.buffers.as<plan::BufferDesc>();
+    h.weights = dp.weights.as<cuda::DevWeight>();
+    h.arena = arena.as<uint8_t>();
+    h.num = model.numerics();
+    h.cfg = dev_cfg();
+    h.batch = B;
+    h.rows = lay.R;
+    h.n = N;
+    h.tokens = put(tokens, lay.tokens);
+    h.n_logits = lay.n_logits;
+    logits.reserve(dev.get(), std::max<size_t>(size_t(lay.n_logits) * size_t(c.vocab_size) * 4, 16));
+    h.logits = logits.as<float>();
+    h.logit_of_row = put(logit_of_row, lay.logit_of_row);
+    h.seqs = put(seqs_buf(), views);
+    h.pos = put(pos, lay.pos);
+    h.row0 = put(row0, lay.row0);
+    h.seq_of_row = put(seq_of_row, lay.seq_of_row);
+    h.queue_ids = dp.queue_ids.as<uint32_t>();
+    h.queue_off = dp.queue_off.as<uint32_t>();
+    h.per_step = dp.per_step.as<uint32_t>();
+    h.counters = dp.counters.as<uint32_t>();
+    h.epoch = dp.epoch;
+    h.abort = abort.as<uint32_t>();
+    h.status = dp.status.as<cuda::DevStatus>();
+    h.watchdog_ns = uint64_t(opt.watchdog_seconds * 1e9);
+    step_buf().reserve(dev.get(), sizeof(DevStep));
+    dev->copy(step_buf().p, &h, sizeof(DevStep));
+    dev->zero(abort.p, 16);
+    dev->zero(dp.status.p, size_t(W) * sizeof(cuda::DevStatus));
+    const auto* ds = step_buf().as<const DevStep>();
+
+    const double t0 = now_seconds();
+    std::string sim_error;
+    try {
+      if (kind == ExecutorKind::kMegakernel) {
+        dev->run_megakernel(ds, uint32_t(W));
+      } else {
+        for (const auto& ph : p.phases) {
+          const uint32_t first = p.stages[ph.first].begin, last = p.stages[ph.second - 1].end;
+          if (last > first) dev->run_phase(ds, first, last - first);
+        }
+      }
+      dev->sync();
+    } catch (const Error& e) {
+      sim_error = e.what();
+    }
+    const double t_run = now_seconds() - t0;
+    uint32_t aborted = 0;
+    if (kind == ExecutorKind::kMegakernel) {
+      dev->copy(&aborted, abort.p, 4);
+      dev->sync();
+    }
+    if (aborted || !sim_error.empty()) {
+      std::string m = kind == ExecutorKind::kMegakernel ? stuck_report(dp, sim_error) : sim_error;
+      dp.counters.reset(dev.get(), std::max<size_t>(p.counters.size(), 1) * 4);
+      dp.epoch = 0;
+      for (const StepSeq& q : seqs) q.seq->rowlog.rows = 0;
+      throw Error(m);
+    }
+    ++dp.epoch;
+    // Outputs: the logits, the greedy ids; rows with a distribution are drawn here.
+    if (lay.n_logits > 0) dev->copy(out_logits, h.logits, size_t(lay.n_logits) * size_t(c.vocab_size) * 4);
+    std::vector<int32_t> ids(size_t(std::max(lay.n_logits, 1)));
+    if (next_ids && lay.n_logits > 0) {
+      const plan::BufferDesc& d = p.buffers[p.next_ids_buffer];
+      for (int j = 0; j < lay.n_logits; ++j)
+        dev->copy(&ids[size_t(j)], arena.as<uint8_t>() + d.offset + d.stride * uint64_t(j), 4);
+    }
+    std::vector<std::vector<int32_t>> router(static_cast<size_t>(L));
+    std::vector<exec::RouterIds> rids(static_cast<size_t>(L));
+    for (int l = 0; l < L; ++l) {
+      const uint32_t bi = p.router_ids_buffer[size_t(l)];
+      if (bi == kNone) continue;
+      const plan::BufferDesc& d = p.buffers[bi];
+      router[size_t(l)].resize(size_t(N) * d.stride / 4);
+      dev->copy(router[size_t(l)].data(), arena.as<uint8_t>() + d.offset, size_t(N) * d.stride);
+      rids[size_t(l)] = {router[size_t(l)].data(), d.stride / 4};
+    }
+    dev->sync();
+    if (next_ids) {
+      SampleScratch scratch;
+      for (int j = 0; j < lay.n_logits; ++j) {
+        const bool host = !sampling.empty() &&
+                          (!sampling[size_t(j)].greedy() || sampling[size_t(j)].has_penalties());
+        next_ids[j] = host ? sample_row(sampling[size_t(j)],
+                                        std::span<const float>(out_logits + int64_t(j) * c.vocab_size,
+                                                               size_t(c.vocab_size)),
+                                        scratch)
+                           : ids[size_t(j)];
+      }
+    }
+    for (int b = 0; b < B; ++b) seqs[size_t(b)].seq->pos += lay.rows[size_t(b)];
+    stats = decode_step_bytes(model, lay.pos, exec::distinct_experts_of_step(c, N, rids),
+                              std::span<const int>(lay.rows));
+    stats.seconds = t_run;
+  }
+
+  DevBuf seqs_store, step_store;
+  DevBuf& seqs_buf() { return seqs_store; }
+  DevBuf& step_buf() { return step_store; }
+
+  std::string stuck_report(DevPlan& dp, const std::string& sim_error) {
+    const plan::Plan& p = dp.plan;
+    std::vector<cuda::DevStatus> st(static_cast<size_t>(W));
+    std::vector<uint32_t> counters(p.counters.size());
+    dev->copy(st.data(), dp.status.p, st.size() * sizeof(cuda::DevStatus));
+    if (!counters.empty()) dev->copy(counters.data(), dp.counters.p, counters.size() * 4);
+    dev->sync();
+    std::string m = fmt::format("decode step stuck ({}, batch {}, {} blocks)", name_of(kind),
+                                p.batch, W);
+    for (int b = 0; b < W; ++b) {
+      const cuda::DevStatus& s = st[size_t(b)];
+      m += fmt::format("; block {} {}", b, status_name(s.state));
+      if (s.instr < p.instrs.size())
+        m += fmt::format(" in instruction {}", plan::describe_instr(p, p.instrs[s.instr]));
+      if (s.state == 2 && s.counter < p.counters.size()) {
+        const plan::CounterDesc& cd = p.counters[s.counter];
+        m += fmt::format(" for counter c{} ({} {} group {}): {} of {}", s.counter,
+                         plan::op_name(cd.op),
+                         cd.layer == plan::kNoLayer ? std::string("--") : fmt::format("L{}", cd.layer),
+                         cd.group, counters[s.counter], s.target);
+      }
+    }
+    if (!sim_error.empty()) m += fmt::format(" [{}]", sim_error);
+    return m;
+  }
+
+  static std::string_view name_of(ExecutorKind k) {
+    return k == ExecutorKind::kMegakernel ? "cuda-megakernel" : "cuda-opbyop";
+  }
+};
+
+CudaExecutor::CudaExecutor(Model& model, int max_batch, ExecutorKind kind, CudaTarget target,
+                           const ExecutorOptions& opt)
+    : impl_(std::make_unique<Impl>(model, max_batch, kind, target, opt)) {}
+CudaExecutor::~CudaExecutor() = default;
+
+void CudaExecutor::run_step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
+                            std::span<const SampleRow> sampling, const StepOptions& options) {
+  impl_->step(seqs, logits, next_ids, sampling, options);
+}
+
+const plan::Plan& CudaExecutor::plan(int batch, int rows) {
+  MD_CHECK(batch >= 1 && batch <= impl_->max_batch, "batch {} is outside 1..{}", batch,
+           impl_->max_batch);
+  MD_CHECK(rows >= 1 && rows <= plan::kMaxRows, "rows {} is outside 1..{}", rows, plan::kMaxRows);
+  return impl_->runtime(batch, rows).plan;
+}
+
+void CudaExecutor::commit(SequenceState& seq, int k) {
+  MD_CHECK(seq.pool() == impl_->states.get(),
+           "commit: the sequence is not a state of this executor's pool");
+  ThreadPool one(1, false);
+  exec::commit_rows(impl_->model.config(), seq, k, one);
+}
+
+StatePool& CudaExecutor::states() {
+  return *impl_->states;
+}
+std::string_view CudaExecutor::name() const {
+  return Impl::name_of(impl_->kind);
+}
+const Model& CudaExecutor::model() const {
+  return impl_->model;
+}
+int CudaExecutor::workers() const {
+  return impl_->W;
+}
+int CudaExecutor::max_batch() const {
+  return impl_->max_batch;
+}
+const StepStats& CudaExecutor::last_step_stats() const {
+  return impl_->stats;
+}
+void CudaExecutor::set_watchdog_seconds(double s) {
+  MD_CHECK(s > 0, "executor: the watchdog timeout must be positive");
+  impl_->opt.watchdog_seconds = s;
+}
+ExecutorKind CudaExecutor::kind() const {
+  return impl_->kind;
+}
+CudaTarget CudaExecutor::target() const {
+  return impl_->target;
+}
+std::string CudaExecutor::device_name() const {
+  return impl_->dev->info().name;
+}
+
+void CudaExecutor::edit_instr_for_testing(int batch, uint32_t id,
+                                          const std::function<void(plan::Instr&)>& f) {
+  DevPlan& dp = impl_->runtime(batch, 1);
+  MD_CHECK(id < dp.plan.instrs.size(), "no instruction {}", id);
+  f(dp.plan.instrs[id]);
+  for (auto& q : dp.plan.queues)
+    for (plan::Instr& in : q)
+      if (in.id == id) in = dp.plan.instrs[id];
+  impl_->sync_plan(dp);
+}
+
+}  // namespace md

@@ -1,0 +1,261 @@
+// The two kernels of the decode plan and the Device that runs them (device.h). Built twice: by
+// nvcc for the GPU (make_gpu_device) and by the host compiler with MD_CUDA_SIM for the simulation
+// (make_sim_device); the kernels are the same source.
+//
+// The megakernel (docs/cuda.md "Megakernel"): one block per SM, each walking its queue of the
+// plan. Before an instruction, thread 0 waits for each of its counters to reach its target of
+// this step (target + epoch * per_step: counters are monotonic and never reset), with an acquire
+// load at device scope, then the block barrier hands that to every thread. After it, the block
+// barrier collects the block's writes and thread 0 publishes them with a release add. The
+// plan's global order makes the queues deadlock-free for any timing (src/exec/cpu/executor.cpp
+// has the proof); a watchdog (bounded spin on the device clock, a global abort flag) turns a
+// hang from a bad plan or the test hook into an error naming the instruction and counter.
+#include <cstring>
+
+#include "device.h"
+#include "tiles.cuh"
+
+#if defined(MD_CUDA_SIM)
+#include <cstdlib>
+
+#include "megadecode/base/error.h"
+#include "megadecode/kernels/cuda/sim.h"
+#else
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+#endif
+
+MD_CUDA_BEGIN
+
+MD_GLOBAL void phase_kernel(const DevStep* sp, uint32_t first) {
+  const DevStep& s = *sp;
+  init_pipe();
+  Pipe pipe;
+  run_tile(s, s.instrs[first + port::block_id()], pipe);
+}
+
+MD_DEV bool reached(uint32_t value, uint32_t target) {
+  return int32_t(value - target) >= 0;
+}
+
+enum : uint32_t { kIdle, kRunning, kWaiting, kStalled, kFinished };
+
+MD_GLOBAL void megakernel(const DevStep* sp) {
+  const DevStep& s = *sp;
+  init_pipe();
+  Pipe pipe;
+  const uint32_t b = port::block_id();
+  DevStatus& st = s.status[b];
+  volatile uint32_t* stop = reinterpret_cast<volatile uint32_t*>(work() + kWorkFloats - 1);
+  for (uint32_t q = s.queue_off[b]; q < s.queue_off[b + 1]; ++q) {
+    const plan::Instr in = s.instrs[s.queue_ids[q]];
+    if (port::thread_id() == 0) {
+      st.instr = in.id;
+      uint32_t aborted = 0;
+      for (int k = 0; k < 2 && !aborted; ++k) {
+        const plan::Wait w = in.wait[k];
+        if (w.counter == plan::kNone) continue;
+        const uint32_t target = w.target + s.epoch * s.per_step[w.counter];
+        const uint64_t t0 = port::now_ns();
+        for (uint32_t i = 0; !reached(port::load_acquire(&s.counters[w.counter]), target); ++i) {
+          if (i == 0) {
+            st.counter = w.counter;
+            st.target = target;
+            st.state = kWaiting;
+          }
+          if (port::load_relaxed(s.abort) != 0 ||
+              ((i & 255) == 255 && port::now_ns() - t0 > s.watchdog_ns)) {
+            port::store_relaxed(s.abort, 1);
+            aborted = 1;
+            break;
+          }
+          port::pause("a plan counter");
+        }
+      }
+      if (!aborted && (in.flags & plan::kFlagTestStall)) {
+        st.state = kStalled;
+        const uint64_t t0 = port::now_ns();
+        while (port::load_relaxed(s.abort) == 0 && port::now_ns() - t0 <= s.watchdog_ns)
+          port::pause("the test hook's stall");
+        port::store_relaxed(s.abort, 1);
+        aborted = 1;
+      }
+      if (!aborted) st.state = kRunning;
+      *stop = aborted;
+    }
+    port::sync_block();
+    if (*stop) return;
+    run_tile(s, in, pipe);
+    port::sync_block();
+    if (port::thread_id() == 0 && in.signal != plan::kNone) {
+      port::fence_device();
+      port::atomic_add_release(&s.counters[in.signal], 1);
+    }
+  }
+  if (port::thread_id() == 0) st.state = kFinished;
+}
+
+MD_CUDA_END
+
+namespace md::cuda {
+
+#if defined(MD_CUDA_SIM)
+
+namespace {
+
+class SimDevice final : public Device {
+ public:
+  SimDevice() {
+    info_.name = "cuda-sim (host simulation)";
+    info_.sm_count = sim::config().sm_count;
+    info_.cc_major = 9;
+    info_.cc_minor = 0;
+  }
+  Backend backend() const override { return Backend::kSim; }
+  const DeviceInfo& info() const override { return info_; }
+  void* alloc(size_t bytes) override {
+    const size_t n = (std::max<size_t>(bytes, 1) + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, n);
+    MD_CHECK(p != nullptr, "cuda-sim: cannot allocate {} bytes of device memory", bytes);
+    std::memset(p, 0, n);
+    return p;
+  }
+  void free(void* p) override { std::free(p); }
+  void* alloc_host(size_t bytes) override { return alloc(bytes); }
+  void free_host(void* p) override { std::free(p); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void zero(void* p, size_t bytes) override {
+    if (bytes) std::memset(p, 0, bytes);
+  }
+  void run_phase(const DevStep* step, uint32_t first, uint32_t count) override {
+    sim::launch(count, kTileThreads, kSmemBytes, false, [=] { phase_kernel(step, first); });
+  }
+  void run_megakernel(const DevStep* step, uint32_t blocks) override {
+    sim::launch(blocks, kTileThreads, kSmemBytes, true, [=] { megakernel(step); });
+  }
+  void sync() override {}
+
+ private:
+  DeviceInfo info_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_sim_device() {
+  return std::make_unique<SimDevice>();
+}
+
+#else  // the GPU
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw_error(std::string("CUDA: ") + what + " failed: " + cudaGetErrorString(e) + " (" +
+                std::to_string(int(e)) + ")");
+}
+
+class GpuDevice final : public Device {
+ public:
+  GpuDevice() {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+      throw_error(std::string("no CUDA device: ") +
+                  (e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports no GPU"));
+    check(cudaSetDevice(0), "cudaSetDevice");
+    cudaDeviceProp p{};
+    check(cudaGetDeviceProperties(&p, 0), "cudaGetDeviceProperties");
+    info_.name = p.name;
+    info_.sm_count = p.multiProcessorCount;
+    info_.memory_bytes = p.totalGlobalMem;
+    info_.cc_major = p.major;
+    info_.cc_minor = p.minor;
+    if (p.major < 8)
+      throw_error(std::string("CUDA: ") + p.name + " (compute capability " +
+                  std::to_string(p.major) + "." + std::to_string(p.minor) +
+                  ") is older than sm_80");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaFuncSetAttribute(phase_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(kSmemBytes)),
+          "cudaFuncSetAttribute(phase_kernel)");
+    check(cudaFuncSetAttribute(megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(kSmemBytes)),
+          "cudaFuncSetAttribute(megakernel)");
+  }
+  ~GpuDevice() override {
+    for (auto& g : graphs_)
+      if (g) cudaGraphExecDestroy(g);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  Backend backend() const override { return Backend::kGpu; }
+  const DeviceInfo& info() const override { return info_; }
+  void* alloc(size_t bytes) override {
+    void* p = nullptr;
+    check(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "cudaMalloc");
+    check(cudaMemset(p, 0, bytes), "cudaMemset");
+    return p;
+  }
+  void free(void* p) override {
+    if (p) cudaFree(p);
+  }
+  void* alloc_host(size_t bytes) override {
+    void* p = nullptr;
+    check(cudaMallocHost(&p, std::max<size_t>(bytes, 1)), "cudaMallocHost");
+    return p;
+  }
+  void free_host(void* p) override {
+    if (p) cudaFreeHost(p);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpy");
+  }
+  void zero(void* p, size_t bytes) override {
+    if (bytes) check(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemset");
+  }
+  void run_phase(const DevStep* step, uint32_t first, uint32_t count) override {
+    phase_kernel<<<count, kTileThreads, kSmemBytes, stream_>>>(step, first);
+    check(cudaGetLastError(), "phase kernel launch");
+  }
+  void run_megakernel(const DevStep* step, uint32_t blocks) override {
+    void* args[] = {&step};
+    check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(megakernel), dim3(blocks),
+                                      dim3(kTileThreads), args, kSmemBytes, stream_),
+          "megakernel launch (cooperative: one block per SM)");
+  }
+  void sync() override { check(cudaStreamSynchronize(stream_), "the decode step"); }
+  bool graphs() const override { return true; }
+  void begin_capture() override {
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
+  }
+  void end_capture(int id) override {
+    cudaGraph_t g = nullptr;
+    check(cudaStreamEndCapture(stream_, &g), "graph capture");
+    if (size_t(id) >= graphs_.size()) graphs_.resize(size_t(id) + 1, nullptr);
+    if (graphs_[size_t(id)]) cudaGraphExecDestroy(graphs_[size_t(id)]);
+    check(cudaGraphInstantiate(&graphs_[size_t(id)], g, 0), "graph instantiate");
+    cudaGraphDestroy(g);
+  }
+  void replay(int id) override {
+    check(cudaGraphLaunch(graphs_.at(size_t(id)), stream_), "graph launch");
+  }
+
+ private:
+  DeviceInfo info_;
+  cudaStream_t stream_ = nullptr;
+  std::vector<cudaGraphExec_t> graphs_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_gpu_device() {
+  return std::make_unique<GpuDevice>();
+}
+
+#endif
+
+}  // namespace md::cuda

@@ -1,0 +1,69 @@
+// One instruction of the decode plan on CUDA: the dispatch over the op table (the twin of
+// exec::run_instr, src/exec/cpu/tiles.cpp). Every thread of a kTileThreads block calls it.
+#pragma once
+#include "tiles_attention.cuh"
+#include "tiles_dense.cuh"
+
+MD_CUDA_BEGIN
+
+// Ops whose [r0, r1) are token rows (plan/ops.cpp): a step may have fewer rows than its plan.
+MD_DEV bool token_row_op(plan::Op op) {
+  using plan::Op;
+  return op == Op::kEmbed || op == Op::kFfnNorm || op == Op::kRouter || op == Op::kLatentNorm ||
+         op == Op::kCombine;
+}
+
+MD_DEV void run_tile(const DevStep& s, plan::Instr in, Pipe& pipe) {
+  using plan::Op;
+  if (token_row_op(in.op) && in.r1 > uint32_t(s.n)) {
+    if (in.r0 >= uint32_t(s.n)) return;
+    in.r1 = uint32_t(s.n);
+  }
+  const Args a{s, s.buffers + in.args, in.layer};
+  switch (in.op) {
+    case Op::kEmbed:
+      return embed_tile(s, in, a);
+    case Op::kKdaProj:
+    case Op::kMlaProj:
+    case Op::kDenseDown:
+    case Op::kSharedDown:
+    case Op::kLatentDown:
+    case Op::kLatentUp:
+    case Op::kLmHead:
+      return gemv_tile(s, in, a, pipe);
+    case Op::kMlaQUp:
+      return mla_q_up_tile(s, in, a, pipe);
+    case Op::kLatentNorm:
+      return latent_norm_tile(s, in, a);
+    case Op::kKdaCore:
+      return kda_core_tile(s, in, a, pipe);
+    case Op::kMlaLatent:
+      return mla_latent_tile(s, in, a);
+    case Op::kMlaCore:
+      return mla_core_tile(s, in, a);
+    case Op::kMlaMerge:
+      return mla_merge_tile(s, in, a);
+    case Op::kAttnOut:
+      return attn_out_tile(s, in, a, pipe);
+    case Op::kFfnNorm:
+      return ffn_norm_tile(s, in, a);
+    case Op::kRouter:
+      return router_tile(s, in, a, pipe);
+    case Op::kDenseGateUp:
+    case Op::kSharedGateUp:
+      return gate_up_tile(s, in, a, pipe);
+    case Op::kExpertGateUp:
+      return expert_gate_up_tile(s, in, a, pipe);
+    case Op::kExpertDown:
+      return expert_down_tile(s, in, a, pipe);
+    case Op::kCombine:
+      return combine_tile(s, in, a);
+    case Op::kSample:
+      return sample_tile(s, in, a);
+    case Op::kCount:
+      break;
+  }
+  port::trap("decode plan: unknown opcode");
+}
+
+MD_CUDA_END
