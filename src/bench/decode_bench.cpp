@@ -84,6 +84,7 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
       ExecutorOptions eo;
       eo.workers = res.workers;
       eo.states = m.options().states;
+      eo.device = o.device;
       r.ex = make_executor(m, parse_executor_kind(n), maxb, eo);
     }
     runners.push_back(std::move(r));

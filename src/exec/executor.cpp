@@ -7,6 +7,7 @@
 
 #include "megadecode/base/error.h"
 #include "megadecode/exec/cpu_executor.h"
+#include "megadecode/exec/cuda_executor.h"
 
 namespace md {
 
@@ -41,9 +42,23 @@ void Executor::prefill(SequenceState& seq, std::span<const int32_t> ids, float* 
   }
 }
 
+std::string_view device_kind_name(DeviceKind d) {
+  return d == DeviceKind::kCpu ? "cpu" : d == DeviceKind::kCuda ? "cuda" : "cuda-sim";
+}
+
+DeviceKind parse_device_kind(std::string_view name) {
+  if (name == "cpu") return DeviceKind::kCpu;
+  if (name == "cuda") return DeviceKind::kCuda;
+  if (name == "cuda-sim") return DeviceKind::kCudaSim;
+  fail("unknown device '{}' (expected cpu, cuda or cuda-sim)", name);
+}
+
 std::unique_ptr<Executor> make_executor(Model& model, ExecutorKind kind, int max_batch,
                                         const ExecutorOptions& opt) {
-  return std::make_unique<CpuExecutor>(model, max_batch, kind, opt);
+  if (opt.device == DeviceKind::kCpu) return std::make_unique<CpuExecutor>(model, max_batch, kind, opt);
+  return std::make_unique<CudaExecutor>(
+      model, max_batch, kind, opt.device == DeviceKind::kCuda ? CudaTarget::kGpu : CudaTarget::kSim,
+      opt);
 }
 
 }  // namespace md

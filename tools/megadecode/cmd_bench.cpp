@@ -233,6 +233,7 @@ void register_bench(CLI::App& app) {
       d.reps = o->reps;
       d.context = o->context;
       d.workers = W;
+      d.device = o->f.device_kind();
       d.progress = on_progress;
       const bench::DecodeResult r = bench::run_decode(m, d);
       progress.done();

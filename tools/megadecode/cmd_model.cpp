@@ -154,6 +154,7 @@ void register_run_commands(CLI::App& app) {
         ExecutorOptions eo;
         eo.workers = o->workers;
         eo.states = o->f.states;
+        eo.device = o->f.device_kind();
         ex = make_executor(m, parse_executor_kind(o->executor), int(S), eo);
       }
       auto print = [&](size_t seq, int64_t pos, const float* v) {
@@ -257,6 +258,7 @@ void register_run_commands(CLI::App& app) {
         ExecutorOptions eo;
         eo.workers = o->workers;
         eo.states = o->f.states;
+        eo.device = o->f.device_kind();
         ex = make_executor(m, parse_executor_kind(o->executor), 1, eo);
       }
       SequenceState s = ex ? ex->new_sequence() : m.new_sequence();

@@ -98,9 +98,10 @@ struct DecoderFlags {
         ->check(CLI::Range(1, 64));
   }
   // The executor (null for the reference path), attached to the generator.
-  std::unique_ptr<Executor> attach(Model& m, Generator& g) const {
+  std::unique_ptr<Executor> attach(Model& m, Generator& g, DeviceKind device) const {
     if (executor == "reference") return nullptr;
     ExecutorOptions eo;
+    eo.device = device;
     eo.workers = workers;
     eo.states = m.options().states;
     auto ex = make_executor(m, parse_executor_kind(executor), 1, eo);
@@ -181,7 +182,7 @@ void register_text_commands(CLI::App& app) {
       // The executor outlives the generator, whose sequence lives in the executor's pool.
       std::unique_ptr<Executor> executor;
       Generator g(*lm.model, *lm.tokenizer, o->chat_template);
-      executor = o->d.attach(*lm.model, g);
+      executor = o->d.attach(*lm.model, g, o->f.device_kind());
       std::vector<int32_t> ids;
       if (o->raw) {
         ids = g.encode(text);
@@ -236,7 +237,7 @@ void register_text_commands(CLI::App& app) {
       // The executor outlives the generator, whose sequence lives in the executor's pool.
       std::unique_ptr<Executor> executor;
       Generator g(*lm.model, *lm.tokenizer, o->chat_template);
-      executor = o->d.attach(*lm.model, g);
+      executor = o->d.attach(*lm.model, g, o->f.device_kind());
       const ChatOptions chat_options = o->t.options();
       g.render({{"user", "", "", "", {}, ""}}, true, chat_options);  // fail early: bad template
       SamplingParams p = o->s.params(g);

@@ -51,6 +51,10 @@ void RunFlags::add(CLI::App* app, bool model_required) {
   app->add_option("--page-tokens", states.page_rows,
                   "state pool: tokens per latent-cache page (a multiple of 16)")
       ->check(CLI::Range(16, 4096));
+  app->add_option("--device", device,
+                  "where the plan executors run: cpu, cuda (a GPU), or cuda-sim (the CUDA kernels "
+                  "on the host simulation of the CUDA execution model; slow, for checking)")
+      ->check(CLI::IsMember({"cpu", "cuda", "cuda-sim"}));
 }
 
 ModelOptions RunFlags::options() const {

@@ -1,5 +1,6 @@
 // Shared helpers for the megadecode subcommands.
 #pragma once
+#include "megadecode/exec/executor.h"
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
@@ -22,6 +23,8 @@ struct RunFlags {
   int threads = 0;
   bool biased_router = false;
   PoolOptions states;  // --max-sequences, --cache-tokens, --page-tokens
+  std::string device = "cpu";  // --device: where the plan executors run
+  DeviceKind device_kind() const { return parse_device_kind(device); }
   void add(CLI::App* app, bool model_required = true);
   ModelOptions options() const;
 };

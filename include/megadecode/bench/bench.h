@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "megadecode/engine/model.h"
+#include "megadecode/exec/executor.h"
 
 namespace md::bench {
 
@@ -35,6 +36,7 @@ struct DecodeOptions {
   std::vector<std::string> executors{"megakernel", "opbyop", "reference"};
   int steps = 16, reps = 5, context = 16;
   int workers = 0;  // 0: one per CPU
+  DeviceKind device = DeviceKind::kCpu;  // where the plan executors run
   Progress progress;
 };
 

@@ -28,7 +28,15 @@ std::string_view executor_name(ExecutorKind k);
 // "megakernel" | "opbyop"; anything else is an md::Error.
 ExecutorKind parse_executor_kind(std::string_view name);
 
+// Where a plan executor runs: CPU threads, a CUDA GPU, or the host simulation of the CUDA
+// execution model (the CUDA kernels on this machine, exec/cuda_executor.h).
+enum class DeviceKind : uint8_t { kCpu, kCuda, kCudaSim };
+std::string_view device_kind_name(DeviceKind d);
+// "cpu" | "cuda" | "cuda-sim"; anything else is an md::Error.
+DeviceKind parse_device_kind(std::string_view name);
+
 struct ExecutorOptions {
+  DeviceKind device = DeviceKind::kCpu;
   int workers = 0;  // 0: one per online CPU; more workers than CPUs is allowed (they yield)
   bool pin = true;  // pin worker i to CPU i mod CPUs
   double watchdog_seconds = 10.0;
@@ -147,7 +155,7 @@ class Executor {
                         std::span<const SampleRow> sampling, const StepOptions& options) = 0;
 };
 
-// A plan executor of the given kind on this machine's backend (today: CPU threads).
+// A plan executor of the given kind on opt.device (CPU threads, or a CUDA executor).
 std::unique_ptr<Executor> make_executor(Model& model, ExecutorKind kind, int max_batch,
                                         const ExecutorOptions& opt = {});
 

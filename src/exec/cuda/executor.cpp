@@ -375,8 +375,9 @@ struct CudaExecutor::Impl {
     dev->copy(st.data(), dp.status.p, st.size() * sizeof(cuda::DevStatus));
     if (!counters.empty()) dev->copy(counters.data(), dp.counters.p, counters.size() * 4);
     dev->sync();
-    std::string m = fmt::format("decode step stuck ({}, batch {}, {} blocks)", name_of(kind),
-                                p.batch, W);
+    const bool stuck = sim_error.empty() || sim_error.find("deadlock") != std::string::npos;
+    std::string m = fmt::format("decode step {} ({}, batch {}, {} blocks)",
+                                stuck ? "stuck" : "failed", name_of(kind), p.batch, W);
     for (int b = 0; b < W; ++b) {
       const cuda::DevStatus& s = st[size_t(b)];
       m += fmt::format("; block {} {}", b, status_name(s.state));
