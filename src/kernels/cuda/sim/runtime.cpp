@@ -21,12 +21,21 @@
 #define MD_SIM_TSAN 1
 #endif
 #endif
+// The same for AddressSanitizer (GCC defines the macro; clang only answers __has_feature, which GCC
+// 12's preprocessor cannot parse outside an #if defined(__has_feature) block).
+#if defined(__SANITIZE_ADDRESS__)
+#define MD_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MD_SIM_ASAN 1
+#endif
+#endif
 #if MD_SIM_TSAN
 #include <sanitizer/tsan_interface.h>
 #define MD_SIM_RELEASE(p) __tsan_release(p)
 #define MD_SIM_ACQUIRE(p) __tsan_acquire(p)
 #define MD_SIM_STACK (size_t{512} << 10)
-#elif defined(__SANITIZE_ADDRESS__) || (defined(__has_feature) && __has_feature(address_sanitizer))
+#elif MD_SIM_ASAN
 #define MD_SIM_RELEASE(p) (void)(p)
 #define MD_SIM_ACQUIRE(p) (void)(p)
 #define MD_SIM_STACK (size_t{512} << 10)
