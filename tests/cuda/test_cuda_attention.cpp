@@ -13,9 +13,12 @@
 // magnitude, n the longest reduction (K for KDA, R + P for MLA, the LoRA rank for q_up), with
 // kFp32Rel = 1e-5: ~100 times the typical error, far below any real bug (a wrong rounding point
 // or index is off by >= 2^-9). In BF16 numerics a tiny fp32 difference can flip a bf16 rounding
-// (one bf16 ulp, 2^-8 relative) and the flip propagates, so there the bound is kBf16Rel = 2^-6 of
-// the largest magnitude; element-wise outputs with no chained use (latent rows, q_up) must lie
-// within one bf16 ulp of their own value.
+// (one bf16 ulp, 2^-8 relative; about 1 in 10^4 roundings here) and the flip propagates, so there
+// every element must be within kBf16Rel = 2^-6 of the largest magnitude, and at most kFlipFrac
+// (1/50) of the elements may differ by more than the fp32 bound at all: a missing or extra
+// rounding point moves far more (a dropped rounding of K3's output-gate sigmoid alone moves 9% of
+// the attention outputs; the others here 25-100%). Element-wise outputs with no chained use (latent rows, q_up)
+// must also lie within one bf16 ulp of their own value.
 //
 // Determinism: every device result must have the same bits under the simulation's round-robin
 // schedule (seed 0) and random schedules (seeds 1, 2, 3).
@@ -41,6 +44,7 @@ namespace {
 
 constexpr double kFp32Rel = 1e-5;
 constexpr double kBf16Rel = 1.0 / 64;
+constexpr double kFlipFrac = 0.02;
 
 // max |a - b| / max |b| over the vectors (b: the CPU's).
 double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
@@ -53,6 +57,32 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   return m > 0 ? d / m : d;
 }
 
+std::string sci(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3g", x);
+  return b;
+}
+
+// The comparison above (see the header): fp32 numerics within kFp32Rel * sqrt(n) of the largest
+// magnitude; bf16 numerics within kBf16Rel, with at most kFlipFrac of the elements beyond the
+// fp32 bound.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, bool bf16,
+                  int n, const char* what) {
+  const double e = rel_err(got, want), tol = kFp32Rel * std::sqrt(double(n));
+  ::testing::Test::RecordProperty(what, sci(e));
+  if (!bf16) {
+    EXPECT_LE(e, tol) << what;
+    return;
+  }
+  EXPECT_LE(e, kBf16Rel) << what;
+  double m = 0;
+  for (float x : want) m = std::max(m, double(std::fabs(x)));
+  size_t off = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::fabs(double(got[i]) - want[i]) > tol * m) ++off;
+  EXPECT_LE(double(off), kFlipFrac * double(want.size())) << what << ": elements beyond fp32";
+}
+
 // Elements that differ from b by more than one bf16 ulp of b.
 int beyond_bf16_ulp(const std::vector<float>& a, const std::vector<float>& b) {
   int n = 0;
@@ -61,12 +91,6 @@ int beyond_bf16_ulp(const std::vector<float>& a, const std::vector<float>& b) {
     if (std::fabs(a[i] - b[i]) > ulp) ++n;
   }
   return n;
-}
-
-std::string sci(double x) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.3g", x);
-  return b;
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -328,13 +352,8 @@ void kda_test(const KdaCase& kc) {
     const auto got = outputs(ar, dev_s[1]);
     if (seed == 0) {
       first = got;
-      const double tol = kc.round ? kBf16Rel : kFp32Rel * std::sqrt(double(K));
       const char* names[] = {"o", "state", "conv", "state0", "conv0", "rowlog"};
-      for (size_t i = 0; i < got.size(); ++i) {
-        const double e = rel_err(got[i], want[i]);
-        EXPECT_LE(e, tol) << names[i];
-        ::testing::Test::RecordProperty(names[i], sci(e));
-      }
+      for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], want[i], kc.round, K, names[i]);
       // The conv cache and the copies are data movement: exact.
       EXPECT_TRUE(same_bits(got[2], want[2]));
       EXPECT_TRUE(same_bits(got[3], want[3]));
@@ -417,6 +436,27 @@ struct Pool {
     c.bf16 = bf16;
     return c;
   }
+  // The n first elements of row t of sequence b's cache, as fp32.
+  std::vector<float> row(int b, int64_t t, int n) const {
+    cpu::LatentCache c = const_cast<Pool*>(this)->cache(b);
+    const auto* x = static_cast<const uint8_t*>(c.row(t));
+    std::vector<float> f(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      if (bf16) {
+        uint16_t h;
+        std::memcpy(&h, x + 2 * i, 2);
+        f[size_t(i)] = bf16_to_f32(h);
+      } else {
+        std::memcpy(&f[size_t(i)], x + 4 * i, 4);
+      }
+    }
+    return f;
+  }
+  // Clears row t of sequence b (all ld elements), for comparing the rest of the pool.
+  void clear(int b, int64_t t) {
+    cpu::LatentCache c = cache(b);
+    std::memset(c.row(t), 0, size_t(kLd) * (bf16 ? 2 : 4));
+  }
   std::vector<float> as_floats() const {
     std::vector<float> f;
     for (size_t i = 0; i < bytes.size(); i += bf16 ? 2 : 4) {
@@ -470,7 +510,23 @@ void mla_latent_test(const MlaCase& mcase) {
   exec::Scratch scratch;
   scratch.f.resize(1 << 16);
   exec::detail::mla_latent_tile(sc, in, exec::detail::Args{sc, p.bufs.data(), 0}, scratch);
-  const std::vector<float> want = cpu_pool.as_floats();
+  // The written rows (every token row's, at its position), then the rest of the pool.
+  auto written = [&](Pool& pool) {
+    std::vector<float> w;
+    for (int t = 0; t < rows.n(); ++t) {
+      const int b = rows.seq_of_row[size_t(t)];
+      const std::vector<float> x = pool.row(b, rows.pos[size_t(b)] + t - rows.row0[size_t(b)], kCW);
+      w.insert(w.end(), x.begin(), x.end());
+    }
+    for (int t = 0; t < rows.n(); ++t) {
+      const int b = rows.seq_of_row[size_t(t)];
+      pool.clear(b, rows.pos[size_t(b)] + t - rows.row0[size_t(b)]);
+    }
+    return w;
+  };
+  const std::vector<float> want = written(cpu_pool);
+  Pool init_rest = init;
+  const std::vector<float> before = written(init_rest);
 
   std::vector<float> first;
   for (uint64_t seed : {0, 1, 2, 3}) {
@@ -482,14 +538,13 @@ void mla_latent_test(const MlaCase& mcase) {
     run_block(seed, [&](cuda::Pipe&) {
       cuda::mla_latent_tile(ds, in, cuda::Args{ds, p.bufs.data(), 0});
     });
-    const std::vector<float> got = pool.as_floats();
+    const std::vector<float> got = written(pool);
     if (seed == 0) {
       first = got;
       EXPECT_EQ(beyond_bf16_ulp(got, want), 0);
-      if (!mcase.round && !mcase.bf16_cache) {
-        EXPECT_LE(rel_err(got, want), kFp32Rel);
-      }
-      EXPECT_FALSE(same_bits(got, init.as_floats()));
+      expect_close(got, want, mcase.round || mcase.bf16_cache, 1, "rows");
+      EXPECT_FALSE(same_bits(got, before));
+      EXPECT_TRUE(pool.bytes == init_rest.bytes) << "rows other than the step's were written";
     } else {
       EXPECT_TRUE(same_bits(got, first)) << "seed " << seed;
     }
@@ -498,6 +553,8 @@ void mla_latent_test(const MlaCase& mcase) {
 
 TEST(CudaAttention, MlaLatentFp32) { mla_latent_test({}); }
 TEST(CudaAttention, MlaLatentBf16) { mla_latent_test({.bf16_cache = true, .round = true}); }
+// FP32 numerics into a bf16 cache: the store itself rounds (to nearest even).
+TEST(CudaAttention, MlaLatentFp32IntoBf16) { mla_latent_test({.bf16_cache = true}); }
 
 // The core: unsplit against the CPU's unsplit decode; split (3 splits, every slot) against the
 // CPU's partials; the merge of the splits against the unsplit result.
@@ -577,10 +634,10 @@ void mla_core_test(const MlaCase& mcase) {
                                            p.rows(ar, att_split, t0, R1)};
     if (seed == 0) {
       first = got;
-      const double tol = mcase.round ? kBf16Rel : kFp32Rel * std::sqrt(double(kR + kP));
-      EXPECT_LE(rel_err(got[0], want_att), tol) << "unsplit";
-      EXPECT_LE(rel_err(got[1], want_parts), tol) << "partials";
-      EXPECT_LE(rel_err(got[2], want_merged), tol) << "merged";
+      const int nr = kR + kP;
+      expect_close(got[0], want_att, mcase.round, nr, "unsplit");
+      expect_close(got[1], want_parts, mcase.round, nr, "partials");
+      expect_close(got[2], want_merged, mcase.round, nr, "merged");
       // The tile's heads [1, 4) of each row (att_split's head 0 is another buffer's junk).
       auto heads = [&](const std::vector<float>& x) {
         std::vector<float> y;
@@ -588,11 +645,7 @@ void mla_core_test(const MlaCase& mcase) {
           y.insert(y.end(), x.begin() + i * kMH * kV + kV, x.begin() + (i + 1) * kMH * kV);
         return y;
       };
-      EXPECT_LE(rel_err(heads(got[2]), heads(got[0])), tol) << "split + merge vs unsplit";
-      ::testing::Test::RecordProperty("unsplit", sci(rel_err(got[0], want_att)));
-      ::testing::Test::RecordProperty("partials", sci(rel_err(got[1], want_parts)));
-      ::testing::Test::RecordProperty("merged", sci(rel_err(got[2], want_merged)));
-      ::testing::Test::RecordProperty("split_vs_unsplit", sci(rel_err(heads(got[2]), heads(got[0]))));
+      expect_close(heads(got[2]), heads(got[0]), mcase.round, nr, "split_vs_unsplit");
       // Heads outside [r0, r1) are untouched.
       const std::vector<float> before = p.rows(p.arena, M::out, t0, R1);
       for (int i = 0; i < R1; ++i)
@@ -647,9 +700,8 @@ void q_up_test(bool round) {
       first = got;
       if (round) {
         EXPECT_EQ(beyond_bf16_ulp(got, want), 0);
-      } else {
-        EXPECT_LE(rel_err(got, want), kFp32Rel * std::sqrt(double(Q)));
       }
+      expect_close(got, want, round, Q, "q");
       EXPECT_FALSE(same_bits(got, p.rows(p.arena, Qa::q, 0, rows.n())));
     } else {
       EXPECT_TRUE(same_bits(got, first)) << "seed " << seed;
