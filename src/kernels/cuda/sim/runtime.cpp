@@ -21,12 +21,21 @@
 #define MD_SIM_TSAN 1
 #endif
 #endif
+// The same for AddressSanitizer (GCC defines the macro; clang only answers __has_feature, which GCC
+// 12's preprocessor cannot parse outside an #if defined(__has_feature) block).
+#if defined(__SANITIZE_ADDRESS__)
+#define MD_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MD_SIM_ASAN 1
+#endif
+#endif
 #if MD_SIM_TSAN
 #include <sanitizer/tsan_interface.h>
 #define MD_SIM_RELEASE(p) __tsan_release(p)
 #define MD_SIM_ACQUIRE(p) __tsan_acquire(p)
 #define MD_SIM_STACK (size_t{512} << 10)
-#elif defined(__SANITIZE_ADDRESS__)
+#elif MD_SIM_ASAN
 #define MD_SIM_RELEASE(p) (void)(p)
 #define MD_SIM_ACQUIRE(p) (void)(p)
 #define MD_SIM_STACK (size_t{512} << 10)
@@ -155,7 +164,6 @@ void thread_main(void* arg) {
   Thread& t = *static_cast<Thread*>(arg);
   t.fiber->entered();
   g_cur = &t;
-  MD_SIM_ACQUIRE(t.launch);  // what the host wrote before the launch
   try {
     (*t.launch->body)();
   } catch (const std::exception& e) {
@@ -165,7 +173,6 @@ void thread_main(void* arg) {
     if (t.launch->error.empty())
       t.launch->error = fmt::format("block {} thread {}: unknown exception", t.c.bid, t.c.tid);
   }
-  MD_SIM_RELEASE(t.launch);  // what the thread wrote, for the host after the launch
   t.state = State::kDone;
   t.launch->remove_runnable(&t);
   t.launch->progress();
@@ -473,7 +480,6 @@ void launch(uint32_t grid, uint32_t block, size_t smem, bool cooperative,
     free_slots.pop_back();
     start_block(s);
   }
-  MD_SIM_RELEASE(&L);
   while (L.live > 0 && L.error.empty()) {
     if (L.runnable.empty() || L.stuck >= L.runnable.size()) {
       L.error = "deadlock: no simulated thread can make progress" + describe_waits(L);
@@ -493,7 +499,6 @@ void launch(uint32_t grid, uint32_t block, size_t smem, bool cooperative,
       if (next < grid) start_block(s);
     }
   }
-  MD_SIM_ACQUIRE(&L);
   std::string err = std::move(L.error);
   give_back();
   if (!err.empty()) throw Error(fmt::format("cuda-sim: {}", err));
