@@ -17,8 +17,8 @@
 // every element must be within kBf16Rel = 2^-6 of the largest magnitude, and at most kFlipFrac
 // (1/50) of the elements may differ by more than the fp32 bound at all: a missing or extra
 // rounding point moves far more (a dropped rounding of K3's output-gate sigmoid alone moves 9% of
-// the attention outputs; the others here 25-100%). Element-wise outputs with no chained use (latent rows, q_up)
-// must also lie within one bf16 ulp of their own value.
+// the attention outputs; the others here 25-100%). Element-wise outputs with no chained use (latent
+// rows, q_up) must also lie within one bf16 ulp of their own value.
 //
 // Determinism: every device result must have the same bits under the simulation's round-robin
 // schedule (seed 0) and random schedules (seeds 1, 2, 3).
@@ -66,8 +66,8 @@ std::string sci(double x) {
 // The comparison above (see the header): fp32 numerics within kFp32Rel * sqrt(n) of the largest
 // magnitude; bf16 numerics within kBf16Rel, with at most kFlipFrac of the elements beyond the
 // fp32 bound.
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, bool bf16,
-                  int n, const char* what) {
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, bool bf16, int n,
+                  const char* what) {
   const double e = rel_err(got, want), tol = kFp32Rel * std::sqrt(double(n));
   ::testing::Test::RecordProperty(what, sci(e));
   if (!bf16) {
@@ -130,8 +130,8 @@ struct Problem {
   }
   int weight(const void* data, DType dt, int64_t rows, int64_t cols) {
     wcpu.push_back({data, dt, rows, cols, nullptr});
-    wdev.push_back({data, nullptr, rows, cols,
-                    dt == DType::BF16 ? cuda::WDType::kBF16 : cuda::WDType::kF32});
+    wdev.push_back(
+        {data, nullptr, rows, cols, dt == DType::BF16 ? cuda::WDType::kBF16 : cuda::WDType::kF32});
     plan::BufferDesc d;
     d.kind = plan::BufKind::kWeight;
     d.offset = wcpu.size() - 1;
@@ -238,11 +238,11 @@ Numerics numerics(bool round) {
 // KDA core.
 
 struct KdaCase {
-  int R = 1;              // rows of the tile's sequence (sequence 1; sequence 0 has 2 rows)
-  bool log = false;       // row log (kda_state0 / conv0 / rowlog)
-  bool bounded = false;   // K3's lower-bounded decay gate
-  bool full_gate = false; // K3's full-rank output gate
-  bool round = false;     // BF16 numerics
+  int R = 1;               // rows of the tile's sequence (sequence 1; sequence 0 has 2 rows)
+  bool log = false;        // row log (kda_state0 / conv0 / rowlog)
+  bool bounded = false;    // K3's lower-bounded decay gate
+  bool full_gate = false;  // K3's full-rank output gate
+  bool round = false;      // BF16 numerics
 };
 
 // Per-sequence KDA state of one executor.
@@ -305,7 +305,8 @@ void kda_test(const KdaCase& kc) {
   in.seq = 1;
   in.r0 = 1;
   in.r1 = 3;  // heads [1, 3)
-  in.flags = (kc.bounded ? plan::kFlagBoundedDecay : 0) | (kc.full_gate ? plan::kFlagFullRankGate : 0);
+  in.flags =
+      (kc.bounded ? plan::kFlagBoundedDecay : 0) | (kc.full_gate ? plan::kFlagFullRankGate : 0);
 
   // What a run leaves: the o rows of the sequence, then its state, conv cache and row log.
   auto outputs = [&](const std::vector<float>& ar, const KdaSeq& s) {
@@ -367,15 +368,23 @@ void kda_test(const KdaCase& kc) {
   }
 }
 
-TEST(CudaAttention, KdaOneRow) { kda_test({.R = 1}); }
-TEST(CudaAttention, KdaChainedRowsWithRowLog) { kda_test({.R = 3, .log = true}); }
+TEST(CudaAttention, KdaOneRow) {
+  kda_test({.R = 1});
+}
+TEST(CudaAttention, KdaChainedRowsWithRowLog) {
+  kda_test({.R = 3, .log = true});
+}
 TEST(CudaAttention, KdaBoundedDecayFullGate) {
   kda_test({.R = 3, .log = true, .bounded = true, .full_gate = true});
 }
-TEST(CudaAttention, KdaBf16) { kda_test({.R = 3, .log = true, .round = true}); }
+TEST(CudaAttention, KdaBf16) {
+  kda_test({.R = 3, .log = true, .round = true});
+}
 // Above plan::kMaxChainedRows the CPU tile runs the chunked prefill form and logs nothing; the
 // CUDA tile stays row by row (the same math, fp32 rounding apart). 30 rows: two row groups.
-TEST(CudaAttention, KdaManyRows) { kda_test({.R = 30, .log = true}); }
+TEST(CudaAttention, KdaManyRows) {
+  kda_test({.R = 30, .log = true});
+}
 
 // ---------------------------------------------------------------------------------------------
 // MLA.
@@ -551,10 +560,16 @@ void mla_latent_test(const MlaCase& mcase) {
   }
 }
 
-TEST(CudaAttention, MlaLatentFp32) { mla_latent_test({}); }
-TEST(CudaAttention, MlaLatentBf16) { mla_latent_test({.bf16_cache = true, .round = true}); }
+TEST(CudaAttention, MlaLatentFp32) {
+  mla_latent_test({});
+}
+TEST(CudaAttention, MlaLatentBf16) {
+  mla_latent_test({.bf16_cache = true, .round = true});
+}
 // FP32 numerics into a bf16 cache: the store itself rounds (to nearest even).
-TEST(CudaAttention, MlaLatentFp32IntoBf16) { mla_latent_test({.bf16_cache = true}); }
+TEST(CudaAttention, MlaLatentFp32IntoBf16) {
+  mla_latent_test({.bf16_cache = true});
+}
 
 // The core: unsplit against the CPU's unsplit decode; split (3 splits, every slot) against the
 // CPU's partials; the merge of the splits against the unsplit result.
@@ -567,7 +582,7 @@ void mla_core_test(const MlaCase& mcase) {
   Rng r(99);
   Problem p;
   using M = plan::arg::MlaCore;
-  p.act(rows.n(), kMH * (kN + kP), r, -1, 1);  // q
+  p.act(rows.n(), kMH * (kN + kP), r, -1, 1);    // q
   p.mat(int64_t(kMH) * (kN + kV), kR, r, 0.4f);  // kv_b
   p.state();                                     // mla_cache
   p.act(rows.n(), kMH * kV, r, -1, 1);           // att (unsplit out)
@@ -649,7 +664,8 @@ void mla_core_test(const MlaCase& mcase) {
       // Heads outside [r0, r1) are untouched.
       const std::vector<float> before = p.rows(p.arena, M::out, t0, R1);
       for (int i = 0; i < R1; ++i)
-        for (int v = 0; v < kV; ++v) EXPECT_EQ(got[0][size_t(i * kMH * kV + v)], before[size_t(i * kMH * kV + v)]);
+        for (int v = 0; v < kV; ++v)
+          EXPECT_EQ(got[0][size_t(i * kMH * kV + v)], before[size_t(i * kMH * kV + v)]);
     } else {
       for (size_t i = 0; i < got.size(); ++i)
         EXPECT_TRUE(same_bits(got[i], first[i])) << "seed " << seed << " output " << i;
@@ -657,8 +673,12 @@ void mla_core_test(const MlaCase& mcase) {
   }
 }
 
-TEST(CudaAttention, MlaCoreFp32Cache) { mla_core_test({}); }
-TEST(CudaAttention, MlaCoreBf16Cache) { mla_core_test({.bf16_cache = true}); }
+TEST(CudaAttention, MlaCoreFp32Cache) {
+  mla_core_test({});
+}
+TEST(CudaAttention, MlaCoreBf16Cache) {
+  mla_core_test({.bf16_cache = true});
+}
 TEST(CudaAttention, MlaCoreBf16NumericsGated) {
   mla_core_test({.bf16_cache = true, .round = true, .gate = true});
 }
@@ -709,8 +729,12 @@ void q_up_test(bool round) {
   }
 }
 
-TEST(CudaAttention, MlaQUpFp32) { q_up_test(false); }
-TEST(CudaAttention, MlaQUpBf16) { q_up_test(true); }
+TEST(CudaAttention, MlaQUpFp32) {
+  q_up_test(false);
+}
+TEST(CudaAttention, MlaQUpBf16) {
+  q_up_test(true);
+}
 
 }  // namespace
 }  // namespace md

@@ -172,7 +172,8 @@ MD_DEV void kda_core_tile(const DevStep& s, const plan::Instr& in, const Args& a
           float acc = 0.0f;
           for (int tap = 0; tap < Wc - 1; ++tap) acc += w[tap] * cache[tap * C + cx];
           acc += w[Wc - 1] * x;
-          for (int tap = 0; tap + 1 < Wc - 1; ++tap) cache[tap * C + cx] = cache[(tap + 1) * C + cx];
+          for (int tap = 0; tap + 1 < Wc - 1; ++tap)
+            cache[tap * C + cx] = cache[(tap + 1) * C + cx];
           if (Wc > 1) cache[int64_t(Wc - 2) * C + cx] = x;
           const float o = attn::conv_activation(acc, rnd);
           (j == 0 ? qc : j == 1 ? kc : vc)[cc] = o;
@@ -371,7 +372,8 @@ MD_DEV void mla_partial_head(const float* q, const cpu::LatentCache& cache, int 
       if (rescale) y *= alpha;
       int k = 0;
       for (; k + 4 <= nb; k += 4)
-        y += p[k] * latent_at(rows[k], r, cache.bf16) + p[k + 1] * latent_at(rows[k + 1], r, cache.bf16) +
+        y += p[k] * latent_at(rows[k], r, cache.bf16) +
+             p[k + 1] * latent_at(rows[k + 1], r, cache.bf16) +
              p[k + 2] * latent_at(rows[k + 2], r, cache.bf16) +
              p[k + 3] * latent_at(rows[k + 3], r, cache.bf16);
       for (; k < nb; ++k) y += p[k] * latent_at(rows[k], r, cache.bf16);
@@ -423,7 +425,8 @@ MD_DEV void mla_merge_head(const float* part, int64_t stride, int S, const uint1
   const float inv = 1.0f / sum;
   for (int v = int(wid); v < V; v += int(nw)) {
     float y = 0.0f;
-    for (int e = int(lane); e < R; e += int(port::kWarp)) y += bf16f(wuv[int64_t(v) * R + e]) * acc[e];
+    for (int e = int(lane); e < R; e += int(port::kWarp))
+      y += bf16f(wuv[int64_t(v) * R + e]) * acc[e];
     y = port::warp_sum(y);
     if (lane == 0) out(v, y * inv);
   }
@@ -504,8 +507,8 @@ MD_DEV void mla_merge_tile(const DevStep& s, const plan::Instr& in, const Args& 
     float* att = a.f(Mg::att, t);
     const float* gate = gated ? a.f(Mg::gate, t) : nullptr;
     for (int h = int(in.r0); h < int(in.r1); ++h)
-      attn::mla_merge_head(parts + int64_t(h) * (d.R + 2), int64_t(d.H) * (d.R + 2),
-                           int(in.splits), kvb, d, h, acc, [&](int v, float x) {
+      attn::mla_merge_head(parts + int64_t(h) * (d.R + 2), int64_t(d.H) * (d.R + 2), int(in.splits),
+                           kvb, d, h, acc, [&](int v, float x) {
                              const int64_t o = int64_t(h) * d.V + v;
                              att[o] = attn::att_epilogue(x, gate, o, rnd);
                            });
