@@ -23,6 +23,8 @@ build: deps
 # then the plan and executor tests under ThreadSanitizer.
 test: test-release test-asan test-tsan
 
+# The CUDA simulation's tests (^Cuda) run in the Release suite only for now: their fibers carry
+# AddressSanitizer and ThreadSanitizer annotations that have not been run yet (docs/cuda.md).
 # The sanitizer builds compile at -O1: their build time dominates `make test` on two cores, and
 # the sanitizers need no more optimisation than that to run the suites in a minute or two.
 SAN_FLAGS := -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG"
@@ -37,7 +39,7 @@ test-asan: deps
 	  $(SAN_FLAGS) > /dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	  ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS)
+	  ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -E '^Cuda'
 
 # The decode plan and its executors (persistent workers, counters, barriers; multi-row steps) under
 # ThreadSanitizer: any data race or report fails the target.
@@ -47,7 +49,7 @@ test-tsan: deps
 	  > /dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS)
 	@cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1 \
-	  ctest --output-on-failure -j $(JOBS) -R '^(Plan|Executor|ExecutorGolden|MultiRowErrors|CudaSimRuntime|CudaAttention)\.|^Golden/MultiRow\.|^CudaSim\.(TinyFp32|RandomSchedules|Watchdog)'
+	  ctest --output-on-failure -j $(JOBS) -R '^(Plan|Executor|ExecutorGolden|MultiRowErrors)\.|^Golden/MultiRow\.'
 
 # The CUDA kernels for every target architecture (sm_80 with its fallbacks, sm_90a, sm_100a), with
 # the portability and SASS checks on the result; ~3 minutes of nvcc on two cores.
