@@ -27,7 +27,7 @@ test: test-release test-asan test-tsan
 # AddressSanitizer and ThreadSanitizer annotations that have not been run yet (docs/cuda.md).
 # The sanitizer builds compile at -O1: their build time dominates `make test` on two cores, and
 # the sanitizers need no more optimisation than that to run the suites in a minute or two.
-SAN_FLAGS := -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g -DNDEBUG"
+SAN_FLAGS := -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
 
 test-release: build
 	@bash scripts/check-cuda.sh $(BUILD)

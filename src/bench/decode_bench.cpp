@@ -13,6 +13,7 @@
 #include "megadecode/base/util.h"
 #include "megadecode/bench/bench.h"
 #include "megadecode/exec/executor.h"
+#include "megadecode/exec/cuda_executor.h"
 #include "megadecode/kernels/cpu/bandwidth.h"
 #include "megadecode/kernels/cpu/kda.h"
 #include "megadecode/kernels/cpu/matmul.h"
@@ -87,6 +88,7 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
       eo.device = o.device;
       r.ex = make_executor(m, parse_executor_kind(n), maxb, eo);
     }
+    if (auto* cx = dynamic_cast<CudaExecutor*>(r.ex.get())) res.device = cx->device_name();
     runners.push_back(std::move(r));
   }
   const size_t E = runners.size();
@@ -168,8 +170,13 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
     }
     for (int rep = 0; rep < o.reps; ++rep) {
       report(fmt::format("batch {}: read bandwidth", B));
+      // The floor is the executors' memory: the CPU's, or the device's (a copy kernel there).
+      CudaExecutor* cx = nullptr;
+      for (Runner& r : runners)
+        if (!cx && r.ex) cx = dynamic_cast<CudaExecutor*>(r.ex.get());
       res.bandwidth_samples_gbps.push_back(
-          cpu::measure_read_bandwidth_gbps(m.pool(), size_t(1) << 29, 1));
+          cx ? cx->measure_read_bandwidth_gbps(size_t(1) << (o.device == DeviceKind::kCuda ? 32 : 28))
+             : cpu::measure_read_bandwidth_gbps(m.pool(), size_t(1) << 29, 1));
       for (size_t e = 0; e < E; ++e) {
         Runner& r = runners[e];
         report(fmt::format("batch {}: {} rep {}/{}", B, r.name, rep + 1, o.reps));

@@ -28,8 +28,22 @@ void StatePool::FreeDeleter::operator()(void* p) const {
   std::free(p);
 }
 
-StatePool::StatePool(const ModelConfig& cfg, bool cache_bf16, const PoolOptions& opt)
-    : cfg_(cfg), opt_(opt), bf16_(cache_bf16) {
+namespace {
+// Host memory: calloc (see zeroed).
+class HostMemory final : public PoolMemory {
+ public:
+  void* alloc_zeroed(size_t bytes) override { return zeroed(bytes, "the state pool"); }
+  void free(void* p) override { std::free(p); }
+  void zero(void* p, size_t bytes) override { std::memset(p, 0, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  bool host_accessible() const override { return true; }
+};
+HostMemory g_host_memory;
+}  // namespace
+
+StatePool::StatePool(const ModelConfig& cfg, bool cache_bf16, const PoolOptions& opt,
+                     PoolMemory* memory)
+    : mem_(memory ? memory : &g_host_memory), cfg_(cfg), opt_(opt), bf16_(cache_bf16) {
   MD_CHECK(opt_.max_sequences >= 1 && opt_.max_sequences <= 65536,
            "state pool: --max-sequences {} is outside 1..65536", opt_.max_sequences);
   MD_CHECK(opt_.page_rows >= cpu::kMlaBlockRows && opt_.page_rows % cpu::kMlaBlockRows == 0 &&
@@ -71,9 +85,8 @@ StatePool::StatePool(const ModelConfig& cfg, bool cache_bf16, const PoolOptions&
   total_pages_ = nmla > 0 ? pages_for(opt_.cache_tokens) : 0;
 
   const size_t S = size_t(opt_.max_sequences);
-  slots_.reset(static_cast<float*>(zeroed(S * slot_floats_ * sizeof(float), "sequence slots")));
-  pages_.reset(
-      static_cast<uint8_t*>(zeroed(size_t(total_pages_) * page_bytes_, "latent-cache pages")));
+  slots_ = static_cast<float*>(mem_->alloc_zeroed(S * slot_floats_ * sizeof(float)));
+  pages_ = static_cast<uint8_t*>(mem_->alloc_zeroed(size_t(total_pages_) * page_bytes_));
   tables_.reset(
       static_cast<int32_t*>(zeroed(S * size_t(total_pages_) * sizeof(int32_t), "page tables")));
   free_slots_.reserve(S);
@@ -82,7 +95,10 @@ StatePool::StatePool(const ModelConfig& cfg, bool cache_bf16, const PoolOptions&
   for (int64_t p = total_pages_ - 1; p >= 0; --p) free_pages_.push_back(int32_t(p));
 }
 
-StatePool::~StatePool() = default;
+StatePool::~StatePool() {
+  mem_->free(slots_);
+  mem_->free(pages_);
+}
 
 size_t StatePool::bytes() const {
   return size_t(opt_.max_sequences) * (slot_bytes() + size_t(total_pages_) * sizeof(int32_t)) +
@@ -118,7 +134,7 @@ SequenceState StatePool::acquire() {
   // A fresh sequence starts from zero KDA state and conv cache (the row log is written before
   // it is read).
   const size_t nkda = size_t(nkda_);
-  std::memset(slot_data(slot), 0, nkda * (state_floats_ + conv_floats_) * sizeof(float));
+  mem_->zero(slot_data(slot), nkda * (state_floats_ + conv_floats_) * sizeof(float));
   SequenceState s;
   s.pool_ = this;
   s.slot_ = slot;
@@ -237,7 +253,7 @@ cpu::LatentCache SequenceState::latent(int layer) const {
   MD_CHECK(pool_, "sequence state: empty (not made by a pool)");
   const int i = layer_index(pool_->mla_index_, layer, "MLA");
   cpu::LatentCache c;
-  c.base = pool_->pages_.get() + size_t(i) * pool_->layer_page_bytes_;
+  c.base = pool_->pages_ + size_t(i) * pool_->layer_page_bytes_;
   c.page_stride = int64_t(pool_->page_bytes_);
   c.pages = pool_->table(slot_);
   c.page_rows = pool_->opt_.page_rows;
@@ -273,12 +289,14 @@ void SequenceState::copy_from(const SequenceState& from) {
   reserve(from.pos);
   const StatePool& P = *pool_;
   const size_t nkda = size_t(P.nkda_);
-  std::memcpy(P.slot_data(slot_), from.pool_->slot_data(from.slot_),
-              nkda * (P.state_floats_ + P.conv_floats_) * sizeof(float));
+  // Through the memory that is not host memory, if either is not (a device's copy reaches both).
+  PoolMemory& m = P.mem_->host_accessible() ? *from.pool_->mem_ : *P.mem_;
+  m.copy(P.slot_data(slot_), from.pool_->slot_data(from.slot_),
+         nkda * (P.state_floats_ + P.conv_floats_) * sizeof(float));
   for (int l = 0; l < P.cfg_.num_layers; ++l) {
     if (P.mla_index_[size_t(l)] < 0) continue;
     const cpu::LatentCache dst = latent(l), src = from.latent(l);
-    for (int64_t t = 0; t < from.pos; ++t) std::memcpy(dst.row(t), src.row(t), P.row_bytes_);
+    for (int64_t t = 0; t < from.pos; ++t) m.copy(dst.row(t), src.row(t), P.row_bytes_);
   }
   pos = from.pos;
   rowlog = {};

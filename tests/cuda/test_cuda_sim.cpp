@@ -17,6 +17,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "../exec/exec_test_util.h"
@@ -68,16 +70,36 @@ double max_abs(const float* x, size_t n) {
   return m;
 }
 
+// Whether this machine has a CUDA device the GPU tests can run on (else they skip, saying so).
+bool have_gpu(std::string* why) {
+  try {
+    Model m(model("tiny"), opts(Precision::BF16));
+    CudaExecutor ex(m, 1, ExecutorKind::kOpByOp, CudaTarget::kGpu);
+    return true;
+  } catch (const Error& e) {
+    *why = e.what();
+    return false;
+  }
+}
+#define MD_NEED_GPU()                                         \
+  do {                                                        \
+    std::string why;                                          \
+    if (!have_gpu(&why)) GTEST_SKIP() << "no GPU here: " << why; \
+  } while (0)
+
 // Both CUDA executors step batches of 1, 3 and 8 with sequences joining and leaving; they must
 // agree bit for bit, and with Model::forward within the tolerance above.
-void check_executors(const std::string& name, Precision prec, int sms, uint64_t seed) {
+void check_executors(const std::string& name, Precision prec, int sms, uint64_t seed,
+                     CudaTarget target = CudaTarget::kSim) {
   SimConfig sc(sms, seed);
   Model m(model(name), opts(prec));
   const int64_t V = m.config().vocab_size;
   std::vector<SequenceState> ref = prefilled(m, 9);
-  CudaExecutor emk(m, 8, ExecutorKind::kMegakernel, CudaTarget::kSim);
-  CudaExecutor eob(m, 8, ExecutorKind::kOpByOp, CudaTarget::kSim);
-  EXPECT_EQ(emk.workers(), sms);
+  CudaExecutor emk(m, 8, ExecutorKind::kMegakernel, target);
+  CudaExecutor eob(m, 8, ExecutorKind::kOpByOp, target);
+  if (target == CudaTarget::kSim) {
+    EXPECT_EQ(emk.workers(), sms);
+  }
   std::vector<SequenceState> mk = test::copies(emk, ref), ob = test::copies(eob, ref);
   const std::vector<std::vector<int>> batches = {{0}, {1, 2, 0}, {0, 1, 2, 3, 4, 5, 6, 7}, {8, 5, 2}, {3}};
   std::vector<float> want(static_cast<size_t>(V));
@@ -133,6 +155,66 @@ TEST(CudaSim, SmallFp32BothExecutorsAgreeAndMatchReference) {
 TEST(CudaSim, SmallBf16BothExecutorsAgree) {
   check_executors("small", Precision::BF16, 4, 0);
 }
+TEST(CudaSim, K3TinyFp32BothExecutorsAgreeAndMatchReference) {
+  check_executors("k3-tiny", Precision::FP32, 4, 0);
+}
+TEST(CudaSim, K3TinyBf16BothExecutorsAgree) {
+  check_executors("k3-tiny", Precision::BF16, 3, 0);
+}
+
+// The committed golden models (tests/data/golden: tiny, small, K3 tiny, official-model outputs):
+// prefill through the plan, then decode the golden ids; in FP32 the logits stay within the
+// tolerance of Model::forward (which matches the official implementation), and the greedy token
+// is the reference's wherever its top two logits are clearly apart.
+TEST(CudaSim, GoldenModelsMatchReference) {
+  SimConfig sc(4);
+  for (const char* name : {"tiny", "small", "k3-tiny"}) {
+    const std::string dir = test::data_dir() + "/data/golden/" + name;
+    std::ifstream f(dir + "/golden.json");
+    ASSERT_TRUE(f.good()) << dir;
+    const nlohmann::json meta = nlohmann::json::parse(f);
+    std::vector<int32_t> prompt, decode;
+    for (auto& v : meta["prompt_ids"]) prompt.push_back(v.get<int32_t>());
+    for (auto& v : meta["decode_ids"]) decode.push_back(v.get<int32_t>());
+    Model m(dir, opts(Precision::FP32));
+    const int64_t V = m.config().vocab_size;
+    for (ExecutorKind k : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
+      CudaExecutor ex(m, 1, k, CudaTarget::kSim);
+      SequenceState r = m.new_sequence(), s = ex.new_sequence();
+      std::vector<float> want(static_cast<size_t>(V)), got(static_cast<size_t>(V));
+      m.forward(r, prompt, want.data(), false);
+      ex.prefill(s, prompt, got.data(), 8);
+      for (size_t i = 0; i <= decode.size(); ++i) {
+        const std::string what = std::string(name) + " " + std::string(executor_name(k)) +
+                                 " position " + std::to_string(s.pos);
+        const double scale = max_abs(want.data(), want.size());
+        double err = 0;
+        for (size_t j = 0; j < want.size(); ++j) err = std::max(err, double(std::fabs(got[j] - want[j])));
+        EXPECT_LE(err, 1e-4 * scale) << what;
+        std::vector<float> sorted(want);
+        std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+        if (sorted[0] - sorted[1] > scale / 64) {
+          EXPECT_EQ(std::max_element(got.begin(), got.end()) - got.begin(),
+                    std::max_element(want.begin(), want.end()) - want.begin())
+              << what;
+        }
+        if (i == decode.size()) break;
+        m.forward(r, std::span(&decode[i], 1), want.data(), false);
+        SequenceState* seqs[] = {&s};
+        ex.step(seqs, std::span(&decode[i], 1), got.data());
+      }
+    }
+  }
+}
+
+// The same on a GPU, when there is one.// The same on a GPU, when there is one.
+TEST(CudaGpu, TinyAndSmallBothExecutorsAgreeAndMatchReference) {
+  MD_NEED_GPU();
+  for (const char* name : {"tiny", "small"})
+    for (Precision p : {Precision::FP32, Precision::BF16}) check_executors(name, p, 4, 0, CudaTarget::kGpu);
+  for (Precision p : {Precision::FP32, Precision::BF16}) check_executors("k3-tiny", p, 4, 0, CudaTarget::kGpu);
+}
+
 // Random scheduling of the simulated threads and blocks: a missing wait or barrier shows up as a
 // different result (or a TSan report) under some order.
 TEST(CudaSim, RandomSchedulesGiveTheSameBits) {
@@ -161,6 +243,41 @@ TEST(CudaSim, MultiRowPrefillMatchesReference) {
   }
 }
 
+// A verify-style step of 4 rows kept for a commit, cut back to its first 2: decoding on from
+// there gives the logits of the sequence fed those tokens alone (within the tolerance: the replay
+// is the CPU's recurrence, the step's was the device's).
+TEST(CudaSim, CommitToAPrefixThenDecode) {
+  SimConfig sc(4);
+  Model m(model("tiny"), opts(Precision::FP32));
+  const int64_t V = m.config().vocab_size;
+  const std::vector<int32_t> prompt = {5, 9, 2, 33, 7}, draft = {11, 4, 19, 8};
+  const int32_t next = 21;
+  std::vector<float> want(static_cast<size_t>(V)), got(static_cast<size_t>(V));
+  SequenceState r = m.new_sequence();
+  m.forward(r, prompt, nullptr, false);
+  m.forward(r, std::span(draft.data(), 2), nullptr, false);
+  m.forward(r, std::span(&next, 1), want.data(), false);
+  for (ExecutorKind k : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
+    CudaExecutor ex(m, 1, k, CudaTarget::kSim);
+    SequenceState s = ex.new_sequence();
+    ex.prefill(s, prompt, nullptr, 5);
+    std::vector<float> all(4 * static_cast<size_t>(V));
+    StepOptions so;
+    so.keep_for_commit = true;
+    const StepSeq q{&s, draft, LogitRows::kAll};
+    ex.step(std::span(&q, 1), all.data(), nullptr, {}, so);
+    EXPECT_EQ(s.pos, 9);
+    ex.commit(s, 2);
+    EXPECT_EQ(s.pos, 7);
+    SequenceState* seqs[] = {&s};
+    ex.step(seqs, std::span(&next, 1), got.data());
+    double err = 0;
+    for (int64_t i = 0; i < V; ++i) err = std::max(err, double(std::fabs(got[size_t(i)] - want[size_t(i)])));
+    EXPECT_LE(err, 1e-4 * max_abs(want.data(), size_t(V))) << executor_name(k);
+    EXPECT_THROW(ex.commit(s, 1), Error);  // nothing kept any more
+  }
+}
+
 // The megakernel's watchdog: a stalled tile becomes an md::Error naming the instruction; the
 // executor recovers for the next step.
 TEST(CudaSim, WatchdogReportsAStalledTile) {
@@ -186,6 +303,114 @@ TEST(CudaSim, WatchdogReportsAStalledTile) {
   SequenceState s2 = ex.new_sequence();
   SequenceState* seqs2[] = {&s2};
   EXPECT_NO_THROW(ex.step(seqs2, std::span(&tok, 1), logits.data()));
+}
+
+// The draw the sample tile makes, written plainly: sampler.cpp's candidate sets (top-k by
+// (x desc, id asc), the smallest best-first top-p prefix, min-p), then the token where u * mass
+// falls, scanning the kept set in id order (the CPU scans in its partition order: the same
+// distribution, another order).
+int32_t reference_draw(const SampleRow& r, std::vector<float> l) {
+  apply_penalties(r, l);
+  const int64_t V = int64_t(l.size());
+  if (r.greedy()) return int32_t(std::max_element(l.begin(), l.end()) - l.begin());
+  const float inv_t = 1.0f / r.temperature;
+  std::vector<int> order(static_cast<size_t>(V));
+  for (int i = 0; i < V; ++i) order[size_t(i)] = i;
+  auto x = [&](int i) { return l[size_t(i)] * inv_t; };
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return x(a) > x(b) || (x(a) == x(b) && a < b); });
+  const float mx = x(order[0]);
+  const int64_t k = r.top_k > 0 && r.top_k < V ? r.top_k : V;
+  order.resize(size_t(k));
+  if (r.top_p < 1.0f) {
+    double z = 0;
+    for (int i : order) z += double(std::exp(x(i) - mx));
+    double acc = 0;
+    size_t keep = order.size();
+    for (size_t j = 0; j < order.size(); ++j) {
+      acc += double(std::exp(x(order[j]) - mx));
+      if (acc >= double(r.top_p) * z) {
+        keep = j + 1;
+        break;
+      }
+    }
+    order.resize(keep);
+  }
+  std::sort(order.begin(), order.end());
+  double total = 0;
+  for (int i : order)
+    if (std::exp(x(i) - mx) >= r.min_p) total += double(std::exp(x(i) - mx));
+  double u = r.uniform * total;
+  int32_t last = order[0];
+  for (int i : order) {
+    const float w = std::exp(x(i) - mx);
+    if (w < r.min_p) continue;
+    last = i;
+    u -= w;
+    if (u < 0) break;
+  }
+  return last;
+}
+
+// Sampling on the device: penalties, temperature, top-k, top-p and min-p rows beside greedy
+// ones; both executors draw the same tokens, and the tokens are those of the plain reference
+// draw above over the returned logits.
+TEST(CudaSim, SamplingOnTheDevice) {
+  SimConfig sc(4);
+  Model m(model("tiny"), opts(Precision::BF16));
+  const int64_t V = m.config().vocab_size;
+  const int B = 4;
+  CudaExecutor emk(m, B, ExecutorKind::kMegakernel, CudaTarget::kSim);
+  CudaExecutor eob(m, B, ExecutorKind::kOpByOp, CudaTarget::kSim);
+  std::vector<SequenceState> mk, ob;
+  for (int b = 0; b < B; ++b) {
+    mk.push_back(emk.new_sequence());
+    ob.push_back(eob.new_sequence());
+  }
+  const std::vector<PenaltyCount> pens = {{3, 2}, {11, 0}, {17, 1}, {40, 3}};
+  int drawn = 0, off_greedy = 0;
+  for (int step = 0; step < 10; ++step) {
+    std::vector<SampleRow> rows(B);
+    rows[0] = SampleRow{};  // greedy
+    rows[1].temperature = 0.8f;
+    rows[1].top_k = 7;
+    rows[1].uniform = (step * 0.137) - std::floor(step * 0.137);
+    rows[2].temperature = 1.3f;
+    rows[2].top_p = 0.6f;
+    rows[2].min_p = 0.05f;
+    rows[2].uniform = (0.5 + step * 0.291) - std::floor(0.5 + step * 0.291);
+    rows[3].temperature = step % 2 ? 0.0f : 1.0f;  // greedy with penalties, then a full draw
+    rows[3].repetition_penalty = 1.3f;
+    rows[3].frequency_penalty = 0.4f;
+    rows[3].presence_penalty = 0.2f;
+    rows[3].penalties = pens.data();
+    rows[3].num_penalties = uint32_t(pens.size());
+    rows[3].top_k = 30;
+    rows[3].top_p = 0.9f;
+    rows[3].uniform = (0.25 + step * 0.173) - std::floor(0.25 + step * 0.173);
+    std::vector<int32_t> tokens;
+    std::vector<SequenceState*> pm, po;
+    for (int b = 0; b < B; ++b) {
+      tokens.push_back(int32_t((b * 13 + step * 7 + 1) % (V - 1)));
+      pm.push_back(&mk[size_t(b)]);
+      po.push_back(&ob[size_t(b)]);
+    }
+    std::vector<float> lm(size_t(B) * size_t(V)), lo(size_t(B) * size_t(V));
+    std::vector<int32_t> nm(size_t(B), -1), no(size_t(B), -1);
+    emk.step(pm, tokens, lm.data(), nm.data(), rows);
+    eob.step(po, tokens, lo.data(), no.data(), rows);
+    for (int b = 0; b < B; ++b) {
+      EXPECT_EQ(nm[size_t(b)], no[size_t(b)]) << "step " << step << " row " << b;
+      const std::vector<float> row(lm.begin() + b * V, lm.begin() + (b + 1) * V);
+      const int32_t want = reference_draw(rows[size_t(b)], row);
+      EXPECT_EQ(nm[size_t(b)], want) << "step " << step << " row " << b;
+      if (!rows[size_t(b)].greedy()) {
+        ++drawn;
+        off_greedy += want != int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+      }
+    }
+  }
+  EXPECT_GT(drawn, 0);
+  EXPECT_GT(off_greedy, 0) << "no draw left the argmax: the test cannot tell a draw from greedy";
 }
 
 TEST(CudaSim, GpuTargetWithoutAGpuIsAClearError) {

@@ -220,6 +220,7 @@ void register_bench(CLI::App& app) {
         {"precision", o->f.precision},
         {"workers", W},
         {"reference_threads", m.pool().size()},
+        {"device", o->f.device},
     };
     std::printf("model %s, %d workers (reference path: %d threads), precision %s, matmul %s\n",
                 model_name.c_str(), W, m.pool().size(), o->f.precision.c_str(),
@@ -237,13 +238,21 @@ void register_bench(CLI::App& app) {
       d.progress = on_progress;
       const bench::DecodeResult r = bench::run_decode(m, d);
       progress.done();
+      j["device_name"] = r.device;
       std::printf(
           "\n== decode: positions %d..%lld (every timed block restarts from the prefilled "
           "context); read bandwidth median %.1f GB/s (samples:",
           o->context, (long long)r.max_pos, r.bandwidth_gbps);
       for (double b : r.bandwidth_samples_gbps) std::printf(" %.1f", b);
-      std::printf(")\n%d timed steps x %d interleaved repetitions per executor and batch\n\n",
+      std::printf(")\n%d timed steps x %d interleaved repetitions per executor and batch\n",
                   o->steps, o->reps);
+      if (d.device != DeviceKind::kCpu)
+        std::printf("plan executors on --device %s (%s); the bandwidth is the device's%s\n",
+                    std::string(device_kind_name(d.device)).c_str(), r.device.c_str(),
+                    d.device == DeviceKind::kCudaSim
+                        ? " (the simulation: host memory and CPU timings, not a GPU's)"
+                        : "");
+      std::printf("\n");
       std::printf("%-6s %-11s %10s %10s %12s %9s %7s\n", "batch", "executor", "ms/step", "tok/s",
                   "bytes/step", "GB/s", "% bw");
       nlohmann::json results = nlohmann::json::array(), ratios = nlohmann::json::object();

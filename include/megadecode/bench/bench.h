@@ -55,6 +55,7 @@ struct DecodeResult {
   std::vector<double> bandwidth_samples_gbps;    // one before each repetition
   double bandwidth_gbps = 0;                     // their median
   int workers = 0, reference_threads = 0;
+  std::string device = "cpu";  // where the plan executors ran (a CUDA device's name)
   int64_t max_pos = 0;
   double peak_rss_bytes = 0;
 };

@@ -52,6 +52,22 @@ inline int64_t kda_row_log_floats(const ModelConfig& c) {
 
 class StatePool;
 
+// Where a pool keeps its slots and pages: host memory by default, a device's memory for a device
+// backend (exec/cuda). The pool's bookkeeping (free lists, page tables) stays in host memory.
+// Must outlive the pools that use it.
+class PoolMemory {
+ public:
+  virtual ~PoolMemory() = default;
+  virtual void* alloc_zeroed(size_t bytes) = 0;
+  virtual void free(void* p) = 0;
+  virtual void zero(void* p, size_t bytes) = 0;
+  // Copies between this memory and host memory or this memory, in either direction; done when it
+  // returns.
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  // Whether the host may dereference the memory (host memory, the CUDA simulation's).
+  virtual bool host_accessible() const = 0;
+};
+
 // One sequence: a slot of a pool and the pages of its latent caches. Move-only; destroying it
 // (or assigning over it) returns its slot and pages to the pool. A default-constructed state
 // belongs to no pool. Accessors take the model's layer index.
@@ -112,8 +128,10 @@ class SequenceState {
 
 class StatePool {
  public:
-  // A pool for sequences of `cfg`; latent caches in bf16 when cache_bf16, else fp32.
-  StatePool(const ModelConfig& cfg, bool cache_bf16, const PoolOptions& opt = {});
+  // A pool for sequences of `cfg`; latent caches in bf16 when cache_bf16, else fp32; slots and
+  // pages in `memory` (null: host memory).
+  StatePool(const ModelConfig& cfg, bool cache_bf16, const PoolOptions& opt = {},
+            PoolMemory* memory = nullptr);
   ~StatePool();
   StatePool(const StatePool&) = delete;
   StatePool& operator=(const StatePool&) = delete;
@@ -136,10 +154,11 @@ class StatePool {
   size_t bytes() const;
   // Whether sequences of `other` can be copied into this pool's (same model layout and type).
   bool compatible(const StatePool& other) const;
+  PoolMemory& memory() const { return *mem_; }
 
  private:
   friend class SequenceState;
-  float* slot_data(int slot) const { return slots_.get() + size_t(slot) * slot_floats_; }
+  float* slot_data(int slot) const { return slots_ + size_t(slot) * slot_floats_; }
   int32_t* table(int slot) const { return tables_.get() + size_t(slot) * size_t(total_pages_); }
   void grow(SequenceState& s, int64_t tokens);
   void shrink(SequenceState& s, int64_t tokens);
@@ -149,6 +168,7 @@ class StatePool {
     void operator()(void* p) const;
   };
 
+  PoolMemory* mem_ = nullptr;
   ModelConfig cfg_;
   PoolOptions opt_;
   bool bf16_;
@@ -158,8 +178,8 @@ class StatePool {
   size_t slot_floats_ = 0;
   size_t row_bytes_ = 0, layer_page_bytes_ = 0, page_bytes_ = 0;
   int64_t total_pages_ = 0;
-  std::unique_ptr<float[], FreeDeleter> slots_;
-  std::unique_ptr<uint8_t[], FreeDeleter> pages_;
+  float* slots_ = nullptr;    // in mem_
+  uint8_t* pages_ = nullptr;  // in mem_
   std::unique_ptr<int32_t[], FreeDeleter> tables_;  // [slot][total_pages]
   mutable std::mutex mu_;
   std::vector<int> free_slots_;

@@ -39,6 +39,8 @@ class CudaExecutor final : public Executor {
   ExecutorKind kind() const;
   CudaTarget target() const;
   std::string device_name() const;
+  // The device's read bandwidth over `bytes` (GB/s; the simulation: the host's).
+  double measure_read_bandwidth_gbps(size_t bytes);
 
   // Test hooks, as CpuExecutor's.
   void edit_instr_for_testing(int batch, uint32_t id, const std::function<void(plan::Instr&)>& f);

@@ -61,6 +61,28 @@ struct DevPlan {
   plan::Plan plan;
   DevBuf instrs, buffers, weights, per_step, queue_ids, queue_off, counters, status;
   uint32_t epoch = 0;
+  int graph = -1;  // cuda-opbyop on a GPU: the CUDA graph of the step's launches (-1: none yet)
+};
+
+// The state pool's memory on the device (the simulation's is host memory, which keeps the tests'
+// direct reads of the executor's states possible; the code path is the GPU's).
+class DevicePoolMemory final : public PoolMemory {
+ public:
+  explicit DevicePoolMemory(cuda::Device& d) : d_(d) {}
+  void* alloc_zeroed(size_t bytes) override { return d_.alloc(bytes); }
+  void free(void* p) override { d_.free(p); }
+  void zero(void* p, size_t bytes) override {
+    d_.zero(p, bytes);
+    d_.sync();
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    d_.copy(dst, src, bytes);
+    d_.sync();
+  }
+  bool host_accessible() const override { return d_.backend() == cuda::Backend::kSim; }
+
+ private:
+  cuda::Device& d_;
 };
 
 const char* status_name(uint32_t s) {
@@ -88,10 +110,13 @@ struct CudaExecutor::Impl {
   ExecutorOptions opt;
   std::unique_ptr<cuda::Device> dev;
   int W = 0;
+  std::unique_ptr<DevicePoolMemory> pool_memory;
   std::unique_ptr<StatePool> states;
   std::unordered_map<const void*, std::unique_ptr<DevBuf>> uploaded;  // by host address
   std::map<std::pair<int, int>, std::unique_ptr<DevPlan>> plans;
-  DevBuf arena, tokens, pos, row0, seq_of_row, logit_of_row, logits, abort;
+  int next_graph = 0;
+  DevBuf arena, tokens, pos, row0, seq_of_row, logit_of_row, logits, abort, page_tables;
+  DevBuf sample_rows, penalties, sample_work;
   std::vector<float> host_logits;
   StepStats stats;
 
@@ -103,10 +128,13 @@ struct CudaExecutor::Impl {
     W = o.workers > 0 ? std::min(o.workers, dev->info().sm_count) : dev->info().sm_count;
     PoolOptions po = o.states;
     po.max_sequences = std::max(po.max_sequences, mb);
-    // The state pool: host memory, which the simulation's kernels address directly. On a GPU it
-    // must live in device memory (not done yet: the GPU executor refuses to step, see step()).
-    states = std::make_unique<StatePool>(m.config(), m.numerics().round_bf16, po);
+    // The state pool in device memory; its page tables stay on the host and go up with each step.
+    pool_memory = std::make_unique<DevicePoolMemory>(*dev);
+    states = std::make_unique<StatePool>(m.config(), m.numerics().round_bf16, po, pool_memory.get());
     abort.reset(dev.get(), 16);
+    // The step's table lives at one device address for the executor's lifetime: CUDA graphs
+    // capture the launches with this pointer and replay them on each step's new contents.
+    step_store.reset(dev.get(), sizeof(DevStep));
     upload_weights();
   }
 
@@ -233,9 +261,6 @@ struct CudaExecutor::Impl {
 
   void step(std::span<const StepSeq> seqs, float* out_logits, int32_t* next_ids,
             std::span<const SampleRow> sampling, const StepOptions& so) {
-    MD_CHECK(dev->backend() == cuda::Backend::kSim,
-             "cuda executor: stepping on the GPU needs the state pool in device memory, which is "
-             "not implemented yet (use --device cuda-sim)");
     exec::StepLayout lay = exec::layout_step(model, *states, max_batch, seqs, out_logits, sampling,
                                              so);
     const ModelConfig& c = model.config();
@@ -244,6 +269,10 @@ struct CudaExecutor::Impl {
     const plan::Plan& p = dp.plan;
 
     std::vector<cuda::DevSeq> views(size_t(B) * size_t(L));
+    // The batch's page tables, concatenated (after the reservations below); the views point into
+    // their device copy.
+    std::vector<int32_t> tables;
+    std::vector<size_t> table_at(static_cast<size_t>(B));
     for (int b = 0; b < B; ++b) {
       SequenceState& s = *seqs[size_t(b)].seq;
       const int Rb = lay.rows[size_t(b)];
@@ -264,7 +293,15 @@ struct CudaExecutor::Impl {
           v.mla = s.latent(l);
         }
       }
+      table_at[size_t(b)] = tables.size();
+      tables.insert(tables.end(), s.pages().begin(), s.pages().end());
     }
+    const int32_t* dtables = put(page_tables, tables);
+    for (int b = 0; b < B; ++b)
+      for (int l = 0; l < L; ++l) {
+        cuda::DevSeq& v = views[size_t(b) * size_t(L) + size_t(l)];
+        if (v.mla.base) v.mla.pages = dtables + table_at[size_t(b)];
+      }
     DevStep h;
     h.instrs = dp.instrs.as<plan::Instr>();
     h.buffers = dp.buffers.as<plan::BufferDesc>();
@@ -284,6 +321,31 @@ struct CudaExecutor::Impl {
     h.pos = put(pos, lay.pos);
     h.row0 = put(row0, lay.row0);
     h.seq_of_row = put(seq_of_row, lay.seq_of_row);
+    // Sampling rows as plain device data (their penalty pairs gathered into one array).
+    if (!sampling.empty()) {
+      std::vector<cuda::DevSample> rows;
+      std::vector<PenaltyCount> pens;
+      for (const SampleRow& r : sampling) {
+        cuda::DevSample d;
+        d.temperature = r.temperature;
+        d.top_k = r.top_k;
+        d.top_p = r.top_p;
+        d.min_p = r.min_p;
+        d.repetition_penalty = r.repetition_penalty;
+        d.presence_penalty = r.presence_penalty;
+        d.frequency_penalty = r.frequency_penalty;
+        d.uniform = r.uniform;
+        d.pen0 = uint32_t(pens.size());
+        d.npen = r.num_penalties;
+        pens.insert(pens.end(), r.penalties, r.penalties + r.num_penalties);
+        rows.push_back(d);
+      }
+      h.sampling = put(sample_rows, rows);
+      h.penalties = put(penalties, pens);
+      sample_work.reserve(dev.get(),
+                          std::max<size_t>(size_t(lay.n_logits) * size_t(c.vocab_size) * 4, 16));
+      h.sample_work = sample_work.as<float>();
+    }
     h.queue_ids = dp.queue_ids.as<uint32_t>();
     h.queue_off = dp.queue_off.as<uint32_t>();
     h.per_step = dp.per_step.as<uint32_t>();
@@ -292,7 +354,6 @@ struct CudaExecutor::Impl {
     h.abort = abort.as<uint32_t>();
     h.status = dp.status.as<cuda::DevStatus>();
     h.watchdog_ns = uint64_t(opt.watchdog_seconds * 1e9);
-    step_buf().reserve(dev.get(), sizeof(DevStep));
     dev->copy(step_buf().p, &h, sizeof(DevStep));
     dev->zero(abort.p, 16);
     dev->zero(dp.status.p, size_t(W) * sizeof(cuda::DevStatus));
@@ -304,9 +365,24 @@ struct CudaExecutor::Impl {
       if (kind == ExecutorKind::kMegakernel) {
         dev->run_megakernel(ds, uint32_t(W));
       } else {
-        for (const auto& ph : p.phases) {
-          const uint32_t first = p.stages[ph.first].begin, last = p.stages[ph.second - 1].end;
-          if (last > first) dev->run_phase(ds, first, last - first);
+        // One launch per barrier phase; on a GPU captured once per step shape into a CUDA graph
+        // (with programmatic dependent launch between the phases) and replayed.
+        auto launches = [&] {
+          for (const auto& ph : p.phases) {
+            const uint32_t first = p.stages[ph.first].begin, last = p.stages[ph.second - 1].end;
+            if (last > first) dev->run_phase(ds, first, last - first);
+          }
+        };
+        if (!dev->graphs()) {
+          launches();
+        } else {
+          if (dp.graph < 0) {
+            dp.graph = next_graph++;
+            dev->begin_capture();
+            launches();
+            dev->end_capture(dp.graph);
+          }
+          dev->replay(dp.graph);
         }
       }
       dev->sync();
@@ -327,7 +403,7 @@ struct CudaExecutor::Impl {
       throw Error(m);
     }
     ++dp.epoch;
-    // Outputs: the logits, the greedy ids; rows with a distribution are drawn here.
+    // Outputs: the logits and the tokens drawn on the device.
     if (lay.n_logits > 0) dev->copy(out_logits, h.logits, size_t(lay.n_logits) * size_t(c.vocab_size) * 4);
     std::vector<int32_t> ids(size_t(std::max(lay.n_logits, 1)));
     if (next_ids && lay.n_logits > 0) {
@@ -346,18 +422,8 @@ struct CudaExecutor::Impl {
       rids[size_t(l)] = {router[size_t(l)].data(), d.stride / 4};
     }
     dev->sync();
-    if (next_ids) {
-      SampleScratch scratch;
-      for (int j = 0; j < lay.n_logits; ++j) {
-        const bool host = !sampling.empty() &&
-                          (!sampling[size_t(j)].greedy() || sampling[size_t(j)].has_penalties());
-        next_ids[j] = host ? sample_row(sampling[size_t(j)],
-                                        std::span<const float>(out_logits + int64_t(j) * c.vocab_size,
-                                                               size_t(c.vocab_size)),
-                                        scratch)
-                           : ids[size_t(j)];
-      }
-    }
+    if (next_ids)
+      for (int j = 0; j < lay.n_logits; ++j) next_ids[j] = ids[size_t(j)];
     for (int b = 0; b < B; ++b) seqs[size_t(b)].seq->pos += lay.rows[size_t(b)];
     stats = decode_step_bytes(model, lay.pos, exec::distinct_experts_of_step(c, N, rids),
                               std::span<const int>(lay.rows));
@@ -420,8 +486,47 @@ const plan::Plan& CudaExecutor::plan(int batch, int rows) {
 void CudaExecutor::commit(SequenceState& seq, int k) {
   MD_CHECK(seq.pool() == impl_->states.get(),
            "commit: the sequence is not a state of this executor's pool");
-  ThreadPool one(1, false);
-  exec::commit_rows(impl_->model.config(), seq, k, one);
+  // The replay runs on the host (exec::commit_rows, the CPU's) over a host copy of the slot: its
+  // KDA states, conv caches and row logs come down, the replayed states and caches go back up.
+  // (A device kernel would save the two copies; a commit reads no weights either way.)
+  const ModelConfig& c = impl_->model.config();
+  int first = -1;
+  for (int l = 0; l < c.num_layers && first < 0; ++l)
+    if (c.attn_kind[size_t(l)] == AttnKind::KDA) first = l;
+  if (first < 0 || seq.rowlog.rows == 0 || k >= seq.rowlog.rows) {
+    ThreadPool one(1, false);
+    return exec::commit_rows(c, seq, k, one);  // nothing to replay (or the checks' error)
+  }
+  StatePool& P = *impl_->states;
+  float* base = seq.kda_state(first);  // the slot: [kda][state], [kda][conv], [kda][row log]
+  std::vector<float> host(P.slot_bytes() / sizeof(float));
+  P.memory().copy(host.data(), base, P.slot_bytes());
+  auto on_host = [&](float* p) { return host.data() + (p - base); };
+  std::vector<exec::SeqView> views;
+  std::vector<int> layers;
+  for (int l = 0; l < c.num_layers; ++l) {
+    if (c.attn_kind[size_t(l)] != AttnKind::KDA) continue;
+    exec::SeqView v;
+    v.kda_state = on_host(seq.kda_state(l));
+    v.conv_cache = on_host(seq.conv_cache(l));
+    v.kda_state0 = on_host(seq.kda_state0(l));
+    v.conv0 = on_host(seq.conv0(l));
+    v.rowlog = on_host(seq.row_inputs(l));
+    views.push_back(v);
+  }
+  MD_CHECK(k >= 0, "commit: {} rows of a step of {}", k, seq.rowlog.rows);
+  MD_CHECK(seq.pos == seq.rowlog.pos0 + seq.rowlog.rows,
+           "commit: the sequence moved on since the step (position {}, expected {})", seq.pos,
+           seq.rowlog.pos0 + seq.rowlog.rows);
+  std::vector<float> scratch(size_t(c.kda_head_dim) + 16);
+  for (const exec::SeqView& v : views)
+    for (int h = 0; h < c.kda_num_heads; ++h) exec::replay_kda_rows(c, v, k, h, h + 1, scratch.data());
+  // States and conv caches (everything before the first row log) go back.
+  const size_t back = size_t(seq.kda_state0(first) - base) * sizeof(float);
+  P.memory().copy(base, host.data(), back);
+  seq.truncate(seq.rowlog.pos0 + k);
+  seq.pos = seq.rowlog.pos0 + k;
+  seq.rowlog.rows = 0;
 }
 
 StatePool& CudaExecutor::states() {
@@ -455,6 +560,9 @@ CudaTarget CudaExecutor::target() const {
 std::string CudaExecutor::device_name() const {
   return impl_->dev->info().name;
 }
+double CudaExecutor::measure_read_bandwidth_gbps(size_t bytes) {
+  return impl_->dev->read_bandwidth_gbps(bytes);
+}
 
 void CudaExecutor::edit_instr_for_testing(int batch, uint32_t id,
                                           const std::function<void(plan::Instr&)>& f) {
@@ -465,6 +573,7 @@ void CudaExecutor::edit_instr_for_testing(int batch, uint32_t id,
     for (plan::Instr& in : q)
       if (in.id == id) in = dp.plan.instrs[id];
   impl_->sync_plan(dp);
+  dp.graph = -1;  // (a new graph id: the old one is replaced on capture)
 }
 
 }  // namespace md

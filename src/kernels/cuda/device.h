@@ -43,6 +43,10 @@ class Device {
   virtual void run_megakernel(const DevStep* step, uint32_t blocks) = 0;
   // Waits for the queued work; an md::Error on a device fault.
   virtual void sync() = 0;
+  // The device's read bandwidth (GB/s) over a buffer of `bytes`, best of a few passes of a
+  // streaming-read kernel: the floor the benchmark divides a step's bytes by. (The simulation
+  // measures the host's memory, which says nothing about a GPU.)
+  virtual double read_bandwidth_gbps(size_t bytes) = 0;
   // CUDA graphs (the GPU only; the simulation runs the calls as they come): capture the calls
   // between begin_capture and end_capture into graph `id`, replay it.
   virtual bool graphs() const { return false; }

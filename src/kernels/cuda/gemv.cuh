@@ -1,10 +1,10 @@
 // The weight-streaming matrix-vector product of the CUDA tiles: rows [r0, r1) of a weight matrix
 // times B activation rows, the block's warps over the matrix rows and the lanes over the columns
-// (16 bytes of weights a lane at a time), fp32 accumulation, one warp butterfly per (row, token
-// row). bf16 matrices whose rows are whole 16-byte units stream through kStages shared-memory
-// stages filled by bulk async copies (port::bulk_copy_g2s on mbarriers), kStages - 1 chunks ahead
-// of the one being computed; other matrices (fp32 router, unaligned rows) are read from global
-// memory directly. MXFP4 (K3's experts) is not implemented on CUDA yet (a device trap).
+// (16 bytes of weights a lane at a time: 8 bf16, or 32 MXFP4 codes with their E8M0 scale),
+// fp32 accumulation, one warp butterfly per (row, token row). bf16 and MXFP4 matrices whose rows
+// are whole 16-byte units stream through kStages shared-memory stages filled by bulk async copies
+// (port::bulk_copy_g2s on mbarriers), kStages - 1 chunks ahead of the one being computed; other
+// matrices (fp32 router, unaligned rows) are read from global memory directly.
 //
 // Summation order: per lane, its 8-column groups in ascending order, each group's 8 products
 // added left to right; then the warp butterfly; for rows wider than a stage, the segments' sums
@@ -15,10 +15,15 @@
 
 MD_CUDA_BEGIN
 
-// The phase bits of the stages' mbarriers, kept by every thread of a block (all threads run the
-// same waits, so their copies agree). init_pipe() once per kernel launch per block.
+// The stages' state, kept by every thread of a block (all threads run the same waits, so their
+// copies agree): the parity of the next wait on each stage, and a prefetch in flight (the first
+// chunks of a GEMV issued before its tile started: the megakernel issues them before waiting for
+// the tile's inputs, the phase kernel before waiting for the previous phase).
 struct Pipe {
   uint32_t parity = 0;  // bit s: the parity of the next wait on stage s
+  const void* pre_data = nullptr;
+  int64_t pre_r0 = 0, pre_r1 = 0;
+  int pre_n = 0;  // chunks in flight in stages 0 .. pre_n - 1
 };
 
 MD_DEV port::Mbar* stage_bars() {
@@ -42,6 +47,108 @@ MD_DEV float dot8(const uint16_t* w, const float* x, float acc) {
   return acc;
 }
 
+// Elements per 16-byte unit of a streamed matrix: 8 bf16, or 32 MXFP4 codes (one scale group).
+MD_DEV int64_t unit_elems(const DevWeight& w) {
+  return w.dtype == WDType::kMXFP4 ? 32 : 8;
+}
+
+// Whether a matrix streams through the stages: bf16 or MXFP4 rows of whole 16-byte units,
+// aligned. (MXFP4's scales, 1/16 of its bytes, are read from global memory.)
+MD_DEV bool streamable(const DevWeight& w) {
+  return (w.dtype == WDType::kBF16 || w.dtype == WDType::kMXFP4) && w.cols % unit_elems(w) == 0 &&
+         (reinterpret_cast<uintptr_t>(w.data) % 16) == 0;
+}
+
+// An E8M0 scale byte as a float: 2^(s - 127) (s = 0: the subnormal 2^-127; 255: NaN).
+MD_DEV float e8m0(uint8_t s) {
+  if (s == 0) return port::u2f(1u << 22);
+  if (s == 255) return port::u2f(0x7fc00000u);
+  return port::u2f(uint32_t(s) << 23);
+}
+
+// An e2m1 code (bit 3 the sign): 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+MD_DEV float e2m1(uint32_t c) {
+  const uint32_t m = c & 7u, e = m >> 1, f = m & 1u;
+  const float mag = e == 0 ? 0.5f * float(f) : (1.0f + 0.5f * float(f)) * float(1u << (e - 1));
+  return (c & 8u) ? -mag : mag;
+}
+
+// 32 MXFP4 codes (16 bytes) dotted with 32 activations, added left to right, times the group's
+// scale, added to acc.
+MD_DEV float dot32_mxfp4(const uint8_t* p, float scale, const float* x, float acc) {
+  float g = 0.0f;
+  for (int j = 0; j < 16; ++j) {
+    g += e2m1(p[j] & 15u) * x[2 * j];
+    g += e2m1(p[j] >> 4) * x[2 * j + 1];
+  }
+  return acc + g * scale;
+}
+
+// How rows [r0, r1) of a streamable matrix go through the stages: chunks of whole rows (rpc per
+// stage) or, for rows wider than a stage, segments of one row; chunk k goes to stage k % kStages.
+struct WeightStream {
+  const uint8_t* base;
+  int64_t cols, r0, r1, epu, row_bytes, rpc, seg_cols, nseg, nchunks;
+  bool segmented;
+  MD_DEV WeightStream(const DevWeight& w, int64_t r0_, int64_t r1_)
+      : base(static_cast<const uint8_t*>(w.data)), cols(w.cols), r0(r0_), r1(r1_) {
+    epu = unit_elems(w);
+    row_bytes = cols / epu * 16;
+    segmented = row_bytes > int64_t(kStageBytes);
+    rpc = segmented ? 1 : int64_t(kStageBytes) / row_bytes;
+    seg_cols = segmented ? int64_t(kStageBytes) / 16 * epu : cols;
+    nseg = (cols + seg_cols - 1) / seg_cols;
+    nchunks = segmented ? (r1 - r0) * nseg : (r1 - r0 + rpc - 1) / rpc;
+  }
+  MD_DEV void chunk(int64_t k, int64_t* row, int64_t* nr, int64_t* c0, int64_t* nc) const {
+    if (segmented) {
+      *row = r0 + k / nseg;
+      *nr = 1;
+      *c0 = (k % nseg) * seg_cols;
+      *nc = cols - *c0 < seg_cols ? cols - *c0 : seg_cols;
+    } else {
+      *row = r0 + k * rpc;
+      *nr = r1 - *row < rpc ? r1 - *row : rpc;
+      *c0 = 0;
+      *nc = cols;
+    }
+  }
+  // One thread: chunk k into its stage.
+  MD_DEV void issue(int64_t k) const {
+    int64_t row, nr, c0, nc;
+    chunk(k, &row, &nr, &c0, &nc);
+    const uint32_t s = uint32_t(k % kStages);
+    const uint32_t bytes = uint32_t(nr * (nc / epu) * 16);
+    port::mbar_arrive_expect_tx(&stage_bars()[s], bytes);
+    port::bulk_copy_g2s(stage(s), base + row * row_bytes + c0 / epu * 16, bytes,
+                        &stage_bars()[s]);
+  }
+};
+
+// Issues the first chunks of rows [r0, r1) of w (every thread calls it; thread 0 issues) while
+// the stages are idle; gemv_block over the same rows then starts from them.
+MD_DEV void prefetch(const DevWeight& w, int64_t r0, int64_t r1, Pipe& pipe) {
+  if (pipe.pre_n || r1 <= r0 || !streamable(w)) return;
+  const WeightStream ws(w, r0, r1);
+  const int n = int(ws.nchunks < int64_t(kStages) ? ws.nchunks : int64_t(kStages));
+  if (port::thread_id() == 0)
+    for (int k = 0; k < n; ++k) ws.issue(k);
+  pipe.pre_data = w.data;
+  pipe.pre_r0 = r0;
+  pipe.pre_r1 = r1;
+  pipe.pre_n = n;
+}
+
+// Waits out a prefetch nobody used (the stages must be idle before other chunks go in).
+MD_DEV void drain(Pipe& pipe) {
+  for (int s = 0; s < pipe.pre_n; ++s) {
+    port::mbar_wait(&stage_bars()[s], (pipe.parity >> s) & 1u);
+    pipe.parity ^= 1u << s;
+  }
+  pipe.pre_n = 0;
+  port::sync_block();
+}
+
 inline constexpr int kTokenBlock = 8;  // activation rows per pass over a chunk (registers)
 
 // out(t, r, v) is called once per (token row t < B, matrix row r in [r0, r1)) by one lane.
@@ -49,13 +156,20 @@ inline constexpr int kTokenBlock = 8;  // activation rows per pass over a chunk 
 template <class XRow, class Out>
 MD_DEV void gemv_block(const DevWeight& w, int64_t r0, int64_t r1, int B, XRow xrow, Out out,
                        Pipe& pipe) {
+  // A prefetch of these very rows is where the stream starts; any other is waited out first.
+  int64_t ahead = 0;
+  if (pipe.pre_n && pipe.pre_data == w.data && pipe.pre_r0 == r0 && pipe.pre_r1 == r1 && B > 0) {
+    ahead = pipe.pre_n;
+    pipe.pre_n = 0;
+  } else if (pipe.pre_n) {
+    drain(pipe);
+  }
   if (r1 <= r0 || B <= 0) return;
   const int64_t cols = w.cols;
   const uint32_t lane = port::lane(), wid = port::warp_id(), nw = port::warps();
-  if (w.dtype == WDType::kMXFP4) port::trap("MXFP4 weights are not implemented on CUDA yet");
-  const bool staged = w.dtype == WDType::kBF16 && cols % 8 == 0 &&
-                      (reinterpret_cast<uintptr_t>(w.data) % 16) == 0;
-  if (!staged) {
+  if (w.dtype == WDType::kMXFP4 && !streamable(w))
+    port::trap("MXFP4 weights with rows of a partial 32-group or unaligned");
+  if (!streamable(w)) {
     // Direct: warp per row, from global memory.
     for (int64_t r = r0 + wid; r < r1; r += nw) {
       for (int t0 = 0; t0 < B; t0 += kTokenBlock) {
@@ -77,54 +191,37 @@ MD_DEV void gemv_block(const DevWeight& w, int64_t r0, int64_t r1, int B, XRow x
     port::sync_block();
     return;
   }
-  // Staged: the tile's rows are contiguous bytes; chunks are whole rows (rpc per stage) or, for
-  // rows wider than a stage, segments of one row.
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  const int64_t row_bytes = cols * 2, nrows = r1 - r0;
-  const bool segmented = row_bytes > int64_t(kStageBytes);
-  const int64_t rpc = segmented ? 1 : int64_t(kStageBytes) / row_bytes;
-  const int64_t seg_cols = segmented ? int64_t(kStageBytes) / 2 : cols;
-  const int64_t nseg = (cols + seg_cols - 1) / seg_cols;
-  const int64_t nchunks = segmented ? nrows * nseg : (nrows + rpc - 1) / rpc;
+  // Staged (WeightStream): kStages chunks in flight ahead of the one being computed.
+  const WeightStream st(w, r0, r1);
+  const bool segmented = st.segmented;
+  const int64_t nseg = st.nseg, nchunks = st.nchunks;
   float* partial = work();  // segmented rows: the running sums of the row, per token row
-  auto chunk_of = [&](int64_t k, int64_t* row, int64_t* nr, int64_t* c0, int64_t* nc) {
-    if (segmented) {
-      *row = r0 + k / nseg;
-      *nr = 1;
-      *c0 = (k % nseg) * seg_cols;
-      *nc = cols - *c0 < seg_cols ? cols - *c0 : seg_cols;
-    } else {
-      *row = r0 + k * rpc;
-      *nr = r1 - *row < rpc ? r1 - *row : rpc;
-      *c0 = 0;
-      *nc = cols;
-    }
-  };
-  auto issue = [&](int64_t k) {
-    int64_t row, nr, c0, nc;
-    chunk_of(k, &row, &nr, &c0, &nc);
-    const uint32_t s = uint32_t(k % kStages);
-    const uint32_t bytes = uint32_t(nr * nc * 2);
-    port::mbar_arrive_expect_tx(&stage_bars()[s], bytes);
-    port::bulk_copy_g2s(stage(s), base + row * row_bytes + c0 * 2, bytes, &stage_bars()[s]);
-  };
   if (port::thread_id() == 0)
-    for (int64_t k = 0; k < nchunks && k < int64_t(kStages); ++k) issue(k);
+    for (int64_t k = ahead; k < nchunks && k < int64_t(kStages); ++k) st.issue(k);
   for (int64_t k = 0; k < nchunks; ++k) {
     const uint32_t s = uint32_t(k % kStages);
     port::mbar_wait(&stage_bars()[s], (pipe.parity >> s) & 1u);
     pipe.parity ^= 1u << s;
     int64_t row, nr, c0, nc;
-    chunk_of(k, &row, &nr, &c0, &nc);
-    const auto* ws = reinterpret_cast<const uint16_t*>(stage(s));
+    st.chunk(k, &row, &nr, &c0, &nc);
+    const uint8_t* ws = stage(s);
+    const bool fp4 = w.dtype == WDType::kMXFP4;
+    const int64_t units = nc / st.epu;  // 16-byte units of a chunk row
     for (int64_t j = wid; j < nr; j += nw) {
       const int64_t r = row + j;
       for (int t0 = 0; t0 < B; t0 += kTokenBlock) {
         const int tn = B - t0 < kTokenBlock ? B - t0 : kTokenBlock;
         float acc[kTokenBlock] = {};
-        for (int64_t g = lane; g < nc / 8; g += port::kWarp) {
-          const uint16_t* w8 = ws + j * nc + g * 8;
-          for (int t = 0; t < tn; ++t) acc[t] = dot8(w8, xrow(t0 + t) + c0 + g * 8, acc[t]);
+        for (int64_t g = lane; g < units; g += port::kWarp) {
+          const uint8_t* u = ws + (j * units + g) * 16;
+          const int64_t c = c0 + g * st.epu;
+          if (fp4) {
+            const float sc = e8m0(w.scales[r * (cols / 32) + c / 32]);
+            for (int t = 0; t < tn; ++t) acc[t] = dot32_mxfp4(u, sc, xrow(t0 + t) + c, acc[t]);
+          } else {
+            const auto* w8 = reinterpret_cast<const uint16_t*>(u);
+            for (int t = 0; t < tn; ++t) acc[t] = dot8(w8, xrow(t0 + t) + c, acc[t]);
+          }
         }
         for (int t = 0; t < kTokenBlock; ++t) {
           if (t >= tn) break;
@@ -144,7 +241,7 @@ MD_DEV void gemv_block(const DevWeight& w, int64_t r0, int64_t r1, int B, XRow x
       }
     }
     port::sync_block();  // every warp is done with stage s
-    if (port::thread_id() == 0 && k + int64_t(kStages) < nchunks) issue(k + int64_t(kStages));
+    if (port::thread_id() == 0 && k + int64_t(kStages) < nchunks) st.issue(k + int64_t(kStages));
   }
 }
 

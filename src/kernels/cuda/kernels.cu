@@ -16,7 +16,10 @@
 #include "tiles.cuh"
 
 #if defined(MD_CUDA_SIM)
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <vector>
 
 #include "megadecode/base/error.h"
 #include "megadecode/kernels/cuda/sim.h"
@@ -29,11 +32,32 @@
 
 MD_CUDA_BEGIN
 
+// With programmatic dependent launch (cuda-opbyop on sm_90+), the next phase's blocks may be
+// scheduled as soon as every block of this one has started; each waits for the previous phase
+// to complete before it reads an activation. The step's tables and the weights were written
+// before the step's first kernel, so the tile's first weight chunks stream in meanwhile.
 MD_GLOBAL void phase_kernel(const DevStep* sp, uint32_t first) {
-  const DevStep& s = *sp;
+  port::launch_dependents();
   init_pipe();
+  const DevStep& s = *sp;
+  const plan::Instr in = s.instrs[first + port::block_id()];
   Pipe pipe;
-  run_tile(s, s.instrs[first + port::block_id()], pipe);
+  prefetch_tile(s, in, pipe);
+  port::grid_dependency_wait();
+  run_tile(s, in, pipe);
+}
+
+// The bandwidth probe: every thread streams 16-byte loads over the buffer (grid-stride), folding
+// them into a value that is stored only if it has an impossible value (so the loads stay).
+MD_GLOBAL void read_kernel(const port::U4* p, size_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  const size_t stride = size_t(port::grid_blocks()) * port::block_threads();
+  for (size_t i = size_t(port::block_id()) * port::block_threads() + port::thread_id(); i < n;
+       i += stride) {
+    const port::U4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
 MD_DEV bool reached(uint32_t value, uint32_t target) {
@@ -51,6 +75,8 @@ MD_GLOBAL void megakernel(const DevStep* sp) {
   volatile uint32_t* stop = reinterpret_cast<volatile uint32_t*>(work() + kWorkFloats - 1);
   for (uint32_t q = s.queue_off[b]; q < s.queue_off[b + 1]; ++q) {
     const plan::Instr in = s.instrs[s.queue_ids[q]];
+    // The tile's first weight chunks stream in while thread 0 waits for its inputs.
+    prefetch_tile(s, in, pipe);
     if (port::thread_id() == 0) {
       st.instr = in.id;
       uint32_t aborted = 0;
@@ -86,7 +112,10 @@ MD_GLOBAL void megakernel(const DevStep* sp) {
       *stop = aborted;
     }
     port::sync_block();
-    if (*stop) return;
+    if (*stop) {
+      if (pipe.pre_n) drain(pipe);  // no copy may outlive the block
+      return;
+    }
     run_tile(s, in, pipe);
     port::sync_block();
     if (port::thread_id() == 0 && in.signal != plan::kNone) {
@@ -138,6 +167,19 @@ class SimDevice final : public Device {
     sim::launch(blocks, kTileThreads, kSmemBytes, true, [=] { megakernel(step); });
   }
   void sync() override {}
+  double read_bandwidth_gbps(size_t bytes) override {
+    std::vector<uint64_t> buf(bytes / 8, 1);
+    double best = 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto t0 = std::chrono::steady_clock::now();
+      uint64_t acc = 0;
+      for (uint64_t v : buf) acc ^= v;
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (acc == 0x9e3779b9u) buf[0] = acc;
+      best = std::max(best, double(bytes) / s / 1e9);
+    }
+    return best;
+  }
 
  private:
   DeviceInfo info_;
@@ -218,8 +260,17 @@ class GpuDevice final : public Device {
     if (bytes) check(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemset");
   }
   void run_phase(const DevStep* step, uint32_t first, uint32_t count) override {
-    phase_kernel<<<count, kTileThreads, kSmemBytes, stream_>>>(step, first);
-    check(cudaGetLastError(), "phase kernel launch");
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(count);
+    cfg.blockDim = dim3(kTileThreads);
+    cfg.dynamicSmemBytes = kSmemBytes;
+    cfg.stream = stream_;
+    cudaLaunchAttribute attr[1]{};
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = info_.cc_major >= 9 ? 1 : 0;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    check(cudaLaunchKernelEx(&cfg, phase_kernel, step, first), "phase kernel launch");
   }
   void run_megakernel(const DevStep* step, uint32_t blocks) override {
     void* args[] = {&step};
@@ -228,6 +279,29 @@ class GpuDevice final : public Device {
           "megakernel launch (cooperative: one block per SM)");
   }
   void sync() override { check(cudaStreamSynchronize(stream_), "the decode step"); }
+  double read_bandwidth_gbps(size_t bytes) override {
+    void* p = alloc(bytes);
+    void* sink = alloc(16);
+    cudaEvent_t a, b;
+    check(cudaEventCreate(&a), "cudaEventCreate");
+    check(cudaEventCreate(&b), "cudaEventCreate");
+    double best = 0;
+    for (int rep = 0; rep < 5; ++rep) {
+      check(cudaEventRecord(a, stream_), "cudaEventRecord");
+      read_kernel<<<unsigned(info_.sm_count) * 4, 512, 0, stream_>>>(
+          static_cast<const port::U4*>(p), bytes / 16, static_cast<uint32_t*>(sink));
+      check(cudaEventRecord(b, stream_), "cudaEventRecord");
+      check(cudaEventSynchronize(b), "the bandwidth probe");
+      float ms = 0;
+      check(cudaEventElapsedTime(&ms, a, b), "cudaEventElapsedTime");
+      if (rep > 0) best = std::max(best, double(bytes) / (double(ms) * 1e-3) / 1e9);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    free(sink);
+    free(p);
+    return best;
+  }
   bool graphs() const override { return true; }
   void begin_capture() override {
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "megadecode/engine/numerics.h"
+#include "megadecode/engine/sampler.h"
 #include "megadecode/kernels/cpu/mla.h"
 #include "megadecode/plan/ops.h"
 #include "megadecode/plan/plan.h"
@@ -64,6 +65,15 @@ struct DevStatus {
   uint32_t state = 0;  // 0 idle, 1 running, 2 waiting, 3 stalled (test hook), 4 finished
 };
 
+// One logit row's SampleRow with its penalty pairs at penalties[pen0 .. pen0 + npen).
+struct DevSample {
+  float temperature = 0, top_p = 1, min_p = 0;
+  int32_t top_k = 0;
+  float repetition_penalty = 1, presence_penalty = 0, frequency_penalty = 0;
+  uint32_t pen0 = 0, npen = 0;
+  double uniform = 0;
+};
+
 struct DevStep {
   const plan::Instr* instrs = nullptr;  // the plan's global order
   const plan::BufferDesc* buffers = nullptr;
@@ -80,8 +90,12 @@ struct DevStep {
   const int64_t* pos = nullptr;
   const int32_t* row0 = nullptr;
   const int32_t* seq_of_row = nullptr;
-  const float* sample_params = nullptr;  // [n_logits][kSampleParams] or null: greedy
-  float* sample_work = nullptr;          // [n_logits][vocab] scratch of the sample tiles
+  // Sampling (engine/sampler.h SampleRow, as plain device data): one row per logit row, or null
+  // for greedy rows everywhere; the penalty pairs of all rows; [n_logits][vocab] scratch for the
+  // penalised logits.
+  const DevSample* sampling = nullptr;
+  const PenaltyCount* penalties = nullptr;
+  float* sample_work = nullptr;
   // The phase kernel: the phase's instruction ids.
   const uint32_t* phase_ids = nullptr;
   // The megakernel: per block its queue (instruction ids, offsets [queue_off[b], queue_off[b+1])),
@@ -96,8 +110,5 @@ struct DevStep {
   uint64_t watchdog_ns = 0;
 };
 
-// The greedy-or-sampled parameters of one logit row as the sample tile reads them: temperature,
-// top_k, top_p, min_p, uniform (as float pairs: hi, lo).
-inline constexpr int kSampleParams = 6;
 
 }  // namespace md::cuda

@@ -3,6 +3,7 @@
 #pragma once
 #include "tiles_attention.cuh"
 #include "tiles_dense.cuh"
+#include "tiles_sample.cuh"
 
 MD_CUDA_BEGIN
 
@@ -13,7 +14,41 @@ MD_DEV bool token_row_op(plan::Op op) {
          op == Op::kCombine;
 }
 
-MD_DEV void run_tile(const DevStep& s, plan::Instr in, Pipe& pipe) {
+// The first weight rows a tile streams, issued before the tile may start (its inputs are not
+// needed for them): the GEMV ops, o_proj and the gate of the gated MLPs. Expert tiles learn
+// their weights from the router's output and are not prefetched.
+MD_DEV void prefetch_tile(const DevStep& s, const plan::Instr& in, Pipe& pipe) {
+  using plan::Op;
+  const plan::BufferDesc* a = s.buffers + in.args;
+  auto w = [&](int i) -> const DevWeight& { return s.weights[a[i].offset]; };
+  switch (in.op) {
+    case Op::kKdaProj:
+    case Op::kMlaProj:
+    case Op::kDenseDown:
+    case Op::kSharedDown:
+    case Op::kLatentDown:
+    case Op::kLatentUp:
+    case Op::kLmHead:
+      return prefetch(w(plan::arg::Gemv::w), in.r0, in.r1, pipe);
+    case Op::kAttnOut:
+      return prefetch(w(plan::arg::AttnOut::w), in.r0, in.r1, pipe);
+    case Op::kDenseGateUp:
+    case Op::kSharedGateUp:
+      return prefetch(w(plan::arg::GateUp::gate), in.r0, in.r1, pipe);
+    default:
+      return;
+  }
+}
+
+MD_DEV void run_tile_ops(const DevStep& s, plan::Instr in, Pipe& pipe);
+
+// One instruction; a prefetch the tile did not use is waited out after it.
+MD_DEV void run_tile(const DevStep& s, const plan::Instr& in, Pipe& pipe) {
+  run_tile_ops(s, in, pipe);
+  if (pipe.pre_n) drain(pipe);
+}
+
+MD_DEV void run_tile_ops(const DevStep& s, plan::Instr in, Pipe& pipe) {
   using plan::Op;
   if (token_row_op(in.op) && in.r1 > uint32_t(s.n)) {
     if (in.r0 >= uint32_t(s.n)) return;

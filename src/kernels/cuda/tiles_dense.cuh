@@ -1,4 +1,4 @@
-// The dense, FFN, MoE and sampling tiles of the decode plan on CUDA: the twins of
+// The dense, FFN and MoE tiles of the decode plan on CUDA: the twins of
 // src/exec/cpu/tiles.cpp, with the same operands, outputs and bf16 rounding points. Element-wise
 // steps (residual adds, the routed sum, activations) do exactly the CPU's operations per element;
 // the reductions (GEMV rows, RMSNorm statistics) sum in the block's order (gemv.cuh), an fp32
@@ -86,13 +86,68 @@ MD_DEV void embed_tile(const DevStep& s, const plan::Instr& in, const Args& a) {
   }
 }
 
-// [x_mid, norm, h2]
+// K3's block attention residual mix of token row t (cpu::attn_res_mix): operands first ..
+// nargs - 1 are [score weights, sources...]. Each source's score is (src . w) / rms(src), in
+// double; a softmax over the sources in double; out[d] = sum_j p_j src_j[d] in double, in source
+// order, rounded. The block's double sums reorder the CPU's sequential ones (~1e-16 relative).
+MD_DEV void res_mix_block(const DevStep& s, const plan::Instr& in, const Args& a, int first, int t,
+                          float* out) {
+  const int S = int(in.nargs) - first - 1;
+  if (S < 1 || S > plan::kMaxResSources) port::trap("attention-residual mix: bad source count");
+  const int64_t D = s.cfg.hidden;
+  const float* w = a.vec(first);
+  double* red = reinterpret_cast<double*>(work() + 64);
+  double* p = reinterpret_cast<double*>(work() + 64) + port::block_threads();  // [S]
+  for (int j = 0; j < S; ++j) {
+    const float* x = a.f(first + 1 + j, t);
+    double ss = 0, dot = 0;
+    for (int64_t d = port::thread_id(); d < D; d += port::block_threads()) {
+      const double v = x[d];
+      ss += v * v;
+      dot += v * double(w[d]);
+    }
+    // (two sums through the same buffer, one after the other)
+    red[port::thread_id()] = ss;
+    port::sync_block();
+    double sss = 0;
+    for (uint32_t i = 0; i < port::block_threads(); ++i) sss += red[i];
+    port::sync_block();
+    red[port::thread_id()] = dot;
+    port::sync_block();
+    double sdot = 0;
+    for (uint32_t i = 0; i < port::block_threads(); ++i) sdot += red[i];
+    port::sync_block();
+    if (port::thread_id() == 0) p[j] = sdot / port::sqrt_d(sss / double(D) + double(s.num.eps));
+  }
+  port::sync_block();
+  if (port::thread_id() == 0) {
+    double best = p[0];
+    for (int j = 1; j < S; ++j) best = p[j] > best ? p[j] : best;
+    double sum = 0;
+    for (int j = 0; j < S; ++j) sum += (p[j] = port::exp_d(p[j] - best));
+    for (int j = 0; j < S; ++j) p[j] /= sum;
+  }
+  port::sync_block();
+  for (int64_t d = port::thread_id(); d < D; d += port::block_threads()) {
+    double acc = 0;
+    for (int j = 0; j < S; ++j) acc += p[j] * double(a.f(first + 1 + j, t)[d]);
+    out[d] = s.num.round_bf16 ? round_bf16_d(float(acc)) : float(acc);
+  }
+  port::sync_block();
+}
+
+// [x_mid, norm, h2] (+ K3's [res_w, sources...]: the norm of the mix, made in h2 and normalised
+// in place).
 MD_DEV void ffn_norm_tile(const DevStep& s, const plan::Instr& in, const Args& a) {
   using F = plan::arg::FfnNorm;
-  if (in.flags & plan::kFlagAttnRes) port::trap("K3's attention-residual mix is not on CUDA yet");
   for (int t = int(in.r0); t < int(in.r1); ++t) {
-    rmsnorm_block(a.f(F::x, t), a.vec(F::norm), s.cfg.hidden, s.num.eps, a.f(F::h, t),
-                  s.num.round_bf16, work());
+    const float* x = a.f(F::x, t);
+    if (in.flags & plan::kFlagAttnRes) {
+      res_mix_block(s, in, a, F::count, t, a.f(F::h, t));
+      x = a.f(F::h, t);
+    }
+    rmsnorm_block(x, a.vec(F::norm), s.cfg.hidden, s.num.eps, a.f(F::h, t), s.num.round_bf16,
+                  work());
     port::sync_block();
   }
 }
@@ -275,7 +330,6 @@ MD_DEV float add_r(float x, float y, bool rnd) {
 // MoE: [x_mid, -, up, shared, ...]. Per element exactly combine_seq's operations (tiles.cpp).
 MD_DEV void combine_tile(const DevStep& s, const plan::Instr& in, const Args& a) {
   using Cb = plan::arg::Combine;
-  if (in.flags & plan::kFlagAttnRes) port::trap("K3's attention-residual mix is not on CUDA yet");
   const int64_t D = s.cfg.hidden;
   const bool moe = in.flags & plan::kFlagMoeCombine, rnd = s.num.round_bf16;
   const bool latent = moe && (in.flags & plan::kFlagLatentMoe);
@@ -304,8 +358,14 @@ MD_DEV void combine_tile(const DevStep& s, const plan::Instr& in, const Args& a)
     port::sync_block();
     int dst = t;
     if (in.flags & plan::kFlagLogitRows) dst = s.logit_of_row[t];
-    if (dst >= 0)
-      rmsnorm_block(x, a.vec(Cb::norm), D, s.num.eps, a.f(Cb::h_next, dst), rnd, work());
+    if (dst >= 0) {
+      const float* src = x;
+      if (in.flags & plan::kFlagAttnRes) {  // the norm of K3's mix (made in h_next)
+        res_mix_block(s, in, a, Cb::count, t, a.f(Cb::h_next, dst));
+        src = a.f(Cb::h_next, dst);
+      }
+      rmsnorm_block(src, a.vec(Cb::norm), D, s.num.eps, a.f(Cb::h_next, dst), rnd, work());
+    }
     port::sync_block();
   }
 }
@@ -326,30 +386,6 @@ MD_DEV void latent_norm_tile(const DevStep& s, const plan::Instr& in, const Args
     }
     port::sync_block();
     if (a.present(Ln::norm)) rmsnorm_block(r, a.vec(Ln::norm), X, s.num.eps, r, rnd, work());
-    port::sync_block();
-  }
-}
-
-// The order-preserving map of a float onto unsigned integers (for the argmax's keys).
-MD_DEV uint32_t ordered_bits(float x) {
-  const uint32_t u = port::f2u(x);
-  return (u & 0x80000000u) ? ~u : u | 0x80000000u;
-}
-
-// [logits, next]: greedy rows (argmax, ties to the lowest id) of logit rows [r0, r1). Rows with
-// a sampling distribution are drawn by the host from the downloaded logits (src/exec/cuda).
-MD_DEV void sample_tile(const DevStep& s, const plan::Instr& in, const Args& a) {
-  const int64_t V = s.cfg.vocab;
-  uint64_t* red = reinterpret_cast<uint64_t*>(work());
-  for (int b = int(in.r0); b < int(in.r1) && b < s.n_logits; ++b) {
-    const float* row = s.logits + int64_t(b) * V;
-    uint64_t best = 0;
-    for (int64_t i = port::thread_id(); i < V; i += port::block_threads()) {
-      const uint64_t key = uint64_t(ordered_bits(row[i])) << 32 | uint64_t(0xffffffffu - uint32_t(i));
-      best = key > best ? key : best;
-    }
-    best = port::block_max_u64(best, red);
-    if (port::thread_id() == 0) a.ints(plan::arg::Sample::next, b)[0] = int32_t(0xffffffffu - uint32_t(best));
     port::sync_block();
   }
 }

@@ -11,6 +11,9 @@
 
 namespace md::cuda::port {
 
+// 16 bytes, loaded in one instruction.
+using U4 = uint4;
+
 MD_DEV uint32_t thread_id() {
   return threadIdx.x;
 }
@@ -49,6 +52,13 @@ MD_DEV float tanh_f(float x) {
 }
 MD_DEV float log_f(float x) {
   return logf(x);
+}
+
+MD_DEV double sqrt_d(double x) {
+  return sqrt(x);
+}
+MD_DEV double exp_d(double x) {
+  return exp(x);
 }
 
 MD_DEV float warp_sum(float v) {
@@ -112,6 +122,20 @@ MD_DEV uint32_t atomic_or_relaxed(uint32_t* p, uint32_t v) {
 // this thread's next release at device scope.
 MD_DEV void fence_device() {
   __threadfence();
+}
+
+// Programmatic dependent launch (sm_90+): the next kernel in the stream may start once every
+// block of this one has called launch_dependents(); grid_dependency_wait() holds a kernel until
+// the previous one has completed and its writes are visible. No-ops before Hopper.
+MD_DEV void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+MD_DEV void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 }
 
 MD_DEV void pause(const char*) {

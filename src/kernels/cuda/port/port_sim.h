@@ -12,6 +12,11 @@
 
 namespace md::cuda::port {
 
+// 16 bytes, loaded in one instruction on the GPU.
+struct alignas(16) U4 {
+  uint32_t x, y, z, w;
+};
+
 MD_DEV uint32_t thread_id() {
   return sim::coords().tid;
 }
@@ -64,6 +69,13 @@ MD_DEV float log_f(float x) {
   return __builtin_logf(x);
 }
 
+MD_DEV double sqrt_d(double x) {
+  return __builtin_sqrt(x);
+}
+MD_DEV double exp_d(double x) {
+  return __builtin_exp(x);
+}
+
 MD_DEV float warp_sum(float v) {
   return detail::bitsf(sim::warp_collective(detail::fbits(v), sim::WarpOp::kSumF32, 0));
 }
@@ -108,6 +120,10 @@ MD_DEV uint32_t atomic_or_relaxed(uint32_t* p, uint32_t v) {
 MD_DEV void fence_device() {
   // Nothing: one host thread runs every fiber, and TSan sees the barrier and the release.
 }
+
+// Programmatic dependent launch: the simulation runs launches one after another.
+MD_DEV void launch_dependents() {}
+MD_DEV void grid_dependency_wait() {}
 
 MD_DEV void pause(const char* what) {
   sim::pause(what);

@@ -23,6 +23,7 @@
 #endif
 
 #if MD_SIM_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 #if MD_SIM_TSAN
@@ -97,6 +98,11 @@ Fiber::~Fiber() {
 }
 
 void Fiber::reset(Entry entry, void* arg) {
+#if MD_SIM_ASAN
+  // A fiber abandoned mid-run (a deadlock, a trap) leaves its frames' redzones poisoned; the next
+  // thread on this stack starts from a clean one.
+  ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(stack_) + page_size(), bytes_ - page_size());
+#endif
 #if defined(__x86_64__)
   // Top of the stack, 16-byte aligned; the six saved registers and the return address below it
   // (sp = top - 72 is 8 mod 16, so md_sim_fiber_start's call sees the ABI's alignment).

@@ -34,14 +34,39 @@
 #include <sanitizer/tsan_interface.h>
 #define MD_SIM_RELEASE(p) __tsan_release(p)
 #define MD_SIM_ACQUIRE(p) __tsan_acquire(p)
+// TSan's dynamic annotations (libtsan): the scheduler's own bookkeeping is shared by every fiber
+// on one OS thread without synchronisation, so its accesses are hidden from TSan (IgnoreScope);
+// what the device code reads and writes stays visible, ordered only by the barriers,
+// collectives, mbarriers and atomics.
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
+namespace {
+struct IgnoreScope {
+  IgnoreScope() {
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+  }
+  ~IgnoreScope() {
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+  }
+  IgnoreScope(const IgnoreScope&) = delete;
+  IgnoreScope& operator=(const IgnoreScope&) = delete;
+};
+}  // namespace
+#define MD_SIM_BOOKKEEPING IgnoreScope md_sim_ignore_scope
 #define MD_SIM_STACK (size_t{512} << 10)
 #elif MD_SIM_ASAN
 #define MD_SIM_RELEASE(p) (void)(p)
 #define MD_SIM_ACQUIRE(p) (void)(p)
+#define MD_SIM_BOOKKEEPING (void)0
 #define MD_SIM_STACK (size_t{512} << 10)
 #else
 #define MD_SIM_RELEASE(p) (void)(p)
 #define MD_SIM_ACQUIRE(p) (void)(p)
+#define MD_SIM_BOOKKEEPING (void)0
 #define MD_SIM_STACK (size_t{128} << 10)
 #endif
 
@@ -160,19 +185,33 @@ void switch_out(Thread& t) {
   g_cur = &t;
 }
 
+void finish_thread(Thread& t);
+
 void thread_main(void* arg) {
   Thread& t = *static_cast<Thread*>(arg);
-  t.fiber->entered();
-  g_cur = &t;
+  {
+    MD_SIM_BOOKKEEPING;
+    t.fiber->entered();
+    g_cur = &t;
+    MD_SIM_ACQUIRE(t.launch);  // what the host wrote before the launch
+  }
   try {
     (*t.launch->body)();
   } catch (const std::exception& e) {
+    MD_SIM_BOOKKEEPING;
     if (t.launch->error.empty())
       t.launch->error = fmt::format("block {} thread {}: {}", t.c.bid, t.c.tid, e.what());
   } catch (...) {
+    MD_SIM_BOOKKEEPING;
     if (t.launch->error.empty())
       t.launch->error = fmt::format("block {} thread {}: unknown exception", t.c.bid, t.c.tid);
   }
+  finish_thread(t);
+}
+
+void finish_thread(Thread& t) {
+  MD_SIM_BOOKKEEPING;        // (never ends: the fiber does not come back)
+  MD_SIM_RELEASE(t.launch);  // what the thread wrote, for the host after the launch
   t.state = State::kDone;
   t.launch->remove_runnable(&t);
   t.launch->progress();
@@ -217,10 +256,12 @@ std::string describe_waits(const Launch& L) {
 }  // namespace
 
 const ThreadCoords& coords() {
+  MD_SIM_BOOKKEEPING;
   return cur().c;
 }
 
 void sync_block() {
+  MD_SIM_BOOKKEEPING;
   Thread& t = cur();
   Block& b = *t.block;
   Launch& L = *t.launch;
@@ -242,6 +283,7 @@ void sync_block() {
 }
 
 uint64_t warp_collective(uint64_t value, WarpOp op, uint32_t arg) {
+  MD_SIM_BOOKKEEPING;
   Thread& t = cur();
   Block& b = *t.block;
   Launch& L = *t.launch;
@@ -308,6 +350,7 @@ uint64_t warp_collective(uint64_t value, WarpOp op, uint32_t arg) {
       }
     }
     w.arrived = 0;
+    MD_SIM_RELEASE(&w);  // the results, for the lanes woken below
     for (uint32_t i = 0; i < 32; ++i)
       if (w.waiters[i] != &t) L.make_runnable(w.waiters[i]);
     const uint64_t r = w.res[lane];
@@ -323,6 +366,7 @@ uint64_t warp_collective(uint64_t value, WarpOp op, uint32_t arg) {
 }
 
 void pause(const char* what) {
+  MD_SIM_BOOKKEEPING;
   Thread& t = cur();
   Launch& L = *t.launch;
   ++L.pauses;
@@ -338,6 +382,7 @@ void pause(const char* what) {
 }
 
 uint64_t now_ns() {
+  MD_SIM_BOOKKEEPING;
   Launch* L = g_cur ? g_cur->launch : g_launch;
   return L ? L->pauses * config().spin_ns : 0;
 }
@@ -346,7 +391,10 @@ void trap(const char* what) {
   throw Error(fmt::format("device trap: {}", what));
 }
 
+void bulk_copy_checks(void* dst, const void* src, uint32_t bytes, Mbar* m);
+
 void mbar_init(Mbar* m, uint32_t count) {
+  MD_SIM_BOOKKEEPING;
   MD_CHECK(count >= 1, "cuda-sim: an mbarrier needs at least one arrival per phase");
   m->count = m->pending = count;
   m->tx_pending = 0;
@@ -365,6 +413,7 @@ void mbar_check_phase(Mbar* m) {
 }  // namespace
 
 void mbar_arrive_expect_tx(Mbar* m, uint32_t bytes) {
+  MD_SIM_BOOKKEEPING;
   if (m->magic != kMbarMagic) trap("mbarrier arrive on an uninitialised mbarrier");
   if (m->pending == 0) trap("mbarrier: more arrivals than its count in one phase");
   m->tx_pending += bytes;
@@ -378,6 +427,20 @@ void mbar_arrive(Mbar* m) {
 }
 
 void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, Mbar* m) {
+  {
+    MD_SIM_BOOKKEEPING;
+    bulk_copy_checks(dst, src, bytes, m);
+  }
+  // The copy itself is the device's data movement: visible to TSan (a copy into a stage another
+  // thread still reads, without the barrier in between, is a race it reports).
+  std::memcpy(dst, src, bytes);
+  MD_SIM_BOOKKEEPING;
+  m->tx_pending -= bytes;
+  MD_SIM_RELEASE(m);
+  mbar_check_phase(m);
+}
+
+void bulk_copy_checks(void* dst, const void* src, uint32_t bytes, Mbar* m) {
   const ThreadCoords& c = coords();
   if (m->magic != kMbarMagic) trap("bulk copy completing on an uninitialised mbarrier");
   if (bytes == 0 || bytes % 16 != 0)
@@ -392,18 +455,16 @@ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, Mbar* m) {
     throw Error(fmt::format(
         "device trap: bulk copy of {} bytes onto an mbarrier expecting {} more transaction bytes",
         bytes, m->tx_pending));
-  std::memcpy(dst, src, bytes);
-  m->tx_pending -= bytes;
-  MD_SIM_RELEASE(m);
-  mbar_check_phase(m);
 }
 
 bool mbar_test(const Mbar* m, uint32_t parity) {
+  MD_SIM_BOOKKEEPING;
   if (m->magic != kMbarMagic) trap("mbarrier wait on an uninitialised mbarrier");
   return (m->phase & 1u) != (parity & 1u);
 }
 
 void mbar_wait(Mbar* m, uint32_t parity) {
+  MD_SIM_BOOKKEEPING;
   while (!mbar_test(m, parity)) {
     cur().mbar = m;
     pause("an mbarrier phase");
@@ -413,6 +474,7 @@ void mbar_wait(Mbar* m, uint32_t parity) {
 
 void launch(uint32_t grid, uint32_t block, size_t smem, bool cooperative,
             const std::function<void()>& body) {
+  MD_SIM_BOOKKEEPING;
   const Config& cf = config();
   MD_CHECK(g_cur == nullptr, "cuda-sim: a kernel launch from device code");
   MD_CHECK(grid >= 1 && grid <= (1u << 24), "cuda-sim: grid of {} blocks", grid);
@@ -480,6 +542,7 @@ void launch(uint32_t grid, uint32_t block, size_t smem, bool cooperative,
     free_slots.pop_back();
     start_block(s);
   }
+  MD_SIM_RELEASE(&L);  // (the fibers acquire &L's address through their Launch*)
   while (L.live > 0 && L.error.empty()) {
     if (L.runnable.empty() || L.stuck >= L.runnable.size()) {
       L.error = "deadlock: no simulated thread can make progress" + describe_waits(L);
@@ -499,6 +562,7 @@ void launch(uint32_t grid, uint32_t block, size_t smem, bool cooperative,
       if (next < grid) start_block(s);
     }
   }
+  MD_SIM_ACQUIRE(&L);
   std::string err = std::move(L.error);
   give_back();
   if (!err.empty()) throw Error(fmt::format("cuda-sim: {}", err));
