@@ -23,8 +23,8 @@ build: deps
 # then the plan and executor tests under ThreadSanitizer.
 test: test-release test-asan test-tsan
 
-# The CUDA simulation's tests (^Cuda) run in the Release suite only for now: their fibers carry
-# AddressSanitizer and ThreadSanitizer annotations that have not been run yet (docs/cuda.md).
+# The CUDA simulation's tests run in the Release suite; the sanitizer runs leave out the heaviest
+# (small model, goldens, seeds: minutes under ASan) and TSan takes a few representative ones.
 # The sanitizer builds compile at -O1: their build time dominates `make test` on two cores, and
 # the sanitizers need no more optimisation than that to run the suites in a minute or two.
 SAN_FLAGS := -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
@@ -39,9 +39,11 @@ test-asan: deps
 	  $(SAN_FLAGS) > /dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	  ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) -E '^Cuda'
+	  ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) \
+	  -E '^CudaSim\.(Small|GoldenModels|RandomSchedules)'
 
-# The decode plan and its executors (persistent workers, counters, barriers; multi-row steps) under
+# The decode plan and its executors (persistent workers, counters, barriers; multi-row steps), and
+# the CUDA simulation (its runtime, two attention tiles, the tiny model, the watchdog) under
 # ThreadSanitizer: any data race or report fails the target.
 test-tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -49,7 +51,7 @@ test-tsan: deps
 	  > /dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS)
 	@cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1 \
-	  ctest --output-on-failure -j $(JOBS) -R '^(Plan|Executor|ExecutorGolden|MultiRowErrors)\.|^Golden/MultiRow\.'
+	  ctest --output-on-failure -j $(JOBS) -R '^(Plan|Executor|ExecutorGolden|MultiRowErrors|CudaSimRuntime)\.|^Golden/MultiRow\.|^CudaAttention\.(KdaChainedRowsWithRowLog|MlaCoreBf16Cache)|^CudaSim\.(TinyFp32|Watchdog|MultiRowPrefill)'
 
 # The CUDA kernels for every target architecture (sm_80 with its fallbacks, sm_90a, sm_100a), with
 # the portability and SASS checks on the result; ~3 minutes of nvcc on two cores.

@@ -10,7 +10,8 @@ set -euo pipefail
 build="${1:-build}"
 cd "$(dirname "$0")/.."
 fail=0
-bad=$(grep -rnE '__shared__|\basm\b|threadIdx|blockIdx|blockDim|__shfl|__syncthreads|__ballot' \
+# (threadIdx and friends as the device's variables: not a launch configuration's fields.)
+bad=$(grep -rnE '__shared__|\basm\b|(^|[^.[:alnum:]_])(threadIdx|blockIdx|blockDim|gridDim)\b|__shfl|__syncthreads|__ballot' \
         src/kernels/cuda src/exec/cuda --include='*.cu' --include='*.cuh' --include='*.h' \
         --include='*.cpp' | grep -vE '^src/kernels/cuda/(port|sim)/' || true)
 if [ -n "$bad" ]; then

@@ -149,7 +149,7 @@ MD_DEV void drain(Pipe& pipe) {
   port::sync_block();
 }
 
-inline constexpr int kTokenBlock = 8;  // activation rows per pass over a chunk (registers)
+inline constexpr int kTokenBlock = 4;  // activation rows per pass over a chunk (registers)
 
 // out(t, r, v) is called once per (token row t < B, matrix row r in [r0, r1)) by one lane.
 // xrow(t): activation row t (cols floats). Every thread of the block calls it.
