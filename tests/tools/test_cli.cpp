@@ -76,6 +76,41 @@ TEST_F(Cli, LogitsRowsThroughThePlan) {
   EXPECT_EQ(plan.out, ref.out);
 }
 
+// --device cuda-sim runs the plan's CUDA kernels on the host simulation: generate's greedy ids
+// (fp32, where no bf16 rounding flips) and logits agree with the CPU executor's; run and bench
+// work; --device cuda without a GPU, or an unknown device, is a one-line error.
+TEST_F(Cli, DeviceCudaSim) {
+  const std::string gen = "generate --model " + model() +
+                          " --ids 1,2,3,4,5 --max-tokens 5 --ignore-eos --precision fp32 --executor ";
+  auto cpu = test::run_cli(gen + "megakernel");
+  ASSERT_EQ(cpu.status, 0) << cpu.err;
+  for (const char* ex : {"megakernel", "opbyop"}) {
+    auto sim = test::run_cli(gen + ex + " --device cuda-sim");
+    ASSERT_EQ(sim.status, 0) << sim.err;
+    EXPECT_EQ(sim.out, cpu.out) << ex;
+  }
+  auto lg = test::run_cli("logits --model " + model() +
+                          " --ids 1,2,3 --executor opbyop --rows 2 --device cuda-sim");
+  ASSERT_EQ(lg.status, 0) << lg.err;
+  EXPECT_EQ(std::count(lg.out.begin(), lg.out.end(), '\n'), 3);
+  auto run = test::run_cli("run --model " + model() +
+                           " --prompt 'Hello' -n 4 --seed 2 --raw --json --executor megakernel "
+                           "--device cuda-sim");
+  ASSERT_EQ(run.status, 0) << run.err;
+  EXPECT_EQ(nlohmann::json::parse(run.out)["tokens"].size(), 4u);
+  auto b = test::run_cli("bench --model " + model() +
+                         " --device cuda-sim --executor megakernel,opbyop --batch 1 --steps 1 "
+                         "--reps 1");
+  ASSERT_EQ(b.status, 0) << b.err;
+  EXPECT_THAT(b.out, HasSubstr("--device cuda-sim (cuda-sim (host simulation))"));
+  auto gpu = test::run_cli(gen + "opbyop --device cuda");
+  if (gpu.status != 0) expect_one_line_error(gpu, "no CUDA device");
+  auto bad = test::run_cli(gen + "opbyop --device tpu");  // (CLI11's own two-line message)
+  EXPECT_NE(bad.status, 0);
+  EXPECT_LT(bad.status, 128);
+  EXPECT_THAT(bad.err, HasSubstr("--device: tpu not in"));
+}
+
 TEST_F(Cli, GenerateAndInspect) {
   auto r = test::run_cli("generate --model " + model() + " --ids 1,2 --max-tokens 5 --ignore-eos");
   ASSERT_EQ(r.status, 0) << r.err;

@@ -97,6 +97,7 @@ struct Thread {
   Block* block = nullptr;
   Launch* launch = nullptr;
   State state = State::kRunnable;
+  bool started = false;
   size_t run_index = 0;    // position in Launch::runnable while runnable
   uint64_t spin_gen = ~0ull;
   int spins = 0;
@@ -125,10 +126,12 @@ struct Block {
   int sync_token = 0;  // the TSan release/acquire address of the barrier
 };
 
-// The fibers are kept between launches (a decode step launches dozens of grids).
+// The fibers are kept between launches (a decode step launches dozens of grids), and for the
+// process's life: never destroyed at exit, when no launch runs and their stacks are plain mappings
+// (TSan would otherwise see the exit's deletes race with the fibers' last bookkeeping reads).
 std::vector<std::unique_ptr<Fiber>>& fiber_pool() {
-  static std::vector<std::unique_ptr<Fiber>> p;
-  return p;
+  static auto* p = new std::vector<std::unique_ptr<Fiber>>();
+  return *p;
 }
 
 struct Launch {
@@ -140,6 +143,7 @@ struct Launch {
   uint64_t rng = 0;
   size_t rr = 0;
   std::string error;
+  bool aborting = false;  // the launch failed: suspended threads unwind (AbortLaunch) and finish
   uint64_t pauses = 0;
   std::vector<std::unique_ptr<Block>> blocks;
 
@@ -178,11 +182,16 @@ Thread& cur() {
   return *g_cur;
 }
 
+// Thrown into a suspended thread when its launch has failed: it unwinds the device code and
+// finishes normally, publishing what it wrote (the host reads the status board after a failure).
+struct AbortLaunch {};
+
 // Back to the scheduler; the caller has set the thread's state.
 void switch_out(Thread& t) {
   ++stats().switches;
   t.fiber->yield();
   g_cur = &t;
+  if (t.launch->aborting) throw AbortLaunch{};
 }
 
 void finish_thread(Thread& t);
@@ -192,11 +201,14 @@ void thread_main(void* arg) {
   {
     MD_SIM_BOOKKEEPING;
     t.fiber->entered();
+    t.started = true;
     g_cur = &t;
     MD_SIM_ACQUIRE(t.launch);  // what the host wrote before the launch
   }
   try {
     (*t.launch->body)();
+  } catch (const AbortLaunch&) {
+    // unwound after the launch failed
   } catch (const std::exception& e) {
     MD_SIM_BOOKKEEPING;
     if (t.launch->error.empty())
@@ -210,13 +222,15 @@ void thread_main(void* arg) {
 }
 
 void finish_thread(Thread& t) {
-  MD_SIM_BOOKKEEPING;        // (never ends: the fiber does not come back)
-  MD_SIM_RELEASE(t.launch);  // what the thread wrote, for the host after the launch
-  t.state = State::kDone;
-  t.launch->remove_runnable(&t);
-  t.launch->progress();
-  --t.block->live;
-  --t.launch->live;
+  {
+    MD_SIM_BOOKKEEPING;
+    MD_SIM_RELEASE(t.launch);  // what the thread wrote, for the host after the launch
+    if (t.state == State::kRunnable) t.launch->remove_runnable(&t);
+    t.state = State::kDone;
+    t.launch->progress();
+    --t.block->live;
+    --t.launch->live;
+  }
   t.fiber->exit();
 }
 
@@ -560,6 +574,20 @@ void launch(uint32_t grid, uint32_t block, size_t smem, bool cooperative,
         L.error = fmt::format("block {}: threads exited while others wait at the barrier", b->bid);
       L.blocks[s].reset();
       if (next < grid) start_block(s);
+    }
+  }
+  if (!L.error.empty()) {
+    // Unwind every thread that started and has not finished, so that each publishes what it
+    // wrote and leaves its stack clean; threads that never started wrote nothing.
+    L.aborting = true;
+    for (const auto& b : L.blocks) {
+      if (!b) continue;
+      for (Thread* t : b->threads)
+        if (t->started && t->state != State::kDone) {
+          g_cur = t;
+          t->fiber->resume();
+          g_cur = nullptr;
+        }
     }
   }
   MD_SIM_ACQUIRE(&L);
