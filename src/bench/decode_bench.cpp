@@ -107,6 +107,12 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
   Rng rng(7);
   int moe_layers = 0;
   for (FfnKind k : cfg.ffn_kind) moe_layers += k == FfnKind::MoE;
+  // The prefill runs on the reference path, or, when the weights exist only on a device, through
+  // the first plan executor (its state pool then holds the snapshots).
+  Executor* prefiller = nullptr;
+  if (!m.weights_on_host())
+    for (Runner& r : runners)
+      if (!prefiller && r.ex) prefiller = r.ex.get();
   for (int B : o.batches) {
     // B sequences prefilled with `context` random tokens; decode continues greedily.
     std::vector<SequenceState> seqs;
@@ -114,10 +120,13 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
     std::vector<float> logits(size_t(B) * size_t(V));
     for (int b = 0; b < B; ++b) {
       report(fmt::format("batch {}: prefill {}/{}", B, b + 1, B));
-      SequenceState s = m.new_sequence();
+      SequenceState s = prefiller ? prefiller->new_sequence() : m.new_sequence();
       std::vector<int32_t> prompt(static_cast<size_t>(o.context));
       for (auto& id : prompt) id = int32_t(rng.next() % uint64_t(std::max<int64_t>(V - 256, 1)));
-      m.forward(s, prompt, logits.data(), false);
+      if (prefiller)
+        prefiller->prefill(s, prompt, logits.data());
+      else
+        m.forward(s, prompt, logits.data(), false);
       tokens[size_t(b)] = int32_t(argmax(logits.data(), V));
       seqs.push_back(std::move(s));
     }

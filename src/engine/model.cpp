@@ -171,6 +171,16 @@ Model::Model(const std::string& dir, const ModelOptions& opt) : opt_(opt) {
   MD_CHECK(fs::is_directory(dir), "model directory {} does not exist or is not a directory", dir);
   cfg_ = load_config_file((fs::path(dir) / "config.json").string());
   ckpt_ = std::make_unique<Checkpoint>(dir);
+  init();
+}
+
+Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
+    : cfg_(cfg), opt_(opt), ckpt_(Checkpoint::random(cfg, seed)) {
+  init();
+}
+
+void Model::init() {
+  const ModelOptions& opt = opt_;
   w_ = bind_weights(cfg_, *ckpt_);
   num_ = numerics_of(cfg_, opt);
   if (num_.round_a_log) {  // Numerics::round_a_log
@@ -184,6 +194,14 @@ Model::Model(const std::string& dir, const ModelOptions& opt) : opt_(opt) {
 
 Model::~Model() = default;
 
+void Model::require_host_weights(const char* who) const {
+  MD_CHECK(weights_on_host(),
+           "{}: this model's weights ({}) are generated on a CUDA device and are not in host "
+           "memory; run it with a CUDA executor (--device cuda or cuda-sim), or write the "
+           "checkpoint with make-model",
+           who, ckpt_->dir());
+}
+
 void Model::touch_weights(const std::function<void(double, double)>& progress) const {
   const double total = double(ckpt_->total_bytes());
   double done = 0, reported = 0;
@@ -191,7 +209,7 @@ void Model::touch_weights(const std::function<void(double, double)>& progress) c
   for (const auto& [name, t] : ckpt_->tensors()) {
     const auto* p = static_cast<const uint8_t*>(t.data);
     uint8_t acc = 0;
-    for (size_t i = 0; i < t.nbytes; i += 4096) acc ^= p[i];
+    for (size_t i = 0; !ckpt_->device_only(p) && i < t.nbytes; i += 4096) acc ^= p[i];
     sink = sink ^ acc;
     done += double(t.nbytes);
     if (progress && (done - reported > total / 200 || done == total)) {
@@ -207,6 +225,7 @@ SequenceState Model::new_sequence() const {
 
 void Model::forward(SequenceState& seq, std::span<const int32_t> ids, float* logits,
                     bool all_positions) {
+  require_host_weights("the reference path");
   impl_->forward(seq, ids, logits, all_positions);
 }
 

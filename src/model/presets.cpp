@@ -13,6 +13,7 @@
 #include "megadecode/base/threads.h"
 #include "megadecode/base/util.h"
 #include "megadecode/model/safetensors.h"
+#include "megadecode/model/random_init.h"
 #include "megadecode/model/weights.h"
 
 namespace md {
@@ -71,7 +72,7 @@ ModelConfig kimi_k3_base() {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "small", "kl48-e32", "kl48", "k3-tiny", "k3-small", "k3-slice"};
+  return {"tiny", "small", "kl48-e32", "kl48", "k3-tiny", "k3-small", "k3-slice", "k3-shard16"};
 }
 
 ModelConfig preset_config(const std::string& name) {
@@ -132,6 +133,38 @@ ModelConfig preset_config(const std::string& name) {
       c.num_experts_per_token = 16;
       c.latent_size = 3584;
       c.moe_intermediate_size = 3072;
+      c.attn_res_block_size = 12;
+    } else if (name == "k3-shard16") {
+      // One GPU's share of K3 served by 16 (the seed's 16 chips; BENCHMARKS.md): all 93 layers,
+      // the residual stream whole, 1/16 of everything else: 6 of the 96 KDA and MLA heads, 1/16
+      // of the dense layer, the embedding and lm_head split by vocabulary (10240 of 163840
+      // rows), the shared experts' 6144 channels / 16 = 384. A standalone model has no latent
+      // all-gather, so the routed experts work in the hidden space: each of 896 experts
+      // (3584 -> 3072 -> 3584) is cut into 8 sub-experts of 192 channels on the hidden 7168,
+      // which have exactly the elements of one eighth of an expert, and this GPU holds 448 of
+      // them (1/16) and serves 8 routes a token: the one full expert of the 16 routes a GPU
+      // serves on average. The q LoRA down-projection (q_a) and kv_a stay whole, as they are
+      // replicated. Collectives are not modelled.
+      c.vocab_size = 10240;
+      c.hidden_size = 7168;
+      set_layers(c, 93, {});
+      for (int l = 3; l < 92; l += 4) c.attn_kind[size_t(l)] = AttnKind::MLA;
+      c.attn_kind[92] = AttnKind::MLA;
+      c.intermediate_size = 2112;
+      c.kda_num_heads = 6;
+      c.kda_head_dim = 128;
+      c.mla_num_heads = 6;
+      c.q_lora_rank = 1536;
+      c.kv_lora_rank = 512;
+      c.qk_nope_head_dim = 128;
+      c.qk_rope_head_dim = 64;
+      c.v_head_dim = 128;
+      c.num_experts = 448;
+      c.num_experts_per_token = 8;
+      c.num_shared_experts = 2;
+      c.latent_size = 0;
+      c.latent_norm = false;
+      c.moe_intermediate_size = 192;
       c.attn_res_block_size = 12;
     } else {
       std::string all;
@@ -198,59 +231,70 @@ ModelConfig preset_config(const std::string& name) {
 
 namespace {
 
-// How a tensor is initialised: uniform with a given mean and standard deviation, optionally
-// passed through a transform (A_log = log U(1, 4)).
-struct Init {
-  double mean = 0, std = 1;
-  bool log_uniform_1_4 = false;
-  double log_uniform_hi = 4.0;  // A_log = log U(1, hi)
-  // MXFP4 tensors (U8): 1 = weight_packed, uniformly random codes; 2 = weight_scale, E8M0 bytes
-  // uniform in scale_byte - 1 .. scale_byte + 1.
-  int mxfp4 = 0;
-  int scale_byte = 127;
-};
-
-Init init_for(const TensorSpec& t, const ModelConfig& c) {
+// How a tensor is initialised (model/random_init.h): uniform with a given mean and standard
+// deviation, log-uniform for A_log, random MXFP4 codes and scales.
+RandomInit init_for(const TensorSpec& t, const ModelConfig& c) {
+  using K = RandomInit::Kind;
   const std::string& n = t.name;
   auto ends = [&](const char* s) {
     std::string suf(s);
     return n.size() >= suf.size() && n.compare(n.size() - suf.size(), suf.size(), suf) == 0;
   };
+  auto uniform = [](double mean, double std) {
+    RandomInit r;
+    r.mean = mean;
+    r.half = std * std::sqrt(3.0);
+    return r;
+  };
   // softplus(N(0, 0.5^2) + dt_bias) * exp(A_log) with dt_bias ~ -2.5 gives decays exp(g) mostly
   // in 0.2 .. 0.95. K3's bounded gate -5 * sigmoid(exp(A_log) * (f + dt_bias)) is steeper in
   // A: exp(A_log) in 1..2, f = f_b(f_a x) ~ N(0, 0.3^2) and dt_bias ~ N(-1.5, 0.3^2) put about 98%
   // of the decays in 0.2 .. 0.95.
-  if (ends("A_log")) return Init{0, 0, true, c.kda_bounded_decay ? 2.0 : 4.0};
-  if (ends("dt_bias")) return c.kda_bounded_decay ? Init{-1.5, 0.3} : Init{-2.5, 0.3};
-  if (ends("e_score_correction_bias")) return {0, 0.05};
-  if (ends("norm.weight") || ends("layernorm.weight")) return {1.0, 0.1};
-  if (ends("conv1d.weight")) return {0, 0.5};
-  if (ends("embed_tokens.weight")) return {0, 1.0};
-  if (ends("weight_packed")) return Init{.mxfp4 = 1};
+  if (ends("A_log")) {
+    RandomInit r;
+    r.kind = K::kLogUniform;
+    r.hi = c.kda_bounded_decay ? 2.0 : 4.0;
+    return r;
+  }
+  if (ends("dt_bias")) return c.kda_bounded_decay ? uniform(-1.5, 0.3) : uniform(-2.5, 0.3);
+  if (ends("e_score_correction_bias")) return uniform(0, 0.05);
+  if (ends("norm.weight") || ends("layernorm.weight")) return uniform(1.0, 0.1);
+  if (ends("conv1d.weight")) return uniform(0, 0.5);
+  if (ends("embed_tokens.weight")) return uniform(0, 1.0);
+  if (ends("weight_packed")) {
+    RandomInit r;
+    r.kind = K::kMxfp4Codes;
+    return r;
+  }
   if (ends("weight_scale")) {
     // Uniform codes have an rms magnitude of sqrt(68.5 / 8) = 2.93 and the scale spread (x0.5,
     // x1, x2) adds a factor sqrt(1.75) = 1.32: aim at an rms weight of 1/sqrt(in).
     const double in = double(t.shape.back()) * 32;
     const double target = 1.0 / (2.926 * 1.323 * std::sqrt(in));
-    return Init{.mxfp4 = 2, .scale_byte = 127 + int(std::lround(std::log2(target)))};
+    RandomInit r;
+    r.kind = K::kMxfp4Scales;
+    r.scale_byte = 127 + int(std::lround(std::log2(target)));
+    return r;
   }
   const double in = double(t.shape.back());
-  if (ends("lm_head.weight")) return {0, 3.0 / std::sqrt(in)};
-  if (ends("f_b_proj.weight")) return {0, (c.kda_bounded_decay ? 0.3 : 0.5) / std::sqrt(in)};
+  if (ends("lm_head.weight")) return uniform(0, 3.0 / std::sqrt(in));
+  if (ends("f_b_proj.weight")) return uniform(0, (c.kda_bounded_decay ? 0.3 : 0.5) / std::sqrt(in));
   // K3: a wider router (gain 1.7) spreads the sigmoid scores over (0, 1), so top-k gaps are
   // comfortable more often.
   if (c.has_k3_extensions() && ends("block_sparse_moe.gate.weight"))
-    return {0, 1.7 / std::sqrt(in)};
-  return {0, 1.0 / std::sqrt(in)};
-}
-
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t z = a * 0x9e3779b97f4a7c15ull ^ (b + 0x632be59bd9b4e019ull + (a << 6) + (a >> 2));
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  return z ^ (z >> 31);
+    return uniform(0, 1.7 / std::sqrt(in));
+  return uniform(0, 1.0 / std::sqrt(in));
 }
 
 }  // namespace
+
+RandomInit random_init(const TensorSpec& t, const ModelConfig& cfg, uint64_t seed, size_t index) {
+  RandomInit r = init_for(t, cfg);
+  r.f32 = t.dtype == DType::F32;
+  r.seed = random_chunk_seed(seed, index);
+  r.numel = t.nbytes() / dtype_size(t.dtype);
+  return r;
+}
 
 void make_random_checkpoint(const ModelConfig& cfg, const std::string& dir, uint64_t seed,
                             int shards, ThreadPool& pool, bool progress) {
@@ -265,37 +309,10 @@ void make_random_checkpoint(const ModelConfig& cfg, const std::string& dir, uint
   double total = 0, done = 0;
   for (auto& s : specs) total += double(s.nbytes());
 
-  const size_t chunk = size_t(1) << 20;
   auto fill = [&](const TensorSpec& t, uint8_t* out) {
-    const Init in = init_for(t, cfg);
-    const size_t n = t.nbytes() / dtype_size(t.dtype);
-    const uint64_t tseed = mix(seed, index.at(t.name));
-    const double half = in.std * std::sqrt(3.0);
-    const size_t chunks = (n + chunk - 1) / chunk;
-    pool.parallel_for(chunks, [&](size_t c0, size_t c1) {
-      for (size_t ci = c0; ci < c1; ++ci) {
-        Rng rng(mix(tseed, ci));
-        if (in.mxfp4) {
-          for (size_t i = ci * chunk; i < std::min(n, (ci + 1) * chunk); ++i) {
-            const uint64_t r = rng.next();
-            out[i] = in.mxfp4 == 1 ? uint8_t(r >> 56) : uint8_t(in.scale_byte - 1 + (r >> 32) % 3);
-          }
-          continue;
-        }
-        for (size_t i = ci * chunk; i < std::min(n, (ci + 1) * chunk); ++i) {
-          double v = in.log_uniform_1_4 ? std::log(rng.uniform(1.0, in.log_uniform_hi))
-                                        : in.mean + rng.uniform(-half, half);
-          // Every value is bf16-representable, also in F32 tensors, so bf16 and fp32 runs of
-          // the reference see identical weights.
-          float f = round_bf16(float(v));
-          if (t.dtype == DType::F32)
-            std::memcpy(out + 4 * i, &f, 4);
-          else {
-            bf16 b = f32_to_bf16(f);
-            std::memcpy(out + 2 * i, &b, 2);
-          }
-        }
-      }
+    const RandomInit in = random_init(t, cfg, seed, index.at(t.name));
+    pool.parallel_for(in.chunks(), [&](size_t c0, size_t c1) {
+      for (size_t c = c0; c < c1; ++c) fill_random_chunk(in, c, out);
     });
     done += double(t.nbytes());
     if (progress)

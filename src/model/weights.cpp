@@ -51,9 +51,10 @@ class Binder {
                "tensor {} in {}: dtype {} is not supported for an MXFP4 expert weight (expected "
                "U8)",
                t->name, t->file, dtype_name(t->dtype));
-    // E8M0 255 is NaN (OCP MX): reject the checkpoint rather than compute NaNs.
+    // E8M0 255 is NaN (OCP MX): reject the checkpoint rather than compute NaNs. (Random scales
+    // generated on a device never are: random_init.h.)
     const auto* sc = static_cast<const uint8_t*>(s->data);
-    for (size_t i = 0; i < s->nbytes; ++i)
+    for (size_t i = 0; !ck_->device_only(s->data) && i < s->nbytes; ++i)
       MD_CHECK(sc[i] != 255, "tensor {} in {}: scale byte {} is 255 (NaN in E8M0)", s->name,
                s->file, i);
     m.data = p->data;
@@ -67,7 +68,7 @@ class Binder {
   std::vector<float> vec_prefix(const std::string& name, int64_t n,
                                 std::vector<int64_t> write_shape, DType write_dtype) {
     if (!ck_) {
-      specs_->push_back(TensorSpec{name, write_dtype, write_shape});
+      specs_->push_back(TensorSpec{name, write_dtype, write_shape, /*read_at_load=*/true});
       return {};
     }
     const TensorInfo* t = ck_->find(name);
@@ -87,7 +88,7 @@ class Binder {
   // A small tensor read into fp32 (any float dtype); `shape` is the exact expected shape.
   std::vector<float> vec(const std::string& name, std::vector<int64_t> shape,
                          DType write_dtype = DType::BF16) {
-    const TensorInfo* t = lookup(name, shape, write_dtype);
+    const TensorInfo* t = lookup(name, shape, write_dtype, /*read_at_load=*/true);
     if (!t) return {};
     std::vector<float> out(static_cast<size_t>(t->numel()));
     switch (t->dtype) {
@@ -136,9 +137,9 @@ class Binder {
 
  private:
   const TensorInfo* lookup(const std::string& name, const std::vector<int64_t>& shape,
-                           DType write_dtype) {
+                           DType write_dtype, bool read_at_load = false) {
     if (!ck_) {
-      specs_->push_back(TensorSpec{name, write_dtype, shape});
+      specs_->push_back(TensorSpec{name, write_dtype, shape, read_at_load});
       return nullptr;
     }
     const TensorInfo* t = ck_->find(name);

@@ -103,6 +103,19 @@ TEST_F(Cli, DeviceCudaSim) {
                          "--reps 1");
   ASSERT_EQ(b.status, 0) << b.err;
   EXPECT_THAT(b.out, HasSubstr("--device cuda-sim (cuda-sim (host simulation))"));
+  // A preset benched by CUDA executors only: its weights are generated on the device; with the
+  // reference among the executors, make-model writes them for the host.
+  test::TempDir tmp("cli_bench");
+  auto pd = test::run_cli("bench --preset tiny --device cuda-sim --executor megakernel --batch 2 "
+                          "--steps 1 --reps 1 --json " + tmp / "pd.json");
+  ASSERT_EQ(pd.status, 0) << pd.err;
+  EXPECT_THAT(pd.out, HasSubstr("generated on the device"));
+  std::ifstream jf(tmp / "pd.json");
+  EXPECT_TRUE(nlohmann::json::parse(jf)["weights_generated_on_device"].get<bool>());
+  auto ph = test::run_cli("bench --preset tiny --device cuda-sim --executor opbyop,reference "
+                          "--batch 1 --steps 1 --reps 1");
+  ASSERT_EQ(ph.status, 0) << ph.err;
+  EXPECT_THAT(ph.out, ::testing::Not(HasSubstr("generated on the device")));
   auto gpu = test::run_cli(gen + "opbyop --device cuda");
   if (gpu.status != 0) expect_one_line_error(gpu, "no CUDA device");
   auto bad = test::run_cli(gen + "opbyop --device tpu");  // (CLI11's own two-line message)

@@ -137,8 +137,9 @@ void register_bench(CLI::App& app) {
       "prefill and verify steps through the plan");
   o->f.add(c, /*model_required=*/false);
   c->add_option("--preset", o->preset,
-                "bench a preset's random checkpoint (built in a temporary directory, deleted "
-                "after) instead of --model");
+                "bench a preset's random checkpoint instead of --model: built in a temporary "
+                "directory (deleted after), or, for a decode bench of only CUDA executors "
+                "(--device cuda or cuda-sim, no reference), generated in device memory");
   c->add_option("--seed", o->seed, "seed of the --preset checkpoint");
   c->add_option("--what", o->what,
                 "comma-separated: decode (batch sizes x executors), prefill (a --prompt-token "
@@ -188,9 +189,15 @@ void register_bench(CLI::App& app) {
     }
     MD_CHECK(!(prefill || verify || mixed) || !plan_names.empty(),
              "bench: prefill, verify and mixed need a plan executor (megakernel or opbyop)");
+    // A preset decoded only by CUDA executors gets its random weights generated on the device
+    // (nothing written or uploaded: the ~100 GB geometries load in seconds); otherwise make-model
+    // writes its checkpoint for the host paths.
+    const bool device_weights =
+        !o->preset.empty() && o->f.device_kind() != DeviceKind::kCpu && !prefill && !verify &&
+        !mixed && std::find(names.begin(), names.end(), "reference") == names.end();
     TempCheckpoint tmp;
     std::string dir = o->f.model;
-    if (!o->preset.empty()) {
+    if (!o->preset.empty() && !device_weights) {
       tmp.make(o->preset, o->seed);
       dir = tmp.dir;
     }
@@ -203,7 +210,11 @@ void register_bench(CLI::App& app) {
     // (The mixed bench keeps batch + 1 there.)
     rf.states.max_sequences = std::max(rf.states.max_sequences,
                                        2 * *std::max_element(batches.begin(), batches.end()) + 1);
-    LoadedModel lm = load_model(rf, /*with_tokenizer=*/false);
+    LoadedModel lm;
+    if (device_weights)
+      lm.model = std::make_unique<Model>(preset_config(o->preset), o->seed, rf.options());
+    else
+      lm = load_model(rf, /*with_tokenizer=*/false);
     Model& m = *lm.model;
     const bench::Machine mach = bench::this_machine();
     const std::string model_name = o->preset.empty() ? o->f.model : "preset " + o->preset;
@@ -226,6 +237,10 @@ void register_bench(CLI::App& app) {
                 model_name.c_str(), W, m.pool().size(), o->f.precision.c_str(),
                 mach.matmul_isa.c_str());
     std::printf("machine: %s, %d CPUs\n", mach.cpu_model.c_str(), mach.cores);
+    if (device_weights)
+      std::printf("weights: preset %s, seed %llu, generated on the device (make-model's bytes)\n",
+                  o->preset.c_str(), (unsigned long long)o->seed);
+    j["weights_generated_on_device"] = device_weights;
     if (decode) {
       bench::DecodeOptions d;
       d.batches = batches;

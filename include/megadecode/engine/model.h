@@ -20,6 +20,10 @@ namespace md {
 class Model {
  public:
   Model(const std::string& dir, const ModelOptions& opt = {});
+  // make-model's random weights for (cfg, seed) without files (Checkpoint::random): only the
+  // CUDA executors can run it (they generate the matrices in device memory); the reference path
+  // and the CPU executors refuse it with an md::Error.
+  Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt = {});
   ~Model();
 
   const ModelConfig& config() const { return cfg_; }
@@ -28,6 +32,10 @@ class Model {
   // The numeric policy of this model and options (engine/numerics.h).
   const Numerics& numerics() const { return num_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
+  // Every weight is in host memory (false for a Model of random weights generated on a device).
+  bool weights_on_host() const { return ckpt_->host_complete(); }
+  // An md::Error naming `who` unless weights_on_host().
+  void require_host_weights(const char* who) const;
   ThreadPool& pool() { return *pool_; }
 
   // A sequence of the reference path's state pool (ModelOptions::states; an md::Error when the
@@ -54,6 +62,7 @@ class Model {
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<StatePool> states_;
   std::unique_ptr<Impl> impl_;
+  void init();  // after cfg_ and ckpt_
 };
 
 }  // namespace md

@@ -5,20 +5,27 @@
 #include <vector>
 
 #include "megadecode/model/config.h"
+#include "megadecode/model/random_init.h"
 
 namespace md {
 
 class ThreadPool;
+struct TensorSpec;
 
 // tiny, small: fast test models (the golden models share these geometries); kl48-e32: the
 // Kimi-Linear-48B-A3B geometry with 32 experts per layer instead of 256 (same bytes per decode
-// token at batch 1, files ~16 GB); kl48: the full released geometry.
+// token at batch 1, files ~16 GB); kl48: the full released geometry; k3-tiny, k3-small: K3 test
+// models; k3-slice: K3's first four layers at full width; k3-shard16: one GPU's share of Kimi K3
+// served 16 ways (all 93 layers; the geometry and its approximations in docs/cuda.md).
 ModelConfig preset_config(const std::string& name);
 std::vector<std::string> preset_names();
 
 // Writes config.json and safetensors (bf16; the tensors the reference keeps in fp32 as F32) into
 // dir. The same (config, seed) always gives the same bytes. Scales are chosen so that activations
 // stay O(1), KDA decays exp(g) are mostly in 0.2..0.95, and router scores are spread.
+// The recipe make-model uses for tensor `index` of expected_tensors(cfg) (random_init.h).
+RandomInit random_init(const TensorSpec& t, const ModelConfig& cfg, uint64_t seed, size_t index);
+
 void make_random_checkpoint(const ModelConfig& cfg, const std::string& dir, uint64_t seed,
                             int shards, ThreadPool& pool, bool progress = false);
 

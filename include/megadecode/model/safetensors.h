@@ -10,8 +10,11 @@
 #include <vector>
 
 #include "megadecode/base/dtype.h"
+#include "megadecode/model/random_init.h"
 
 namespace md {
+
+struct ModelConfig;
 
 struct TensorInfo {
   std::string name;
@@ -76,16 +79,33 @@ class SafetensorsFile {
 class Checkpoint {
  public:
   explicit Checkpoint(const std::string& dir);
+  // make-model's random weights for (cfg, seed), never written to files (src/model/
+  // random_checkpoint.cpp): the tensors bind_weights reads at load (norms, biases, conv taps) are
+  // generated in host memory; every other tensor (the matrices: nearly all the bytes) exists only
+  // as its recipe, for the CUDA executors to generate in device memory. Those tensors' data
+  // pointers address reserved inaccessible memory, so a host read is a crash, never garbage.
+  static std::unique_ptr<Checkpoint> random(const ModelConfig& cfg, uint64_t seed);
   const TensorInfo* find(const std::string& name) const;  // nullptr if absent
   const TensorInfo& get(const std::string& name) const;   // throws md::Error naming it
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const { return dir_; }  // Checkpoint::random: "random weights (seed S)"
   size_t total_bytes() const;
+  // The recipe of the tensor at `data` when its bytes are not in host memory (nullptr for every
+  // tensor of a checkpoint read from files).
+  const RandomInit* device_only(const void* data) const {
+    auto it = device_only_.find(data);
+    return it == device_only_.end() ? nullptr : &it->second;
+  }
+  // Every tensor's bytes are in host memory (what the CPU paths need).
+  bool host_complete() const { return device_only_.empty(); }
 
  private:
+  Checkpoint() = default;
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, TensorInfo> tensors_;
+  std::map<const void*, RandomInit> device_only_;
+  std::shared_ptr<void> storage_;  // Checkpoint::random: the host tensors and the reservation
 };
 
 // Writes a checkpoint without holding it in memory: tensors are produced one at a time by `fill`
@@ -96,6 +116,7 @@ struct TensorSpec {
   std::string name;
   DType dtype;
   std::vector<int64_t> shape;
+  bool read_at_load = false;  // bind_weights converts it into a host vector (not used in place)
   size_t nbytes() const;
 };
 using TensorFiller = std::function<void(const TensorSpec& spec, uint8_t* out)>;

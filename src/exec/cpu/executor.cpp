@@ -202,6 +202,7 @@ struct CpuExecutor::Impl {
   Impl(Model& m, int mb, ExecutorKind k, const ExecutorOptions& o)
       : model(m), max_batch(mb), kind(k), opt(o) {
     MD_CHECK(mb >= 1 && mb <= 1024, "executor: max_batch {} is outside 1..1024", mb);
+    m.require_host_weights("the CPU executors");
     MD_CHECK(o.workers >= 0 && o.workers <= 4096, "executor: workers {} is outside 0..4096",
              o.workers);
     MD_CHECK(o.watchdog_seconds > 0, "executor: the watchdog timeout must be positive");

@@ -138,7 +138,9 @@ struct CudaExecutor::Impl {
     upload_weights();
   }
 
-  // Every tensor a plan can name, once (bf16 / fp32 as stored; MXFP4 codes then scales).
+  // Every tensor a plan can name, once (bf16 / fp32 as stored; MXFP4 codes then scales): copied
+  // from the host, or, for a model of random weights generated on the device (Checkpoint::
+  // random), generated here by make-model's generator.
   void upload_weights() {
     plan::PlanOptions po = opt.plan;
     po.batch = 1;
@@ -149,29 +151,49 @@ struct CudaExecutor::Impl {
     for (const plan::WeightRef& r : p.weights) views.push_back(exec::bind_weight(model.weights(), r));
     for (const auto& v : views) total += double(v.rows) * double(v.cols) * 2;
     const bool bar = total > double(size_t(1) << 30);
-    for (const auto& v : views) upload_one(v, bar, total, done);
+    std::vector<cuda::RandomJob> jobs;
+    for (const auto& v : views) {
+      place(v, jobs);
+      done += double(weight_bytes(v));
+      if (bar)
+        fmt::print(stderr, "\r{} weights on {}: {} of {}", jobs.empty() ? "uploading" : "placing",
+                   dev->info().name, human_bytes(done), human_bytes(total));
+    }
     if (bar) fmt::print(stderr, "\n");
+    if (!jobs.empty()) {
+      const double t0 = now_seconds();
+      dev->fill_random(jobs.data(), jobs.size());
+      if (bar)
+        fmt::print(stderr, "generated {} random-weight chunks on {} in {:.1f} s\n", jobs.size(),
+                   dev->info().name, now_seconds() - t0);
+    }
   }
 
-  void upload_one(const exec::WeightView& v, bool bar, double total, double& done) {
-    if (!v.data || uploaded.count(v.data)) return;
-    size_t bytes = v.dtype == DType::U8 ? size_t(v.rows) * size_t(v.cols) / 2
-                                        : size_t(v.rows) * size_t(v.cols) * dtype_size(v.dtype);
+  static size_t weight_bytes(const exec::WeightView& v) {
+    return v.dtype == DType::U8 ? size_t(v.rows) * size_t(v.cols) / 2
+                                : size_t(v.rows) * size_t(v.cols) * dtype_size(v.dtype);
+  }
+
+  // A weight's codes (or values) and MXFP4 scales on the device (once).
+  void place(const exec::WeightView& v, std::vector<cuda::RandomJob>& jobs) {
+    upload_one(v.data, weight_bytes(v), jobs);
+    if (v.scales) upload_one(v.scales, size_t(v.rows) * size_t(v.cols) / 32, jobs);
+  }
+
+  // One tensor's device copy, keyed by its host address: a copy of the host bytes, or the
+  // generator's jobs for a tensor whose bytes exist only as a recipe.
+  void upload_one(const void* host, size_t bytes, std::vector<cuda::RandomJob>& jobs) {
+    if (!host || uploaded.count(host)) return;
     auto b = std::make_unique<DevBuf>();
     b->reset(dev.get(), bytes);
-    dev->copy(b->p, v.data, bytes);
-    uploaded[v.data] = std::move(b);
-    if (v.scales && !uploaded.count(v.scales)) {
-      const size_t sb = size_t(v.rows) * size_t(v.cols) / 32;
-      auto s = std::make_unique<DevBuf>();
-      s->reset(dev.get(), sb);
-      dev->copy(s->p, v.scales, sb);
-      uploaded[v.scales] = std::move(s);
+    if (const RandomInit* r = model.checkpoint().device_only(host)) {
+      MD_CHECK(r->kind != RandomInit::Kind::kLogUniform && r->numel * r->element_bytes() == bytes,
+               "cuda executor: a random weight's recipe does not match its {} bytes", bytes);
+      for (uint64_t c = 0; c < r->chunks(); ++c) jobs.push_back({*r, b->p, c});
+    } else {
+      dev->copy(b->p, host, bytes);
     }
-    done += double(bytes);
-    if (bar)
-      fmt::print(stderr, "\ruploading weights to {}: {} of {}", dev->info().name,
-                 human_bytes(done), human_bytes(total));
+    uploaded[host] = std::move(b);
   }
 
   cuda::DevWeight dev_weight(const exec::WeightView& v) const {
@@ -206,14 +228,15 @@ struct CudaExecutor::Impl {
     upload(*dev, dp.instrs, p.instrs);
     upload(*dev, dp.buffers, p.buffers);
     std::vector<cuda::DevWeight> w;
+    std::vector<cuda::RandomJob> jobs;
     for (const plan::WeightRef& r : p.weights) {
       const exec::WeightView v = exec::bind_weight(model.weights(), r);
       MD_CHECK(v.data != nullptr, "decode plan: weight {} of layer {} is absent",
                plan::weight_kind_name(r.kind), r.layer);
-      double unused = 0;
-      upload_one(v, false, 0, unused);
+      place(v, jobs);
       w.push_back(dev_weight(v));
     }
+    if (!jobs.empty()) dev->fill_random(jobs.data(), jobs.size());
     upload(*dev, dp.weights, w);
     std::vector<uint32_t> per_step, qids, qoff{0};
     for (const plan::CounterDesc& c : p.counters) per_step.push_back(c.per_step);

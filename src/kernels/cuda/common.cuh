@@ -2,6 +2,7 @@
 // nearest even, NaN kept), the activations, RMSNorm over a block, and an instruction's operands
 // resolved against the step (the CUDA twin of exec::detail::Args).
 #pragma once
+#include "megadecode/base/bf16.h"
 #include "port/port.h"
 #include "step.h"
 
@@ -9,14 +10,12 @@ MD_CUDA_BEGIN
 
 namespace port = ::md::cuda::port;
 
+// The host's own conversions (base/bf16.h, shared with the device through MD_HOST_DEVICE).
 MD_DEV float bf16f(uint16_t h) {
-  return port::u2f(uint32_t(h) << 16);
+  return ::md::bf16_to_f32(h);
 }
 MD_DEV float round_bf16_d(float f) {
-  uint32_t u = port::f2u(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return port::u2f(((u >> 16) | 0x40u) << 16);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return port::u2f((u >> 16) << 16);
+  return ::md::round_bf16(f);
 }
 MD_DEV float maybe_round(float x, bool r) {
   return r ? round_bf16_d(x) : x;

@@ -9,9 +9,19 @@
 #include <memory>
 #include <string>
 
+#include "megadecode/model/random_init.h"
+
 namespace md::cuda {
 
 struct DevStep;
+
+// One chunk of a random tensor to generate in device memory (Device::fill_random): `out` is the
+// tensor's device address.
+struct RandomJob {
+  RandomInit init;
+  void* out = nullptr;
+  uint64_t chunk = 0;
+};
 
 enum class Backend : uint8_t { kGpu, kSim };
 
@@ -41,6 +51,9 @@ class Device {
   // The persistent megakernel: `blocks` co-resident blocks (at most sm_count), block i walks its
   // queue.
   virtual void run_megakernel(const DevStep* step, uint32_t blocks) = 0;
+  // Generates the jobs' chunks (make-model's bytes, model/random_init.h) in device memory, one
+  // device thread a chunk, and waits for them. `jobs` is host memory.
+  virtual void fill_random(const RandomJob* jobs, size_t n) = 0;
   // Waits for the queued work; an md::Error on a device fault.
   virtual void sync() = 0;
   // The device's read bandwidth (GB/s) over a buffer of `bytes`, best of a few passes of a

@@ -26,6 +26,7 @@
 #else
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 #endif
@@ -58,6 +59,14 @@ MD_GLOBAL void read_kernel(const port::U4* p, size_t n, uint32_t* sink) {
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
+// Random weights (Device::fill_random): one thread per chunk, make-model's generator replayed
+// (model/random_init.h), so the device's bytes are the files' bytes.
+inline constexpr uint32_t kRandomThreads = 128;
+MD_GLOBAL void random_kernel(const RandomJob* jobs, uint32_t n) {
+  const uint32_t i = port::block_id() * port::block_threads() + port::thread_id();
+  if (i < n) fill_random_chunk(jobs[i].init, jobs[i].chunk, jobs[i].out);
 }
 
 MD_DEV bool reached(uint32_t value, uint32_t target) {
@@ -130,6 +139,11 @@ MD_CUDA_END
 
 namespace md::cuda {
 
+namespace {
+// Random-weight jobs per launch (one thread each).
+constexpr size_t kMaxJobs = size_t(1) << 18;
+}  // namespace
+
 #if defined(MD_CUDA_SIM)
 
 namespace {
@@ -165,6 +179,14 @@ class SimDevice final : public Device {
   }
   void run_megakernel(const DevStep* step, uint32_t blocks) override {
     sim::launch(blocks, kTileThreads, kSmemBytes, true, [=] { megakernel(step); });
+  }
+  void fill_random(const RandomJob* jobs, size_t n) override {
+    for (size_t i = 0; i < n; i += kMaxJobs) {
+      const uint32_t m = uint32_t(std::min(n - i, kMaxJobs));
+      const RandomJob* p = jobs + i;
+      sim::launch((m + kRandomThreads - 1) / kRandomThreads, kRandomThreads, 0, false,
+                  [=] { random_kernel(p, m); });
+    }
   }
   void sync() override {}
   double read_bandwidth_gbps(size_t bytes) override {
@@ -277,6 +299,21 @@ class GpuDevice final : public Device {
     check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(megakernel), dim3(blocks),
                                       dim3(kTileThreads), args, kSmemBytes, stream_),
           "megakernel launch (cooperative: one block per SM)");
+  }
+  void fill_random(const RandomJob* jobs, size_t n) override {
+    if (n == 0) return;
+    const size_t batch = std::min(n, kMaxJobs);
+    auto* d = static_cast<RandomJob*>(alloc(batch * sizeof(RandomJob)));
+    for (size_t i = 0; i < n; i += batch) {
+      const uint32_t m = uint32_t(std::min(n - i, batch));
+      check(cudaMemcpyAsync(d, jobs + i, m * sizeof(RandomJob), cudaMemcpyHostToDevice, stream_),
+            "cudaMemcpy (random weight jobs)");
+      random_kernel<<<(m + kRandomThreads - 1) / kRandomThreads, kRandomThreads, 0, stream_>>>(d,
+                                                                                           m);
+      check(cudaGetLastError(), "random weights kernel launch");
+      check(cudaStreamSynchronize(stream_), "random weights generation");
+    }
+    free(d);
   }
   void sync() override { check(cudaStreamSynchronize(stream_), "the decode step"); }
   double read_bandwidth_gbps(size_t bytes) override {
