@@ -243,24 +243,27 @@ TEST(CudaSim, MultiRowPrefillMatchesReference) {
   }
 }
 
-// A verify-style step of 4 rows kept for a commit, cut back to its first 2: decoding on from
-// there gives the logits of the sequence fed those tokens alone (within the tolerance: the replay
-// is the CPU's recurrence, the step's was the device's).
-TEST(CudaSim, CommitToAPrefixThenDecode) {
-  SimConfig sc(4);
+// A verify-style step of 4 rows kept for a commit, cut back to its first 2 on the device: the
+// sequence's states are bit for bit those of a step of the 2 rows alone (the replay runs the
+// step's own delta-rule code), decoding on from there gives that sequence's logits bit for bit,
+// and the reference's within the fp32 tolerance.
+void commit_to_a_prefix_then_decode(CudaTarget target) {
   Model m(model("tiny"), opts(Precision::FP32));
   const int64_t V = m.config().vocab_size;
   const std::vector<int32_t> prompt = {5, 9, 2, 33, 7}, draft = {11, 4, 19, 8};
   const int32_t next = 21;
-  std::vector<float> want(static_cast<size_t>(V)), got(static_cast<size_t>(V));
+  std::vector<float> want(static_cast<size_t>(V)), got(static_cast<size_t>(V)),
+      alone(static_cast<size_t>(V));
   SequenceState r = m.new_sequence();
   m.forward(r, prompt, nullptr, false);
   m.forward(r, std::span(draft.data(), 2), nullptr, false);
   m.forward(r, std::span(&next, 1), want.data(), false);
   for (ExecutorKind k : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
-    CudaExecutor ex(m, 1, k, CudaTarget::kSim);
-    SequenceState s = ex.new_sequence();
+    SCOPED_TRACE(executor_name(k));
+    CudaExecutor ex(m, 1, k, target);
+    SequenceState s = ex.new_sequence(), t = ex.new_sequence();
     ex.prefill(s, prompt, nullptr, 5);
+    ex.prefill(t, prompt, nullptr, 5);
     std::vector<float> all(4 * static_cast<size_t>(V));
     StepOptions so;
     so.keep_for_commit = true;
@@ -269,13 +272,31 @@ TEST(CudaSim, CommitToAPrefixThenDecode) {
     EXPECT_EQ(s.pos, 9);
     ex.commit(s, 2);
     EXPECT_EQ(s.pos, 7);
+    const StepSeq q2{&t, std::span(draft.data(), 2), LogitRows::kNone};
+    ex.step(std::span(&q2, 1), nullptr);
+    if (target == CudaTarget::kSim)  // (a GPU's pool is not host memory)
+      test::expect_same_state(s, t, "committed vs fed 2 rows");
     SequenceState* seqs[] = {&s};
     ex.step(seqs, std::span(&next, 1), got.data());
+    SequenceState* seqs2[] = {&t};
+    ex.step(seqs2, std::span(&next, 1), alone.data());
+    expect_same_bits(got.data(), alone.data(), size_t(V), "logits after the commit");
     double err = 0;
     for (int64_t i = 0; i < V; ++i) err = std::max(err, double(std::fabs(got[size_t(i)] - want[size_t(i)])));
-    EXPECT_LE(err, 1e-4 * max_abs(want.data(), size_t(V))) << executor_name(k);
+    EXPECT_LE(err, 1e-4 * max_abs(want.data(), size_t(V)));
     EXPECT_THROW(ex.commit(s, 1), Error);  // nothing kept any more
   }
+}
+
+TEST(CudaSim, CommitToAPrefixThenDecode) {
+  SimConfig sc(4);
+  commit_to_a_prefix_then_decode(CudaTarget::kSim);
+}
+
+TEST(CudaGpu, CommitToAPrefixThenDecode) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << "no GPU: " << why;
+  commit_to_a_prefix_then_decode(CudaTarget::kGpu);
 }
 
 // The megakernel's watchdog: a stalled tile becomes an md::Error naming the instruction; the

@@ -117,6 +117,7 @@ struct CudaExecutor::Impl {
   int next_graph = 0;
   DevBuf arena, tokens, pos, row0, seq_of_row, logit_of_row, logits, abort, page_tables;
   DevBuf sample_rows, penalties, sample_work;
+  DevBuf commit_layers, commit_desc;  // commit(): the KDA layers' pointers, the DevCommit
   std::vector<float> host_logits;
   StepStats stats;
 
@@ -509,44 +510,34 @@ const plan::Plan& CudaExecutor::plan(int batch, int rows) {
 void CudaExecutor::commit(SequenceState& seq, int k) {
   MD_CHECK(seq.pool() == impl_->states.get(),
            "commit: the sequence is not a state of this executor's pool");
-  // The replay runs on the host (exec::commit_rows, the CPU's) over a host copy of the slot: its
-  // KDA states, conv caches and row logs come down, the replayed states and caches go back up.
-  // (A device kernel would save the two copies; a commit reads no weights either way.)
+  // The KDA replay runs on the device (commit_kernel: one block per layer and head, the step's
+  // own delta-rule arithmetic); the MLA caches are cut back on the host, whose page tables they
+  // are. Nothing to replay (or a bad call): exec::commit_rows, which then touches no device data.
   const ModelConfig& c = impl_->model.config();
-  int first = -1;
-  for (int l = 0; l < c.num_layers && first < 0; ++l)
-    if (c.attn_kind[size_t(l)] == AttnKind::KDA) first = l;
-  if (first < 0 || seq.rowlog.rows == 0 || k >= seq.rowlog.rows) {
+  if (c.num_kda_layers() == 0 || seq.rowlog.rows == 0 || k < 0 || k >= seq.rowlog.rows ||
+      seq.pos != seq.rowlog.pos0 + seq.rowlog.rows) {
     ThreadPool one(1, false);
-    return exec::commit_rows(c, seq, k, one);  // nothing to replay (or the checks' error)
+    return exec::commit_rows(c, seq, k, one);
   }
-  StatePool& P = *impl_->states;
-  float* base = seq.kda_state(first);  // the slot: [kda][state], [kda][conv], [kda][row log]
-  std::vector<float> host(P.slot_bytes() / sizeof(float));
-  P.memory().copy(host.data(), base, P.slot_bytes());
-  auto on_host = [&](float* p) { return host.data() + (p - base); };
-  std::vector<exec::SeqView> views;
-  std::vector<int> layers;
+  std::vector<cuda::DevCommitLayer> layers;
   for (int l = 0; l < c.num_layers; ++l) {
     if (c.attn_kind[size_t(l)] != AttnKind::KDA) continue;
-    exec::SeqView v;
-    v.kda_state = on_host(seq.kda_state(l));
-    v.conv_cache = on_host(seq.conv_cache(l));
-    v.kda_state0 = on_host(seq.kda_state0(l));
-    v.conv0 = on_host(seq.conv0(l));
-    v.rowlog = on_host(seq.row_inputs(l));
-    views.push_back(v);
+    layers.push_back({seq.kda_state(l), seq.conv_cache(l), seq.kda_state0(l), seq.conv0(l),
+                      seq.row_inputs(l)});
   }
-  MD_CHECK(k >= 0, "commit: {} rows of a step of {}", k, seq.rowlog.rows);
-  MD_CHECK(seq.pos == seq.rowlog.pos0 + seq.rowlog.rows,
-           "commit: the sequence moved on since the step (position {}, expected {})", seq.pos,
-           seq.rowlog.pos0 + seq.rowlog.rows);
-  std::vector<float> scratch(size_t(c.kda_head_dim) + 16);
-  for (const exec::SeqView& v : views)
-    for (int h = 0; h < c.kda_num_heads; ++h) exec::replay_kda_rows(c, v, k, h, h + 1, scratch.data());
-  // States and conv caches (everything before the first row log) go back.
-  const size_t back = size_t(seq.kda_state0(first) - base) * sizeof(float);
-  P.memory().copy(base, host.data(), back);
+  Impl& I = *impl_;
+  upload(*I.dev, I.commit_layers, layers);
+  cuda::DevCommit cm;
+  cm.layers = I.commit_layers.as<cuda::DevCommitLayer>();
+  cm.n_layers = int(layers.size());
+  cm.rows = k;
+  cm.heads = c.kda_num_heads;
+  cm.head_dim = c.kda_head_dim;
+  cm.conv = c.kda_conv_size;
+  I.commit_desc.reserve(I.dev.get(), sizeof cm);
+  I.dev->copy(I.commit_desc.p, &cm, sizeof cm);
+  I.dev->run_commit(I.commit_desc.as<cuda::DevCommit>(), uint32_t(layers.size()) * uint32_t(cm.heads));
+  I.dev->sync();
   seq.truncate(seq.rowlog.pos0 + k);
   seq.pos = seq.rowlog.pos0 + k;
   seq.rowlog.rows = 0;

@@ -14,6 +14,7 @@
 namespace md::cuda {
 
 struct DevStep;
+struct DevCommit;
 
 // One chunk of a random tensor to generate in device memory (Device::fill_random): `out` is the
 // tensor's device address.
@@ -51,6 +52,9 @@ class Device {
   // The persistent megakernel: `blocks` co-resident blocks (at most sm_count), block i walks its
   // queue.
   virtual void run_megakernel(const DevStep* step, uint32_t blocks) = 0;
+  // A commit's KDA replay: `blocks` = KDA layers x heads blocks over *commit (device memory),
+  // queued in stream order.
+  virtual void run_commit(const DevCommit* commit, uint32_t blocks) = 0;
   // Generates the jobs' chunks (make-model's bytes, model/random_init.h) in device memory, one
   // device thread a chunk, and waits for them. `jobs` is host memory.
   virtual void fill_random(const RandomJob* jobs, size_t n) = 0;

@@ -69,6 +69,13 @@ MD_GLOBAL void random_kernel(const RandomJob* jobs, uint32_t n) {
   if (i < n) fill_random_chunk(jobs[i].init, jobs[i].chunk, jobs[i].out);
 }
 
+// A commit's KDA replay (Device::run_commit): block i takes head i % heads of KDA layer i / heads.
+MD_GLOBAL void commit_kernel(const DevCommit* cp) {
+  const DevCommit& cm = *cp;
+  const uint32_t b = port::block_id();
+  kda_commit_block(cm, cm.layers[b / uint32_t(cm.heads)], int(b % uint32_t(cm.heads)));
+}
+
 MD_DEV bool reached(uint32_t value, uint32_t target) {
   return int32_t(value - target) >= 0;
 }
@@ -180,6 +187,9 @@ class SimDevice final : public Device {
   void run_megakernel(const DevStep* step, uint32_t blocks) override {
     sim::launch(blocks, kTileThreads, kSmemBytes, true, [=] { megakernel(step); });
   }
+  void run_commit(const DevCommit* commit, uint32_t blocks) override {
+    sim::launch(blocks, kTileThreads, kSmemBytes, false, [=] { commit_kernel(commit); });
+  }
   void fill_random(const RandomJob* jobs, size_t n) override {
     for (size_t i = 0; i < n; i += kMaxJobs) {
       const uint32_t m = uint32_t(std::min(n - i, kMaxJobs));
@@ -250,6 +260,9 @@ class GpuDevice final : public Device {
     check(cudaFuncSetAttribute(megakernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(kSmemBytes)),
           "cudaFuncSetAttribute(megakernel)");
+    check(cudaFuncSetAttribute(commit_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(kSmemBytes)),
+          "cudaFuncSetAttribute(commit_kernel)");
   }
   ~GpuDevice() override {
     for (auto& g : graphs_)
@@ -299,6 +312,10 @@ class GpuDevice final : public Device {
     check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(megakernel), dim3(blocks),
                                       dim3(kTileThreads), args, kSmemBytes, stream_),
           "megakernel launch (cooperative: one block per SM)");
+  }
+  void run_commit(const DevCommit* commit, uint32_t blocks) override {
+    commit_kernel<<<blocks, kTileThreads, kSmemBytes, stream_>>>(commit);
+    check(cudaGetLastError(), "commit kernel launch");
   }
   void fill_random(const RandomJob* jobs, size_t n) override {
     if (n == 0) return;

@@ -45,6 +45,23 @@ struct DevSeq {
   cpu::LatentCache mla;  // plain data: base, page table (device pointers), layout
 };
 
+// A commit's KDA replay (Device::run_commit, tiles_attention.cuh kda_commit_block): per KDA
+// layer the sequence's state and conv cache, their copies from before the step, and its row log
+// (device pointers into the state pool); block i replays head i % heads of layer i / heads over
+// the first `rows` rows of the step.
+struct DevCommitLayer {
+  float* kda_state = nullptr;
+  float* conv_cache = nullptr;
+  const float* kda_state0 = nullptr;
+  const float* conv0 = nullptr;
+  const float* rowlog = nullptr;
+};
+struct DevCommit {
+  const DevCommitLayer* layers = nullptr;
+  int n_layers = 0, rows = 0;
+  int heads = 0, head_dim = 0, conv = 0;
+};
+
 // The model's shape as the tiles need it (a subset of ModelConfig, which holds host vectors).
 struct DevCfg {
   int64_t hidden = 0, vocab = 0;

@@ -79,6 +79,61 @@ MD_DEV float conv_activation(float acc, bool round) {
 
 }  // namespace attn
 
+// One row of the delta rule on a head's state S [K][K] (cpu::kda_decode_head; the portable form
+// of cpu::decode_state, state row-major, row = key channel): from the row's conv outputs qc, kc,
+// vc and decay gate g (K each, shared memory), the head's output o (when not null) and the new S.
+// qc and kc are rewritten (exp(g) * qn and kn), eg and ck are scratch (K each), red is
+// block_sum's. Thread j owns value column j and runs both passes over the key rows in ascending
+// order, so the column needs no barrier between reading and updating. The decode tile and the
+// commit replay both call it, so a replayed state is bit for bit the one a step of those rows
+// leaves.
+MD_DEV void kda_delta_row(float* S, float* qc, float* kc, const float* vc, const float* g,
+                          float bt, float* eg, float* ck, float* red, int K, float qs, float* o) {
+  const uint32_t tid = port::thread_id(), nt = port::block_threads();
+  // l2norm_scaled of q (times K^-0.5) and k, the decay vectors and k . q.
+  float sq = 0.0f, sk = 0.0f;
+  for (int cc = int(tid); cc < K; cc += int(nt)) {
+    sq += qc[cc] * qc[cc];
+    sk += kc[cc] * kc[cc];
+  }
+  sq = port::block_sum(sq, red);
+  sk = port::block_sum(sk, red);
+  const float nq = port::sqrt_f(sq + 1e-6f), nk = port::sqrt_f(sk + 1e-6f);
+  float kq = 0.0f;
+  for (int cc = int(tid); cc < K; cc += int(nt)) {
+    const float qn = qc[cc] / nq * qs, kn = kc[cc] / nk;
+    const float e = port::exp_f(g[cc]);
+    kq += kn * qn;
+    kc[cc] = kn;
+    eg[cc] = e;
+    ck[cc] = e * kn;
+    qc[cc] = e * qn;
+  }
+  kq = port::block_sum(kq, red);  // its barriers also publish the vectors
+  // kv = S^T ck, oa = S^T cq; d = beta (v - kv); o = oa + (k.q) d; S = diag(eg) S + k d^T.
+  for (int j = int(tid); j < K; j += int(nt)) {
+    float kv = 0.0f, oa = 0.0f;
+    for (int r = 0; r < K; ++r) {
+      const float sr = S[int64_t(r) * K + j];
+      kv += ck[r] * sr;
+      oa += qc[r] * sr;
+    }
+    const float d = bt * (vc[j] - kv);
+    if (o) o[j] = oa + kq * d;
+    for (int r = 0; r < K; ++r) {
+      float* sr = S + int64_t(r) * K + j;
+      *sr = eg[r] * *sr + kc[r] * d;
+    }
+  }
+  port::sync_block();  // the next row rewrites the vectors
+}
+
+// The fp32 query scale: cpu::query_scale is 1 / sqrt(K) in double, rounded once; this is the
+// fp32 quotient of the fp32 root (at most an ulp apart).
+MD_DEV float kda_query_scale(int K) {
+  return 1.0f / port::sqrt_f(float(K));
+}
+
 // [q, k, v, fa, ga, braw, o, f_b, g_b, q_conv, k_conv, v_conv, A_log, dt_bias, o_norm,
 //  kda_state, conv_cache]: heads [r0, r1) of sequence seq over its R token rows.
 //
@@ -95,9 +150,7 @@ MD_DEV float conv_activation(float acc, bool round) {
 // rounding only. The row log is written where the CPU writes it (rowlog set and R <= the chained
 // limit: the chunked branch logs nothing), the state/conv copy whenever kda_state0 is set.
 //
-// The delta rule (cpu::decode_state's portable form, state S[K][K] row-major, row = key channel):
-// thread j owns value column j and runs both passes over the key rows in ascending order, so the
-// column needs no barrier between reading and updating.
+// The delta rule of each row: kda_delta_row.
 MD_DEV void kda_core_tile(const DevStep& s, const plan::Instr& in, const Args& a, Pipe& pipe) {
   using K_ = plan::arg::KdaCore;  // q, k, v are consecutive slots
   using attn::imin;
@@ -132,9 +185,7 @@ MD_DEV void kda_core_tile(const DevStep& s, const plan::Instr& in, const Args& a
   const float* dt_bias = a.vec(K_::dt_bias);
   const float* onorm = a.vec(K_::o_norm);
   const float lower = c.kda_gate_lower_bound;
-  // cpu::query_scale is 1 / sqrt(K) in double, rounded once; this is the fp32 quotient of the
-  // fp32 root (at most an ulp apart).
-  const float qs = 1.0f / port::sqrt_f(float(K));
+  const float qs = kda_query_scale(K);
 
   for (int h = h0; h < h1; ++h) {
     const int64_t ch = int64_t(h) * K;
@@ -197,43 +248,7 @@ MD_DEV void kda_core_tile(const DevStep& s, const plan::Instr& in, const Args& a
         }
         if (lrow && tid == 0) lrow[lg.beta() + h] = bt;
         port::sync_block();
-        // l2norm_scaled of q (times K^-0.5) and k, the decay vectors and k . q.
-        float sq = 0.0f, sk = 0.0f;
-        for (int cc = int(tid); cc < K; cc += int(nt)) {
-          sq += qc[cc] * qc[cc];
-          sk += kc[cc] * kc[cc];
-        }
-        sq = port::block_sum(sq, red);
-        sk = port::block_sum(sk, red);
-        const float nq = port::sqrt_f(sq + 1e-6f), nk = port::sqrt_f(sk + 1e-6f);
-        float kq = 0.0f;
-        for (int cc = int(tid); cc < K; cc += int(nt)) {
-          const float qn = qc[cc] / nq * qs, kn = kc[cc] / nk;
-          const float e = port::exp_f(fi[cc]);
-          kq += kn * qn;
-          kc[cc] = kn;
-          eg[cc] = e;
-          ck[cc] = e * kn;
-          qc[cc] = e * qn;
-        }
-        kq = port::block_sum(kq, red);  // its barriers also publish the vectors
-        // kv = S^T ck, oa = S^T cq; d = beta (v - kv); o = oa + (k.q) d; S = diag(eg) S + k d^T.
-        float* orow = a.f(K_::o, t0 + i) + ch;
-        for (int j = int(tid); j < K; j += int(nt)) {
-          float kv = 0.0f, oa = 0.0f;
-          for (int r = 0; r < K; ++r) {
-            const float sr = S[int64_t(r) * K + j];
-            kv += ck[r] * sr;
-            oa += qc[r] * sr;
-          }
-          const float d = bt * (vc[j] - kv);
-          orow[j] = oa + kq * d;
-          for (int r = 0; r < K; ++r) {
-            float* sr = S + int64_t(r) * K + j;
-            *sr = eg[r] * *sr + kc[r] * d;
-          }
-        }
-        port::sync_block();  // the next row rewrites the vectors
+        kda_delta_row(S, qc, kc, vc, fi, bt, eg, ck, red, K, qs, a.f(K_::o, t0 + i) + ch);
       }
       // gate = round(g_b ga) (K3's full-rank gate: operand 4 itself), then per row round(o),
       // the gated norm, round(o).
@@ -259,6 +274,49 @@ MD_DEV void kda_core_tile(const DevStep& s, const plan::Instr& in, const Args& a
       }
       port::sync_block();  // the next group's GEMV rewrites fb
     }
+  }
+}
+
+// A commit's replay of one (KDA layer, head) (exec::replay_kda_rows on the device): the state
+// before the step restored, the first `rows` rows of the row log run through kda_delta_row (the
+// step's own arithmetic, so the state is bit for bit that of a step of those rows), and the conv
+// cache rebuilt from its copy before the step and the rows' raw inputs.
+MD_DEV void kda_commit_block(const DevCommit& cm, const DevCommitLayer& L, int h) {
+  const int K = cm.head_dim, H = cm.heads, Wc = cm.conv;
+  const int64_t C = int64_t(H) * K, ch = int64_t(h) * K, cstride = int64_t(Wc - 1) * C;
+  const attn::RowLog lg{C, H};
+  const uint32_t tid = port::thread_id(), nt = port::block_threads();
+  float* red = work();
+  float* qc = red + attn::kRed;
+  float* kc = qc + K;
+  float* vc = kc + K;
+  float* g = vc + K;
+  float* eg = g + K;
+  float* ck = eg + K;
+  if (ck + K > work() + kWorkFloats) port::trap("commit: head too wide for the work area");
+  float* S = L.kda_state + ch * K;
+  for (int64_t e = tid; e < int64_t(K) * K; e += nt) S[e] = L.kda_state0[ch * K + e];
+  const float qs = kda_query_scale(K);
+  for (int i = 0; i < cm.rows; ++i) {
+    const float* row = L.rowlog + i * lg.row();
+    for (int cc = int(tid); cc < K; cc += int(nt)) {
+      qc[cc] = row[lg.conv(0) + ch + cc];
+      kc[cc] = row[lg.conv(1) + ch + cc];
+      vc[cc] = row[lg.conv(2) + ch + cc];
+      g[cc] = row[lg.f() + ch + cc];
+    }
+    port::sync_block();
+    kda_delta_row(S, qc, kc, vc, g, row[lg.beta() + h], eg, ck, red, K, qs, nullptr);
+  }
+  // The conv cache after k rows holds the last W-1 inputs of [cache before the step, raw rows
+  // 0..k-1], oldest first (the head's channels).
+  for (int64_t e = tid; e < int64_t(3) * (Wc - 1) * K; e += nt) {
+    const int i = int(e / (int64_t(Wc - 1) * K)), j = int(e / K % (Wc - 1));
+    const int64_t cx = ch + e % K;
+    const int src = cm.rows + j;
+    const float v = src < Wc - 1 ? L.conv0[i * cstride + src * C + cx]
+                                 : L.rowlog[(src - (Wc - 1)) * lg.row() + lg.raw(i) + cx];
+    L.conv_cache[i * cstride + j * C + cx] = v;
   }
 }
 
