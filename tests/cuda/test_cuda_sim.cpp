@@ -221,6 +221,46 @@ TEST(CudaSim, RandomSchedulesGiveTheSameBits) {
   for (uint64_t seed : {1, 2, 3}) check_executors("tiny", Precision::FP32, 5, seed);
 }
 
+// The weight stream's schedule (gemv.cuh): in the megakernel every GEMV op's first chunks are
+// issued ahead of it, most of them while the previous instruction still runs (its last GEMV's
+// tail, or its whole run when it streams no weights), and no prefetch is ever wasted; the phase
+// kernel prefetches each tile's own first chunks before the previous phase ends (and within a
+// tile, each GEMV the next one's, as the gate the up matrix).
+TEST(CudaSim, WeightPrefetchesAreIssuedAheadAndAllUsed) {
+  SimConfig sc(4);
+  Model m(model("small"), opts(Precision::BF16));
+  using cuda::sim::Event;
+  for (ExecutorKind k : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
+    SCOPED_TRACE(executor_name(k));
+    CudaExecutor ex(m, 2, k, CudaTarget::kSim);
+    std::vector<SequenceState> seqs;
+    for (int b = 0; b < 2; ++b) seqs.push_back(ex.new_sequence());
+    std::vector<SequenceState*> ptrs = {&seqs[0], &seqs[1]};
+    const std::vector<int32_t> tokens = {3, 17};
+    std::vector<float> logits(size_t(2 * m.config().vocab_size));
+    ex.step(ptrs, tokens, logits.data());  // plans compiled, first use
+    const cuda::sim::LaunchStats before = cuda::sim::stats();
+    ex.step(ptrs, tokens, logits.data());
+    const cuda::sim::LaunchStats& after = cuda::sim::stats();
+    auto delta = [&](Event e) { return after.count(e) - before.count(e); };
+    EXPECT_EQ(delta(Event::kPrefetchDrained), 0u);
+    // Every non-expert GEMV instruction of the step starts from a prefetch.
+    const plan::Plan& p = ex.plan(2);
+    uint64_t gemv_ops = 0;
+    for (const plan::Instr& in : p.instrs)
+      gemv_ops += in.op == plan::Op::kKdaProj || in.op == plan::Op::kMlaProj ||
+                  in.op == plan::Op::kAttnOut || in.op == plan::Op::kDenseGateUp ||
+                  in.op == plan::Op::kSharedGateUp || in.op == plan::Op::kDenseDown ||
+                  in.op == plan::Op::kSharedDown || in.op == plan::Op::kLmHead;
+    const uint64_t used = delta(Event::kPrefetchUsed) + delta(Event::kPrefetchUsedNextTile);
+    EXPECT_GE(used, gemv_ops);
+    if (k == ExecutorKind::kMegakernel)
+      EXPECT_GE(delta(Event::kPrefetchUsedNextTile), gemv_ops * 3 / 4);  // (133 of 149 here)
+    else
+      EXPECT_EQ(delta(Event::kPrefetchUsedNextTile), 0u);
+  }
+}
+
 // A prefill of several rows per step (the plan's multi-row steps) leaves the same state and
 // last-row logits as one row at a time, within the tolerance.
 TEST(CudaSim, MultiRowPrefillMatchesReference) {

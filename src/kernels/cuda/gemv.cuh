@@ -15,15 +15,38 @@
 
 MD_CUDA_BEGIN
 
+// A weight stream: rows [r0, r1) of a matrix (w null: none).
+struct StreamRef {
+  const DevWeight* w = nullptr;
+  int64_t r0 = 0, r1 = 0;
+  bool tile_end = false;  // not a stream: "the tile ends here" (what follows is Pipe::after_tile)
+};
+
+// What a GEMV is followed by, for its tail (gemv_block): the tile's next GEMV, the end of the
+// tile (then the next instruction's first stream, which the megakernel knows), or unknown.
+MD_DEV StreamRef then_stream(const DevWeight& w, int64_t r0, int64_t r1) {
+  return StreamRef{&w, r0, r1, false};
+}
+MD_DEV StreamRef then_tile_end() {
+  return StreamRef{nullptr, 0, 0, true};
+}
+
 // The stages' state, kept by every thread of a block (all threads run the same waits, so their
-// copies agree): the parity of the next wait on each stage, and a prefetch in flight (the first
-// chunks of a GEMV issued before its tile started: the megakernel issues them before waiting for
-// the tile's inputs, the phase kernel before waiting for the previous phase).
+// copies agree): the parity of the next wait on each stage, the stage where the next stream's
+// chunk 0 goes (chunk k of a stream goes to stage (base + k) % kStages, so a stream can start
+// in the stages its predecessor frees at its tail), and a prefetch in flight: the first chunks of
+// a GEMV issued before it started (before its tile's inputs were ready, or during the tail of the
+// GEMV before it).
 struct Pipe {
   uint32_t parity = 0;  // bit s: the parity of the next wait on stage s
+  uint32_t base = 0;
   const void* pre_data = nullptr;
   int64_t pre_r0 = 0, pre_r1 = 0;
-  int pre_n = 0;  // chunks in flight in stages 0 .. pre_n - 1
+  int pre_n = 0;          // chunks in flight in stages base .. base + pre_n - 1
+  bool pre_next = false;  // the prefetch is the next instruction's (issued at this tile's end)
+  // The megakernel: the first stream of the next instruction in the block's queue (none for the
+  // phase kernel and the queue's last instruction).
+  StreamRef after_tile;
 };
 
 MD_DEV port::Mbar* stage_bars() {
@@ -85,7 +108,8 @@ MD_DEV float dot32_mxfp4(const uint8_t* p, float scale, const float* x, float ac
 }
 
 // How rows [r0, r1) of a streamable matrix go through the stages: chunks of whole rows (rpc per
-// stage) or, for rows wider than a stage, segments of one row; chunk k goes to stage k % kStages.
+// stage) or, for rows wider than a stage, segments of one row; chunk k goes to stage
+// (Pipe::base + k) % kStages.
 struct WeightStream {
   const uint8_t* base;
   int64_t cols, r0, r1, epu, row_bytes, rpc, seg_cols, nseg, nchunks;
@@ -113,11 +137,11 @@ struct WeightStream {
       *nc = cols;
     }
   }
-  // One thread: chunk k into its stage.
-  MD_DEV void issue(int64_t k) const {
+  // One thread: chunk k into its stage, (stage0 + k) % kStages.
+  MD_DEV void issue(int64_t k, uint32_t stage0) const {
     int64_t row, nr, c0, nc;
     chunk(k, &row, &nr, &c0, &nc);
-    const uint32_t s = uint32_t(k % kStages);
+    const uint32_t s = uint32_t((stage0 + uint64_t(k)) % kStages);
     const uint32_t bytes = uint32_t(nr * (nc / epu) * 16);
     port::mbar_arrive_expect_tx(&stage_bars()[s], bytes);
     port::bulk_copy_g2s(stage(s), base + row * row_bytes + c0 / epu * 16, bytes,
@@ -132,45 +156,69 @@ MD_DEV void prefetch(const DevWeight& w, int64_t r0, int64_t r1, Pipe& pipe) {
   const WeightStream ws(w, r0, r1);
   const int n = int(ws.nchunks < int64_t(kStages) ? ws.nchunks : int64_t(kStages));
   if (port::thread_id() == 0)
-    for (int k = 0; k < n; ++k) ws.issue(k);
+    for (int k = 0; k < n; ++k) ws.issue(k, pipe.base);
   pipe.pre_data = w.data;
   pipe.pre_r0 = r0;
   pipe.pre_r1 = r1;
   pipe.pre_n = n;
+  pipe.pre_next = false;
 }
 
 // Waits out a prefetch nobody used (the stages must be idle before other chunks go in).
 MD_DEV void drain(Pipe& pipe) {
-  for (int s = 0; s < pipe.pre_n; ++s) {
+  if (port::thread_id() == 0 && pipe.pre_n) port::note(port::Event::kPrefetchDrained);
+  for (int i = 0; i < pipe.pre_n; ++i) {
+    const uint32_t s = (pipe.base + uint32_t(i)) % kStages;
     port::mbar_wait(&stage_bars()[s], (pipe.parity >> s) & 1u);
     pipe.parity ^= 1u << s;
   }
+  pipe.base = (pipe.base + uint32_t(pipe.pre_n)) % kStages;
   pipe.pre_n = 0;
+  pipe.pre_next = false;
   port::sync_block();
+}
+
+// The stream a GEMV's tail prefetches: `then` itself, or at a tile's end the next instruction's
+// first stream; null when there is none or it does not go through the stages.
+MD_DEV const StreamRef* tail_target(const StreamRef& then, const Pipe& pipe) {
+  const StreamRef* t = then.tile_end ? &pipe.after_tile : &then;
+  if (!t->w || t->r1 <= t->r0 || !streamable(*t->w)) return nullptr;
+  return t;
 }
 
 inline constexpr int kTokenBlock = 4;  // activation rows per pass over a chunk (registers)
 
 // out(t, r, v) is called once per (token row t < B, matrix row r in [r0, r1)) by one lane.
 // xrow(t): activation row t (cols floats). Every thread of the block calls it.
+//
+// `then` says what follows (then_stream, then_tile_end; default: unknown). Its first chunks are
+// issued into the stages this GEMV frees at its tail, so they stream in while the last chunks
+// compute and the block moves on (the next GEMV of the tile, or the megakernel's next
+// instruction, which may still wait for its inputs: weights never do).
 template <class XRow, class Out>
 MD_DEV void gemv_block(const DevWeight& w, int64_t r0, int64_t r1, int B, XRow xrow, Out out,
-                       Pipe& pipe) {
+                       Pipe& pipe, StreamRef then = {}) {
   // A prefetch of these very rows is where the stream starts; any other is waited out first.
   int64_t ahead = 0;
   if (pipe.pre_n && pipe.pre_data == w.data && pipe.pre_r0 == r0 && pipe.pre_r1 == r1 && B > 0) {
     ahead = pipe.pre_n;
+    if (port::thread_id() == 0)
+      port::note(pipe.pre_next ? port::Event::kPrefetchUsedNextTile : port::Event::kPrefetchUsed);
     pipe.pre_n = 0;
+    pipe.pre_next = false;
   } else if (pipe.pre_n) {
     drain(pipe);
   }
   if (r1 <= r0 || B <= 0) return;
+  const StreamRef* tail = tail_target(then, pipe);
   const int64_t cols = w.cols;
   const uint32_t lane = port::lane(), wid = port::warp_id(), nw = port::warps();
   if (w.dtype == WDType::kMXFP4 && !streamable(w))
     port::trap("MXFP4 weights with rows of a partial 32-group or unaligned");
   if (!streamable(w)) {
-    // Direct: warp per row, from global memory.
+    // Direct: warp per row, from global memory; the idle stages take what follows.
+    if (tail) prefetch(*tail->w, tail->r0, tail->r1, pipe);
+    pipe.pre_next = tail && then.tile_end;
     for (int64_t r = r0 + wid; r < r1; r += nw) {
       for (int t0 = 0; t0 < B; t0 += kTokenBlock) {
         const int tn = B - t0 < kTokenBlock ? B - t0 : kTokenBlock;
@@ -196,10 +244,23 @@ MD_DEV void gemv_block(const DevWeight& w, int64_t r0, int64_t r1, int B, XRow x
   const bool segmented = st.segmented;
   const int64_t nseg = st.nseg, nchunks = st.nchunks;
   float* partial = work();  // segmented rows: the running sums of the row, per token row
+  const uint32_t base = pipe.base;
   if (port::thread_id() == 0)
-    for (int64_t k = ahead; k < nchunks && k < int64_t(kStages); ++k) st.issue(k);
+    for (int64_t k = ahead; k < nchunks && k < int64_t(kStages); ++k) st.issue(k, base);
+  // The tail: the stream that follows starts in the stages after this one's last chunk.
+  const uint32_t tail_base = uint32_t((base + uint64_t(nchunks)) % kStages);
+  int tail_n = 0;
+  if (tail) {
+    const int64_t n = WeightStream(*tail->w, tail->r0, tail->r1).nchunks;
+    tail_n = int(n < int64_t(kStages) ? n : int64_t(kStages));
+  }
+  if (tail) {
+    pipe.pre_data = tail->w->data;
+    pipe.pre_r0 = tail->r0;
+    pipe.pre_r1 = tail->r1;
+  }
   for (int64_t k = 0; k < nchunks; ++k) {
-    const uint32_t s = uint32_t(k % kStages);
+    const uint32_t s = uint32_t((base + uint64_t(k)) % kStages);
     port::mbar_wait(&stage_bars()[s], (pipe.parity >> s) & 1u);
     pipe.parity ^= 1u << s;
     int64_t row, nr, c0, nc;
@@ -241,8 +302,26 @@ MD_DEV void gemv_block(const DevWeight& w, int64_t r0, int64_t r1, int B, XRow x
       }
     }
     port::sync_block();  // every warp is done with stage s
-    if (port::thread_id() == 0 && k + int64_t(kStages) < nchunks) st.issue(k + int64_t(kStages));
+    if (k + int64_t(kStages) < nchunks) {
+      if (port::thread_id() == 0) st.issue(k + int64_t(kStages), base);
+    } else if (tail) {
+      // Stage s is free for good: the next stream's chunks up to the one that maps to it (chunk
+      // j sits in stage tail_base + j, which chunk nchunks + j - kStages of this one held).
+      // (The stream is rebuilt here, at most kStages times a GEMV, rather than held in
+      // registers through the loop.)
+      const int64_t upto = k + int64_t(kStages) - nchunks + 1;
+      const int n = int(upto < int64_t(tail_n) ? upto : int64_t(tail_n));
+      if (n > pipe.pre_n) {
+        if (port::thread_id() == 0) {
+          const WeightStream tws(*tail->w, tail->r0, tail->r1);
+          for (int j = pipe.pre_n; j < n; ++j) tws.issue(j, tail_base);
+        }
+        pipe.pre_n = n;
+      }
+    }
   }
+  pipe.base = tail_base;
+  pipe.pre_next = pipe.pre_n > 0 && then.tile_end;
 }
 
 MD_CUDA_END

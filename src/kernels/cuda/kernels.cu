@@ -91,8 +91,16 @@ MD_GLOBAL void megakernel(const DevStep* sp) {
   volatile uint32_t* stop = reinterpret_cast<volatile uint32_t*>(work() + kWorkFloats - 1);
   for (uint32_t q = s.queue_off[b]; q < s.queue_off[b + 1]; ++q) {
     const plan::Instr in = s.instrs[s.queue_ids[q]];
-    // The tile's first weight chunks stream in while thread 0 waits for its inputs.
+    // The tile's first weight chunks stream in while thread 0 waits for its inputs (issued here
+    // unless the previous tile's tail did). A tile that streams no weights lends the stages to
+    // the next instruction's first chunks for its wait and its run.
+    pipe.after_tile = q + 1 < s.queue_off[b + 1] ? first_stream(s, s.instrs[s.queue_ids[q + 1]])
+                                                 : StreamRef{};
     prefetch_tile(s, in, pipe);
+    if (!streams_weights(in.op) && pipe.after_tile.w && !pipe.pre_n) {
+      prefetch(*pipe.after_tile.w, pipe.after_tile.r0, pipe.after_tile.r1, pipe);
+      pipe.pre_next = pipe.pre_n > 0;
+    }
     if (port::thread_id() == 0) {
       st.instr = in.id;
       uint32_t aborted = 0;
@@ -132,6 +140,8 @@ MD_GLOBAL void megakernel(const DevStep* sp) {
       if (pipe.pre_n) drain(pipe);  // no copy may outlive the block
       return;
     }
+    // (pipe.after_tile: the next instruction's first stream, which this tile's last GEMV issues
+    // at its tail.)
     run_tile(s, in, pipe);
     port::sync_block();
     if (port::thread_id() == 0 && in.signal != plan::kNone) {

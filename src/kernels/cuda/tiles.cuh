@@ -14,13 +14,13 @@ MD_DEV bool token_row_op(plan::Op op) {
          op == Op::kCombine;
 }
 
-// The first weight rows a tile streams, issued before the tile may start (its inputs are not
-// needed for them): the GEMV ops, o_proj and the gate of the gated MLPs. Expert tiles learn
-// their weights from the router's output and are not prefetched.
-MD_DEV void prefetch_tile(const DevStep& s, const plan::Instr& in, Pipe& pipe) {
+// The first weight rows a tile streams, which may stream in before the tile may start (its inputs
+// are not needed for them): the GEMV ops, o_proj and the gate of the gated MLPs. Expert tiles
+// learn their weights from the router's output: none.
+MD_DEV StreamRef first_stream(const DevStep& s, const plan::Instr& in) {
   using plan::Op;
   const plan::BufferDesc* a = s.buffers + in.args;
-  auto w = [&](int i) -> const DevWeight& { return s.weights[a[i].offset]; };
+  auto w = [&](int i) { return StreamRef{&s.weights[a[i].offset], in.r0, in.r1, false}; };
   switch (in.op) {
     case Op::kKdaProj:
     case Op::kMlaProj:
@@ -29,23 +29,49 @@ MD_DEV void prefetch_tile(const DevStep& s, const plan::Instr& in, Pipe& pipe) {
     case Op::kLatentDown:
     case Op::kLatentUp:
     case Op::kLmHead:
-      return prefetch(w(plan::arg::Gemv::w), in.r0, in.r1, pipe);
+      return w(plan::arg::Gemv::w);
     case Op::kAttnOut:
-      return prefetch(w(plan::arg::AttnOut::w), in.r0, in.r1, pipe);
+      return w(plan::arg::AttnOut::w);
     case Op::kDenseGateUp:
     case Op::kSharedGateUp:
-      return prefetch(w(plan::arg::GateUp::gate), in.r0, in.r1, pipe);
+      return w(plan::arg::GateUp::gate);
     default:
-      return;
+      return {};
   }
+}
+
+// Tiles that never stream weights through the stages (norms, attention over the caches, the
+// combine, the sampler): while one runs, the stages can take the next instruction's chunks.
+MD_DEV bool streams_weights(plan::Op op) {
+  using plan::Op;
+  switch (op) {
+    case Op::kEmbed:
+    case Op::kLatentNorm:
+    case Op::kMlaLatent:
+    case Op::kMlaCore:
+    case Op::kMlaMerge:
+    case Op::kFfnNorm:
+    case Op::kCombine:
+    case Op::kSample:
+      return false;
+    default:
+      return true;
+  }
+}
+
+// The tile's first stream, issued now (unless the previous tile's tail already did).
+MD_DEV void prefetch_tile(const DevStep& s, const plan::Instr& in, Pipe& pipe) {
+  const StreamRef f = first_stream(s, in);
+  if (f.w) prefetch(*f.w, f.r0, f.r1, pipe);
 }
 
 MD_DEV void run_tile_ops(const DevStep& s, plan::Instr in, Pipe& pipe);
 
-// One instruction; a prefetch the tile did not use is waited out after it.
+// One instruction; a prefetch the tile did not use is waited out after it (not the next
+// instruction's, which its tail issued).
 MD_DEV void run_tile(const DevStep& s, const plan::Instr& in, Pipe& pipe) {
   run_tile_ops(s, in, pipe);
-  if (pipe.pre_n) drain(pipe);
+  if (pipe.pre_n && !pipe.pre_next) drain(pipe);
 }
 
 MD_DEV void run_tile_ops(const DevStep& s, plan::Instr in, Pipe& pipe) {

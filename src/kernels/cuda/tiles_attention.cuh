@@ -202,10 +202,16 @@ MD_DEV void kda_core_tile(const DevStep& s, const plan::Instr& in, const Args& a
     const float rate = port::exp_f(A_log[h]);
     for (int g0 = 0; g0 < R; g0 += G) {
       const int gn = imin(G, R - g0);
+      // The stream after this group's last GEMV: f_b of the next group or head, or the tile's
+      // end (gemv_block's tail prefetch).
+      const StreamRef after_group = g0 + G < R        ? then_stream(a.w(K_::f_b), ch, ch + K)
+                                    : h + 1 < h1      ? then_stream(a.w(K_::f_b), ch + K, ch + 2 * K)
+                                                      : then_tile_end();
       // f = round(f_b fa) for the group's rows (gemv_block ends with a barrier).
       gemv_block(
           a.w(K_::f_b), ch, ch + K, gn, [&](int t) { return a.f(K_::fa, t0 + g0 + t); },
-          [&](int t, int64_t r, float v) { fb[t * K + (r - ch)] = maybe_round(v, rnd); }, pipe);
+          [&](int t, int64_t r, float v) { fb[t * K + (r - ch)] = maybe_round(v, rnd); }, pipe,
+          full_gate ? after_group : then_stream(a.w(K_::g_b), ch, ch + K));
       for (int ii = 0; ii < gn; ++ii) {
         const int i = g0 + ii;
         float* fi = fb + int64_t(ii) * K;
@@ -255,7 +261,8 @@ MD_DEV void kda_core_tile(const DevStep& s, const plan::Instr& in, const Args& a
       if (!full_gate)
         gemv_block(
             a.w(K_::g_b), ch, ch + K, gn, [&](int t) { return a.f(K_::ga, t0 + g0 + t); },
-            [&](int t, int64_t r, float v) { fb[t * K + (r - ch)] = maybe_round(v, rnd); }, pipe);
+            [&](int t, int64_t r, float v) { fb[t * K + (r - ch)] = maybe_round(v, rnd); }, pipe,
+            after_group);
       for (int ii = 0; ii < gn; ++ii) {
         const int i = g0 + ii;
         const float* gate = full_gate ? a.f(K_::ga, t0 + i) + ch : fb + int64_t(ii) * K;
@@ -594,7 +601,8 @@ MD_DEV void mla_q_up_tile(const DevStep& s, const plan::Instr& in, const Args& a
     port::sync_block();
     gemv_block(
         a.w(Q_::q_b), in.r0, in.r1, gn, [&](int t) { return qn + t * Q; },
-        [&](int t, int64_t r, float v) { a.f(Q_::q, g0 + t)[r] = maybe_round(v, rnd); }, pipe);
+        [&](int t, int64_t r, float v) { a.f(Q_::q, g0 + t)[r] = maybe_round(v, rnd); }, pipe,
+        g0 + G < s.n ? then_stream(a.w(Q_::q_b), in.r0, in.r1) : then_tile_end());
   }
 }
 

@@ -27,7 +27,8 @@ MD_DEV void gemv_tile(const DevStep& s, const plan::Instr& in, const Args& a, Pi
   const bool rnd = s.num.round_bf16;
   gemv_block(
       a.w(G::w), in.r0, in.r1, B, [&](int t) { return X + t * ldx; },
-      [&](int t, int64_t r, float v) { Y[t * ldy + r] = maybe_round(v, rnd); }, pipe);
+      [&](int t, int64_t r, float v) { Y[t * ldy + r] = maybe_round(v, rnd); }, pipe,
+      then_tile_end());
 }
 
 // arg::AttnOut: out = round(resid + round(W x)) (without kFlagResidual: round(W x)).
@@ -46,7 +47,7 @@ MD_DEV void attn_out_tile(const DevStep& s, const plan::Instr& in, const Args& a
         }
         a.f(A::out, t)[r] = y;
       },
-      pipe);
+      pipe, then_tile_end());
 }
 
 // [Wg, Wu, X, act]: act = glu(round(G X), round(U X)); the first pass leaves round(G X) in act,
@@ -59,14 +60,15 @@ MD_DEV void gate_up_tile(const DevStep& s, const plan::Instr& in, const Args& a,
   auto xrow = [&](int t) { return X + t * ldx; };
   gemv_block(
       a.w(U::gate), in.r0, in.r1, s.n, xrow,
-      [&](int t, int64_t r, float v) { a.f(U::act, t)[r] = maybe_round(v, rnd); }, pipe);
+      [&](int t, int64_t r, float v) { a.f(U::act, t)[r] = maybe_round(v, rnd); }, pipe,
+      then_stream(a.w(U::up), in.r0, in.r1));
   gemv_block(
       a.w(U::up), in.r0, in.r1, s.n, xrow,
       [&](int t, int64_t r, float v) {
         float* act = a.f(U::act, t) + r;
         *act = glu_d(s.num, *act, maybe_round(v, rnd));
       },
-      pipe);
+      pipe, then_tile_end());
 }
 
 // [tokens, embed, x0, norm, h0]; token rows [r0, r1).
@@ -226,7 +228,8 @@ MD_DEV void router_tile(const DevStep& s, const plan::Instr& in, const Args& a, 
     const int n = int(in.r1) - t0 < per ? int(in.r1) - t0 : per;
     gemv_block(
         a.w(Ro::router), 0, E, n, [&](int t) { return a.f(Ro::h, t0 + t); },
-        [&](int t, int64_t r, float v) { logits[t * E + r] = v; }, pipe);
+        [&](int t, int64_t r, float v) { logits[t * E + r] = v; }, pipe,
+        t0 + per < int(in.r1) ? then_stream(a.w(Ro::router), 0, E) : then_tile_end());
     port::sync_block();
     if (port::thread_id() == 0)
       for (int i = 0; i < n; ++i)
@@ -294,14 +297,15 @@ MD_DEV void expert_gate_up_tile(const DevStep& s, const plan::Instr& in, const A
   auto act = [&](int m) { return a.f(Xg::act, mem[2 * m]) + int64_t(mem[2 * m + 1]) * I; };
   gemv_block(
       a.w(Xg::gate, e), in.r0, in.r1, n, xrow,
-      [&](int m, int64_t r, float v) { act(m)[r] = maybe_round(v, rnd); }, pipe);
+      [&](int m, int64_t r, float v) { act(m)[r] = maybe_round(v, rnd); }, pipe,
+      then_stream(a.w(Xg::up, e), in.r0, in.r1));
   gemv_block(
       a.w(Xg::up, e), in.r0, in.r1, n, xrow,
       [&](int m, int64_t r, float v) {
         float* p = act(m) + r;
         *p = glu_d(s.num, *p, maybe_round(v, rnd));
       },
-      pipe);
+      pipe, then_tile_end());
 }
 
 // [ids, act, down set, dn]: dn[row][j * D + r] = round(down act[row][j]).
@@ -319,7 +323,7 @@ MD_DEV void expert_down_tile(const DevStep& s, const plan::Instr& in, const Args
       [&](int m, int64_t r, float v) {
         a.f(Dn::out, mem[2 * m])[int64_t(mem[2 * m + 1]) * D + r] = maybe_round(v, rnd);
       },
-      pipe);
+      pipe, then_tile_end());
 }
 
 MD_DEV float add_r(float x, float y, bool rnd) {

@@ -37,9 +37,18 @@ struct Config {
 // The process-wide configuration (set before launching; tests set the seed per case).
 Config& config();
 
+// What the kernels report through port::note (no-ops on a GPU), for tests of their schedule.
+enum class Event : uint8_t {
+  kPrefetchUsed,          // a GEMV started from chunks issued before it (its own prefetch)
+  kPrefetchUsedNextTile,  // ... issued by the previous instruction's tail
+  kPrefetchDrained,       // a prefetch nobody used was waited out (bandwidth wasted)
+  kCount
+};
 struct LaunchStats {
   uint64_t switches = 0;  // fiber switches
   uint64_t threads = 0;   // simulated threads run
+  uint64_t events[size_t(Event::kCount)] = {};
+  uint64_t count(Event e) const { return events[size_t(e)]; }
 };
 LaunchStats& stats();
 

@@ -141,6 +141,9 @@ MD_DEV void grid_dependency_wait() {
 MD_DEV void pause(const char*) {
   __nanosleep(64);
 }
+// The simulation's schedule statistics; nothing on a GPU.
+enum class Event : uint8_t { kPrefetchUsed, kPrefetchUsedNextTile, kPrefetchDrained };
+MD_DEV void note(Event) {}
 MD_DEV uint64_t now_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));

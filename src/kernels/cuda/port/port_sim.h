@@ -134,6 +134,11 @@ MD_DEV uint64_t now_ns() {
 [[noreturn]] inline void trap(const char* what) {
   sim::trap(what);
 }
+// A schedule event for the simulation's statistics (sim.h Event).
+using Event = sim::Event;
+MD_DEV void note(Event e) {
+  sim::note(e);
+}
 
 // mbarriers in shared memory and bulk async copies global -> shared completing on them.
 using Mbar = sim::Mbar;

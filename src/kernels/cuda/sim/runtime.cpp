@@ -77,6 +77,10 @@ Config& config() {
   return c;
 }
 
+void note(Event e) {
+  __atomic_fetch_add(&stats().events[size_t(e)], 1, __ATOMIC_RELAXED);
+}
+
 LaunchStats& stats() {
   static LaunchStats s;
   return s;

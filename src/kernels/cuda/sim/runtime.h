@@ -49,6 +49,9 @@ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, Mbar* m);
 bool mbar_test(const Mbar* m, uint32_t parity);
 void mbar_wait(Mbar* m, uint32_t parity);
 
+// Counts a kernel event (LaunchStats::events; relaxed atomics, as fibers are TSan threads).
+void note(Event e);
+
 // Fails the launch with this message (the device code's trap).
 [[noreturn]] void trap(const char* what);
 
