@@ -228,7 +228,7 @@ TEST(CudaSim, RandomSchedulesGiveTheSameBits) {
 // tile, each GEMV the next one's, as the gate the up matrix).
 TEST(CudaSim, WeightPrefetchesAreIssuedAheadAndAllUsed) {
   SimConfig sc(4);
-  Model m(model("small"), opts(Precision::BF16));
+  Model m(model("tiny"), opts(Precision::BF16));
   using cuda::sim::Event;
   for (ExecutorKind k : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
     SCOPED_TRACE(executor_name(k));
@@ -255,7 +255,7 @@ TEST(CudaSim, WeightPrefetchesAreIssuedAheadAndAllUsed) {
     const uint64_t used = delta(Event::kPrefetchUsed) + delta(Event::kPrefetchUsedNextTile);
     EXPECT_GE(used, gemv_ops);
     if (k == ExecutorKind::kMegakernel)
-      EXPECT_GE(delta(Event::kPrefetchUsedNextTile), gemv_ops * 3 / 4);  // (133 of 149 here)
+      EXPECT_GE(delta(Event::kPrefetchUsedNextTile), gemv_ops * 3 / 4);
     else
       EXPECT_EQ(delta(Event::kPrefetchUsedNextTile), 0u);
   }
