@@ -8,7 +8,7 @@ MODELS     ?= models
 BIN        := $(BUILD)/megadecode
 
 .PHONY: all deps build test test-asan test-tsan test-release fuzz demo bench-small bench-kl48 format \
-        clean cuda-archs
+        clean cuda-archs gpu-bundle
 
 all: build
 
@@ -61,6 +61,13 @@ cuda-archs: deps
 	  -DMEGADECODE_BENCH=OFF "-DMEGADECODE_CUDA_ARCHS=80-real;90a-real;100a-real" > /dev/null
 	@cmake --build build-cuda -j $(JOBS) --target megadecode
 	@bash scripts/check-cuda.sh build-cuda
+
+# What bench/gpu-check.sh runs on a lent GPU machine, which cannot install the dependencies: the
+# CLI and the test binary built here for sm_90a, with their shared libraries and loader, in
+# gpu-bundle/ (carry it: device run with carry ["gpu-bundle"], command bash bench/gpu-check.sh).
+gpu-bundle: build
+	@bash scripts/check-cuda.sh $(BUILD)
+	@bash scripts/gpu-bundle.sh $(BUILD) gpu-bundle
 
 # libFuzzer harnesses (tests/fuzz), built with clang in $(FUZZ_BUILD) and run FUZZ_SECONDS each;
 # any finding fails the target. make test only replays their committed corpora (with g++).

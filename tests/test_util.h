@@ -70,8 +70,16 @@ inline CommandResult run_cli(const std::string& args, const std::string& input =
   return r;
 }
 
+// The committed test data and the checkpoint cache: where the build put them, unless the
+// environment names them (a test binary run from another checkout, as bench/gpu-check.sh does
+// with a bundle built on another machine).
 inline std::string data_dir() {
-  return MD_TEST_DATA_DIR;
+  const char* e = std::getenv("MD_TEST_DATA_DIR");
+  return e && *e ? e : MD_TEST_DATA_DIR;
+}
+inline std::string cache_dir() {
+  const char* e = std::getenv("MD_TEST_CACHE_DIR");
+  return e && *e ? e : MD_TEST_CACHE_DIR;
 }
 
 // A random checkpoint of a preset (plus whatever `extra` writes into its directory, e.g. tokenizer
@@ -88,7 +96,7 @@ inline std::string shared_checkpoint(const std::string& preset, uint64_t seed, i
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto stamp = fs::last_write_time("/proc/self/exe", ec).time_since_epoch().count();
-  const fs::path root = fs::path(MD_TEST_CACHE_DIR);
+  const fs::path root = fs::path(cache_dir());
   const fs::path gen = root / std::to_string(stamp);
   const fs::path dir =
       gen / (preset + "-" + std::to_string(seed) + "-" + std::to_string(shards) + tag);
