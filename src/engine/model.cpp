@@ -209,7 +209,8 @@ void Model::touch_weights(const std::function<void(double, double)>& progress) c
   for (const auto& [name, t] : ckpt_->tensors()) {
     const auto* p = static_cast<const uint8_t*>(t.data);
     uint8_t acc = 0;
-    for (size_t i = 0; !ckpt_->device_only(p) && i < t.nbytes; i += 4096) acc ^= p[i];
+    const size_t n = ckpt_->device_only(p) ? 0 : t.nbytes;  // (not in host memory: skipped)
+    for (size_t i = 0; i < n; i += 4096) acc ^= p[i];
     sink = sink ^ acc;
     done += double(t.nbytes);
     if (progress && (done - reported > total / 200 || done == total)) {

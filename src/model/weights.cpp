@@ -54,7 +54,8 @@ class Binder {
     // E8M0 255 is NaN (OCP MX): reject the checkpoint rather than compute NaNs. (Random scales
     // generated on a device never are: random_init.h.)
     const auto* sc = static_cast<const uint8_t*>(s->data);
-    for (size_t i = 0; !ck_->device_only(s->data) && i < s->nbytes; ++i)
+    const size_t checked = ck_->device_only(s->data) ? 0 : s->nbytes;
+    for (size_t i = 0; i < checked; ++i)
       MD_CHECK(sc[i] != 255, "tensor {} in {}: scale byte {} is 255 (NaN in E8M0)", s->name,
                s->file, i);
     m.data = p->data;
