@@ -166,8 +166,7 @@ TEST(CudaSim, K3TinyBf16BothExecutorsAgree) {
 // prefill through the plan, then decode the golden ids; in FP32 the logits stay within the
 // tolerance of Model::forward (which matches the official implementation), and the greedy token
 // is the reference's wherever its top two logits are clearly apart.
-TEST(CudaSim, GoldenModelsMatchReference) {
-  SimConfig sc(4);
+void golden_models_match_reference(CudaTarget target) {
   for (const char* name : {"tiny", "small", "k3-tiny"}) {
     const std::string dir = test::data_dir() + "/data/golden/" + name;
     std::ifstream f(dir + "/golden.json");
@@ -179,7 +178,7 @@ TEST(CudaSim, GoldenModelsMatchReference) {
     Model m(dir, opts(Precision::FP32));
     const int64_t V = m.config().vocab_size;
     for (ExecutorKind k : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
-      CudaExecutor ex(m, 1, k, CudaTarget::kSim);
+      CudaExecutor ex(m, 1, k, target);
       SequenceState r = m.new_sequence(), s = ex.new_sequence();
       std::vector<float> want(static_cast<size_t>(V)), got(static_cast<size_t>(V));
       m.forward(r, prompt, want.data(), false);
@@ -207,7 +206,16 @@ TEST(CudaSim, GoldenModelsMatchReference) {
   }
 }
 
-// The same on a GPU, when there is one.// The same on a GPU, when there is one.
+TEST(CudaSim, GoldenModelsMatchReference) {
+  SimConfig sc(4);
+  golden_models_match_reference(CudaTarget::kSim);
+}
+TEST(CudaGpu, GoldenModelsMatchReference) {
+  MD_NEED_GPU();
+  golden_models_match_reference(CudaTarget::kGpu);
+}
+
+// The same on a GPU, when there is one.
 TEST(CudaGpu, TinyAndSmallBothExecutorsAgreeAndMatchReference) {
   MD_NEED_GPU();
   for (const char* name : {"tiny", "small"})
@@ -263,8 +271,7 @@ TEST(CudaSim, WeightPrefetchesAreIssuedAheadAndAllUsed) {
 
 // A prefill of several rows per step (the plan's multi-row steps) leaves the same state and
 // last-row logits as one row at a time, within the tolerance.
-TEST(CudaSim, MultiRowPrefillMatchesReference) {
-  SimConfig sc(4);
+void multi_row_prefill_matches_reference(CudaTarget target) {
   Model m(model("tiny"), opts(Precision::FP32));
   const int64_t V = m.config().vocab_size;
   std::vector<int32_t> prompt;
@@ -273,7 +280,7 @@ TEST(CudaSim, MultiRowPrefillMatchesReference) {
   SequenceState r = m.new_sequence();
   m.forward(r, prompt, want.data(), false);
   for (ExecutorKind k : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
-    CudaExecutor ex(m, 2, k, CudaTarget::kSim);
+    CudaExecutor ex(m, 2, k, target);
     SequenceState s = ex.new_sequence();
     ex.prefill(s, prompt, got.data(), 5);  // 5 + 5 + 3 rows
     EXPECT_EQ(s.pos, 13);
@@ -281,6 +288,15 @@ TEST(CudaSim, MultiRowPrefillMatchesReference) {
     for (int64_t i = 0; i < V; ++i) err = std::max(err, double(std::fabs(got[size_t(i)] - want[size_t(i)])));
     EXPECT_LE(err, 1e-4 * max_abs(want.data(), size_t(V))) << executor_name(k);
   }
+}
+
+TEST(CudaSim, MultiRowPrefillMatchesReference) {
+  SimConfig sc(4);
+  multi_row_prefill_matches_reference(CudaTarget::kSim);
+}
+TEST(CudaGpu, MultiRowPrefillMatchesReference) {
+  MD_NEED_GPU();
+  multi_row_prefill_matches_reference(CudaTarget::kGpu);
 }
 
 // A verify-style step of 4 rows kept for a commit, cut back to its first 2 on the device: the
@@ -334,17 +350,15 @@ TEST(CudaSim, CommitToAPrefixThenDecode) {
 }
 
 TEST(CudaGpu, CommitToAPrefixThenDecode) {
-  std::string why;
-  if (!have_gpu(&why)) GTEST_SKIP() << "no GPU: " << why;
+  MD_NEED_GPU();
   commit_to_a_prefix_then_decode(CudaTarget::kGpu);
 }
 
 // The megakernel's watchdog: a stalled tile becomes an md::Error naming the instruction; the
 // executor recovers for the next step.
-TEST(CudaSim, WatchdogReportsAStalledTile) {
-  SimConfig sc(3);
+void watchdog_reports_a_stalled_tile(CudaTarget target) {
   Model m(model("tiny"), opts(Precision::BF16));
-  CudaExecutor ex(m, 1, ExecutorKind::kMegakernel, CudaTarget::kSim);
+  CudaExecutor ex(m, 1, ExecutorKind::kMegakernel, target);
   ex.set_watchdog_seconds(0.01);
   const plan::Plan& p = ex.plan(1);
   const uint32_t id = uint32_t(p.instrs.size() / 2);
@@ -364,6 +378,15 @@ TEST(CudaSim, WatchdogReportsAStalledTile) {
   SequenceState s2 = ex.new_sequence();
   SequenceState* seqs2[] = {&s2};
   EXPECT_NO_THROW(ex.step(seqs2, std::span(&tok, 1), logits.data()));
+}
+
+TEST(CudaSim, WatchdogReportsAStalledTile) {
+  SimConfig sc(3);
+  watchdog_reports_a_stalled_tile(CudaTarget::kSim);
+}
+TEST(CudaGpu, WatchdogReportsAStalledTile) {
+  MD_NEED_GPU();
+  watchdog_reports_a_stalled_tile(CudaTarget::kGpu);
 }
 
 // The draw the sample tile makes, written plainly: sampler.cpp's candidate sets (top-k by
@@ -415,13 +438,12 @@ int32_t reference_draw(const SampleRow& r, std::vector<float> l) {
 // Sampling on the device: penalties, temperature, top-k, top-p and min-p rows beside greedy
 // ones; both executors draw the same tokens, and the tokens are those of the plain reference
 // draw above over the returned logits.
-TEST(CudaSim, SamplingOnTheDevice) {
-  SimConfig sc(4);
+void sampling_on_the_device(CudaTarget target) {
   Model m(model("tiny"), opts(Precision::BF16));
   const int64_t V = m.config().vocab_size;
   const int B = 4;
-  CudaExecutor emk(m, B, ExecutorKind::kMegakernel, CudaTarget::kSim);
-  CudaExecutor eob(m, B, ExecutorKind::kOpByOp, CudaTarget::kSim);
+  CudaExecutor emk(m, B, ExecutorKind::kMegakernel, target);
+  CudaExecutor eob(m, B, ExecutorKind::kOpByOp, target);
   std::vector<SequenceState> mk, ob;
   for (int b = 0; b < B; ++b) {
     mk.push_back(emk.new_sequence());
@@ -472,6 +494,15 @@ TEST(CudaSim, SamplingOnTheDevice) {
   }
   EXPECT_GT(drawn, 0);
   EXPECT_GT(off_greedy, 0) << "no draw left the argmax: the test cannot tell a draw from greedy";
+}
+
+TEST(CudaSim, SamplingOnTheDevice) {
+  SimConfig sc(4);
+  sampling_on_the_device(CudaTarget::kSim);
+}
+TEST(CudaGpu, SamplingOnTheDevice) {
+  MD_NEED_GPU();
+  sampling_on_the_device(CudaTarget::kGpu);
 }
 
 TEST(CudaSim, GpuTargetWithoutAGpuIsAClearError) {
