@@ -87,6 +87,18 @@ bool have_gpu(std::string* why) {
     if (!have_gpu(&why)) GTEST_SKIP() << "no GPU here: " << why; \
   } while (0)
 
+// A test through the simulation on `sms` blocks, and the same on a GPU (CudaGpu.*, skipped with
+// the reason when there is none).
+#define SIM_AND_GPU_TEST(name, sms, body)   \
+  TEST(CudaSim, name) {                     \
+    SimConfig sc(sms);                      \
+    body(CudaTarget::kSim);                 \
+  }                                         \
+  TEST(CudaGpu, name) {                     \
+    MD_NEED_GPU();                          \
+    body(CudaTarget::kGpu);                 \
+  }
+
 // Both CUDA executors step batches of 1, 3 and 8 with sequences joining and leaving; they must
 // agree bit for bit, and with Model::forward within the tolerance above.
 void check_executors(const std::string& name, Precision prec, int sms, uint64_t seed,
@@ -206,14 +218,7 @@ void golden_models_match_reference(CudaTarget target) {
   }
 }
 
-TEST(CudaSim, GoldenModelsMatchReference) {
-  SimConfig sc(4);
-  golden_models_match_reference(CudaTarget::kSim);
-}
-TEST(CudaGpu, GoldenModelsMatchReference) {
-  MD_NEED_GPU();
-  golden_models_match_reference(CudaTarget::kGpu);
-}
+SIM_AND_GPU_TEST(GoldenModelsMatchReference, 4, golden_models_match_reference)
 
 // The same on a GPU, when there is one.
 TEST(CudaGpu, TinyAndSmallBothExecutorsAgreeAndMatchReference) {
@@ -290,14 +295,7 @@ void multi_row_prefill_matches_reference(CudaTarget target) {
   }
 }
 
-TEST(CudaSim, MultiRowPrefillMatchesReference) {
-  SimConfig sc(4);
-  multi_row_prefill_matches_reference(CudaTarget::kSim);
-}
-TEST(CudaGpu, MultiRowPrefillMatchesReference) {
-  MD_NEED_GPU();
-  multi_row_prefill_matches_reference(CudaTarget::kGpu);
-}
+SIM_AND_GPU_TEST(MultiRowPrefillMatchesReference, 4, multi_row_prefill_matches_reference)
 
 // A verify-style step of 4 rows kept for a commit, cut back to its first 2 on the device: the
 // sequence's states are bit for bit those of a step of the 2 rows alone (the replay runs the
@@ -344,15 +342,7 @@ void commit_to_a_prefix_then_decode(CudaTarget target) {
   }
 }
 
-TEST(CudaSim, CommitToAPrefixThenDecode) {
-  SimConfig sc(4);
-  commit_to_a_prefix_then_decode(CudaTarget::kSim);
-}
-
-TEST(CudaGpu, CommitToAPrefixThenDecode) {
-  MD_NEED_GPU();
-  commit_to_a_prefix_then_decode(CudaTarget::kGpu);
-}
+SIM_AND_GPU_TEST(CommitToAPrefixThenDecode, 4, commit_to_a_prefix_then_decode)
 
 // The megakernel's watchdog: a stalled tile becomes an md::Error naming the instruction; the
 // executor recovers for the next step.
@@ -380,14 +370,7 @@ void watchdog_reports_a_stalled_tile(CudaTarget target) {
   EXPECT_NO_THROW(ex.step(seqs2, std::span(&tok, 1), logits.data()));
 }
 
-TEST(CudaSim, WatchdogReportsAStalledTile) {
-  SimConfig sc(3);
-  watchdog_reports_a_stalled_tile(CudaTarget::kSim);
-}
-TEST(CudaGpu, WatchdogReportsAStalledTile) {
-  MD_NEED_GPU();
-  watchdog_reports_a_stalled_tile(CudaTarget::kGpu);
-}
+SIM_AND_GPU_TEST(WatchdogReportsAStalledTile, 3, watchdog_reports_a_stalled_tile)
 
 // The draw the sample tile makes, written plainly: sampler.cpp's candidate sets (top-k by
 // (x desc, id asc), the smallest best-first top-p prefix, min-p), then the token where u * mass
@@ -496,14 +479,7 @@ void sampling_on_the_device(CudaTarget target) {
   EXPECT_GT(off_greedy, 0) << "no draw left the argmax: the test cannot tell a draw from greedy";
 }
 
-TEST(CudaSim, SamplingOnTheDevice) {
-  SimConfig sc(4);
-  sampling_on_the_device(CudaTarget::kSim);
-}
-TEST(CudaGpu, SamplingOnTheDevice) {
-  MD_NEED_GPU();
-  sampling_on_the_device(CudaTarget::kGpu);
-}
+SIM_AND_GPU_TEST(SamplingOnTheDevice, 4, sampling_on_the_device)
 
 TEST(CudaSim, GpuTargetWithoutAGpuIsAClearError) {
   Model m(model("tiny"), opts(Precision::BF16));
