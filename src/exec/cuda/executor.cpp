@@ -7,6 +7,8 @@
 
 #include <cstring>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <unordered_map>
 
 #include "../../kernels/cuda/device.h"
@@ -85,6 +87,28 @@ class DevicePoolMemory final : public PoolMemory {
   cuda::Device& d_;
 };
 
+// A model's weights on a device, shared by every CUDA executor of that model on that target (the
+// bench runs a megakernel and an op-by-op executor side by side: two copies of a 98 GB model
+// would not fit one GPU). Its own Device allocates them and runs the uploads and the generator;
+// the executors' kernels read them from their own streams after place() has synchronised.
+struct DeviceWeights {
+  std::unique_ptr<cuda::Device> dev;
+  std::mutex mu;
+  std::unordered_map<const void*, std::unique_ptr<DevBuf>> buffers;  // by host address
+};
+
+std::shared_ptr<DeviceWeights> device_weights_of(const Model& m, CudaTarget t) {
+  static std::mutex mu;
+  static std::map<std::pair<const Model*, int>, std::weak_ptr<DeviceWeights>> live;
+  std::lock_guard<std::mutex> lock(mu);
+  std::weak_ptr<DeviceWeights>& w = live[{&m, int(t)}];
+  if (std::shared_ptr<DeviceWeights> p = w.lock()) return p;
+  auto p = std::make_shared<DeviceWeights>();
+  p->dev = t == CudaTarget::kGpu ? cuda::make_gpu_device() : cuda::make_sim_device();
+  w = p;
+  return p;
+}
+
 const char* status_name(uint32_t s) {
   switch (s) {
     case 1:
@@ -112,7 +136,7 @@ struct CudaExecutor::Impl {
   int W = 0;
   std::unique_ptr<DevicePoolMemory> pool_memory;
   std::unique_ptr<StatePool> states;
-  std::unordered_map<const void*, std::unique_ptr<DevBuf>> uploaded;  // by host address
+  std::shared_ptr<DeviceWeights> weights;  // shared with the model's other executors
   std::map<std::pair<int, int>, std::unique_ptr<DevPlan>> plans;
   int next_graph = 0;
   DevBuf arena, tokens, pos, row0, seq_of_row, logit_of_row, logits, abort, page_tables;
@@ -136,6 +160,7 @@ struct CudaExecutor::Impl {
     // The step's table lives at one device address for the executor's lifetime: CUDA graphs
     // capture the launches with this pointer and replay them on each step's new contents.
     step_store.reset(dev.get(), sizeof(DevStep));
+    weights = device_weights_of(m, t);
     upload_weights();
   }
 
@@ -152,6 +177,7 @@ struct CudaExecutor::Impl {
     for (const plan::WeightRef& r : p.weights) views.push_back(exec::bind_weight(model.weights(), r));
     for (const auto& v : views) total += double(v.rows) * double(v.cols) * 2;
     const bool bar = total > double(size_t(1) << 30);
+    std::lock_guard<std::mutex> lock(weights->mu);
     std::vector<cuda::RandomJob> jobs;
     for (const auto& v : views) {
       place(v, jobs);
@@ -161,13 +187,17 @@ struct CudaExecutor::Impl {
                    dev->info().name, human_bytes(done), human_bytes(total));
     }
     if (bar) fmt::print(stderr, "\n");
-    if (!jobs.empty()) {
-      const double t0 = now_seconds();
-      dev->fill_random(jobs.data(), jobs.size());
-      if (bar)
-        fmt::print(stderr, "generated {} random-weight chunks on {} in {:.1f} s\n", jobs.size(),
-                   dev->info().name, now_seconds() - t0);
-    }
+    const double t0 = now_seconds();
+    finish_placing(jobs);
+    if (bar && !jobs.empty())
+      fmt::print(stderr, "generated {} random-weight chunks on {} in {:.1f} s\n", jobs.size(),
+                 dev->info().name, now_seconds() - t0);
+  }
+
+  // Runs the generator's jobs and waits for every upload (the executors' streams read them).
+  void finish_placing(const std::vector<cuda::RandomJob>& jobs) {
+    if (!jobs.empty()) weights->dev->fill_random(jobs.data(), jobs.size());
+    weights->dev->sync();
   }
 
   static size_t weight_bytes(const exec::WeightView& v) {
@@ -175,7 +205,7 @@ struct CudaExecutor::Impl {
                                 : size_t(v.rows) * size_t(v.cols) * dtype_size(v.dtype);
   }
 
-  // A weight's codes (or values) and MXFP4 scales on the device (once).
+  // A weight's codes (or values) and MXFP4 scales on the device (once; weights->mu held).
   void place(const exec::WeightView& v, std::vector<cuda::RandomJob>& jobs) {
     upload_one(v.data, weight_bytes(v), jobs);
     if (v.scales) upload_one(v.scales, size_t(v.rows) * size_t(v.cols) / 32, jobs);
@@ -184,23 +214,24 @@ struct CudaExecutor::Impl {
   // One tensor's device copy, keyed by its host address: a copy of the host bytes, or the
   // generator's jobs for a tensor whose bytes exist only as a recipe.
   void upload_one(const void* host, size_t bytes, std::vector<cuda::RandomJob>& jobs) {
-    if (!host || uploaded.count(host)) return;
+    if (!host || weights->buffers.count(host)) return;
+    cuda::Device& wd = *weights->dev;
     auto b = std::make_unique<DevBuf>();
-    b->reset(dev.get(), bytes);
+    b->reset(&wd, bytes);
     if (const RandomInit* r = model.checkpoint().device_only(host)) {
       MD_CHECK(r->kind != RandomInit::Kind::kLogUniform && r->numel * r->element_bytes() == bytes,
                "cuda executor: a random weight's recipe does not match its {} bytes", bytes);
       for (uint64_t c = 0; c < r->chunks(); ++c) jobs.push_back({*r, b->p, c});
     } else {
-      dev->copy(b->p, host, bytes);
+      wd.copy(b->p, host, bytes);
     }
-    uploaded[host] = std::move(b);
+    weights->buffers[host] = std::move(b);
   }
 
   cuda::DevWeight dev_weight(const exec::WeightView& v) const {
     cuda::DevWeight d;
-    d.data = uploaded.at(v.data)->p;
-    d.scales = v.scales ? static_cast<const uint8_t*>(uploaded.at(v.scales)->p) : nullptr;
+    d.data = weights->buffers.at(v.data)->p;
+    d.scales = v.scales ? static_cast<const uint8_t*>(weights->buffers.at(v.scales)->p) : nullptr;
     d.rows = v.rows;
     d.cols = v.cols;
     d.dtype = v.dtype == DType::U8    ? cuda::WDType::kMXFP4
@@ -230,6 +261,7 @@ struct CudaExecutor::Impl {
     upload(*dev, dp.buffers, p.buffers);
     std::vector<cuda::DevWeight> w;
     std::vector<cuda::RandomJob> jobs;
+    std::lock_guard<std::mutex> lock(weights->mu);
     for (const plan::WeightRef& r : p.weights) {
       const exec::WeightView v = exec::bind_weight(model.weights(), r);
       MD_CHECK(v.data != nullptr, "decode plan: weight {} of layer {} is absent",
@@ -237,7 +269,7 @@ struct CudaExecutor::Impl {
       place(v, jobs);
       w.push_back(dev_weight(v));
     }
-    if (!jobs.empty()) dev->fill_random(jobs.data(), jobs.size());
+    finish_placing(jobs);
     upload(*dev, dp.weights, w);
     std::vector<uint32_t> per_step, qids, qoff{0};
     for (const plan::CounterDesc& c : p.counters) per_step.push_back(c.per_step);
