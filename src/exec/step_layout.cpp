@@ -11,7 +11,7 @@ namespace {
 
 void check_inputs(const Model& model, const StatePool& pool, int max_batch,
                   std::span<const StepSeq> seqs, const float* logits, int R,
-                  const StepOptions& so) {
+                  const StepOptions& so, bool tokens_out) {
   const ModelConfig& c = model.config();
   const int B = int(seqs.size());
   MD_CHECK(B >= 1 && B <= max_batch, "step: batch of {} sequences is outside 1..{}", B, max_batch);
@@ -48,17 +48,19 @@ void check_inputs(const Model& model, const StatePool& pool, int max_batch,
            "tokens, {} of {} are free (--cache-tokens {})",
            pages, pool.options().page_rows, pool.free_pages(), pool.total_pages(),
            pool.options().cache_tokens);
-  MD_CHECK(logits != nullptr || logit_row_count(seqs) == 0, "step: no logits buffer");
+  MD_CHECK(logits != nullptr || tokens_out || logit_row_count(seqs) == 0,
+           "step: no logits buffer (and no next_ids: the step would return nothing)");
 }
 
 }  // namespace
 
 StepLayout layout_step(const Model& model, const StatePool& pool, int max_batch,
                        std::span<const StepSeq> seqs, const float* logits,
-                       std::span<const SampleRow> sampling, const StepOptions& so) {
+                       std::span<const SampleRow> sampling, const StepOptions& so,
+                       bool tokens_out) {
   StepLayout L;
   for (const StepSeq& q : seqs) L.R = std::max(L.R, int(q.tokens.size()));
-  check_inputs(model, pool, max_batch, seqs, logits, L.R, so);
+  check_inputs(model, pool, max_batch, seqs, logits, L.R, so, tokens_out);
   const ModelConfig& c = model.config();
   const int B = L.B = int(seqs.size());
   L.row0.assign(size_t(B) + 1, 0);

@@ -24,10 +24,12 @@ struct StepLayout {
 };
 
 // Checks the step (batch within 1..max_batch, rows, token ids, sequences of `pool` and distinct,
-// the pool's free pages, the commit row log, a logits buffer, the sampling rows) and lays it out.
+// the pool's free pages, the commit row log, a logits buffer unless the step only draws tokens
+// (tokens_out), the sampling rows) and lays it out.
 StepLayout layout_step(const Model& model, const StatePool& pool, int max_batch,
                        std::span<const StepSeq> seqs, const float* logits,
-                       std::span<const SampleRow> sampling, const StepOptions& so);
+                       std::span<const SampleRow> sampling, const StepOptions& so,
+                       bool tokens_out = false);
 
 // Distinct experts a step's rows chose, summed over the MoE layers (the step's bytes): ids(l)
 // returns layer l's router ids [N][k] (row stride in ints) or null where the layer has no router.

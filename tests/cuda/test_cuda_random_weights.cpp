@@ -10,6 +10,7 @@
 
 #include "../../src/kernels/cuda/device.h"
 #include "../exec/exec_test_util.h"
+#include "cuda_test_util.h"
 #include "megadecode/base/error.h"
 #include "megadecode/engine/model.h"
 #include "megadecode/exec/cuda_executor.h"
@@ -97,11 +98,7 @@ namespace md {
 namespace {
 
 TEST(CudaGpu, DeviceGeneratedWeightsMatchTheCheckpoint) {
-  try {
-    cuda::make_gpu_device();
-  } catch (const Error& e) {
-    GTEST_SKIP() << "no GPU: " << e.what();
-  }
+  MD_NEED_GPU();
   expect_device_generated_model_matches_files("tiny", ExecutorKind::kMegakernel, CudaTarget::kGpu);
   expect_device_generated_model_matches_files("k3-tiny", ExecutorKind::kOpByOp, CudaTarget::kGpu);
 }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "../exec/exec_test_util.h"
+#include "cuda_test_util.h"
 #include "megadecode/base/error.h"
 #include "megadecode/engine/model.h"
 #include "megadecode/exec/cuda_executor.h"
@@ -69,23 +70,6 @@ double max_abs(const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) m = std::max(m, double(std::fabs(x[i])));
   return m;
 }
-
-// Whether this machine has a CUDA device the GPU tests can run on (else they skip, saying so).
-bool have_gpu(std::string* why) {
-  try {
-    Model m(model("tiny"), opts(Precision::BF16));
-    CudaExecutor ex(m, 1, ExecutorKind::kOpByOp, CudaTarget::kGpu);
-    return true;
-  } catch (const Error& e) {
-    *why = e.what();
-    return false;
-  }
-}
-#define MD_NEED_GPU()                                         \
-  do {                                                        \
-    std::string why;                                          \
-    if (!have_gpu(&why)) GTEST_SKIP() << "no GPU here: " << why; \
-  } while (0)
 
 // A test through the simulation on `sms` blocks, and the same on a GPU (CudaGpu.*, skipped with
 // the reason when there is none).
@@ -480,6 +464,49 @@ void sampling_on_the_device(CudaTarget target) {
 }
 
 SIM_AND_GPU_TEST(SamplingOnTheDevice, 4, sampling_on_the_device)
+
+// A step that asks only for the drawn tokens (logits null, next_ids set): the CPU and CUDA
+// executors return the greedy tokens of the same step with logits, and without next_ids either
+// the call is an error naming the problem.
+TEST(CudaSim, TokensOnlyStep) {
+  SimConfig sc(4);
+  Model m(model("tiny"), opts(Precision::BF16));
+  const int64_t V = m.config().vocab_size;
+  ExecutorOptions cpu;
+  cpu.workers = 2;
+  std::vector<std::unique_ptr<Executor>> exs;
+  exs.push_back(make_executor(m, ExecutorKind::kMegakernel, 2, cpu));
+  exs.push_back(std::make_unique<CudaExecutor>(m, 2, ExecutorKind::kMegakernel, CudaTarget::kSim));
+  exs.push_back(std::make_unique<CudaExecutor>(m, 2, ExecutorKind::kOpByOp, CudaTarget::kSim));
+  for (auto& ex : exs) {
+    SCOPED_TRACE(std::string(ex->name()));
+    std::vector<SequenceState> a, b;
+    for (int i = 0; i < 2; ++i) {
+      a.push_back(ex->new_sequence());
+      b.push_back(ex->new_sequence());
+    }
+    std::vector<SequenceState*> pa = {&a[0], &a[1]}, pb = {&b[0], &b[1]};
+    std::vector<int32_t> ta = {4, 90}, tb = ta;
+    std::vector<float> logits(size_t(2 * V));
+    for (int step = 0; step < 3; ++step) {
+      std::vector<int32_t> ids(2, -1);
+      ex->step(pa, ta, logits.data());
+      ex->step(pb, tb, nullptr, ids.data());
+      for (int i = 0; i < 2; ++i) {
+        const float* l = logits.data() + size_t(i) * size_t(V);
+        ta[size_t(i)] = int32_t(std::max_element(l, l + V) - l);
+        EXPECT_EQ(ids[size_t(i)], ta[size_t(i)]) << "step " << step << " row " << i;
+      }
+      tb = ids;
+    }
+    try {
+      ex->step(pa, ta, nullptr);
+      FAIL() << "a step returning nothing was accepted";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("no logits buffer"));
+    }
+  }
+}
 
 TEST(CudaSim, GpuTargetWithoutAGpuIsAClearError) {
   Model m(model("tiny"), opts(Precision::BF16));

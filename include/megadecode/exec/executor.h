@@ -112,7 +112,8 @@ class Executor {
   // between sequences), row i at position pos + i. logits receives [logit rows][vocab]
   // (logit_row_count: in sequence order, rows in order; bf16-valued in BF16 precision, as
   // Model::forward), next_ids (if not null) the token sampled for each logit row by sampling[j]
-  // (one row per logit row, or empty: greedy). Each sequence advances by R. The batch may differ
+  // (one row per logit row, or empty: greedy). logits may be null when next_ids is not: then only
+  // the tokens come back (a CUDA executor's logits stay on the device). Each sequence advances by R. The batch may differ
   // from step to step (1..max_batch distinct sequences of this model). Bad input (shape, token id,
   // a foreign or repeated sequence) is an md::Error before anything changes; a step that fails
   // while running (watchdog) leaves the batch's states undefined.
@@ -147,6 +148,7 @@ class Executor {
   virtual const Model& model() const = 0;
   virtual int workers() const = 0;
   virtual int max_batch() const = 0;
+  // The last step's bytes and times (valid until the next step).
   virtual const StepStats& last_step_stats() const = 0;
   virtual void set_watchdog_seconds(double s) = 0;
 

@@ -198,6 +198,7 @@ struct CpuExecutor::Impl {
   std::mutex err_mu;
   std::string err;
   StepStats stats;
+  std::vector<float> scratch_logits;  // a step's logits when the caller wants only next_ids
 
   Impl(Model& m, int mb, ExecutorKind k, const ExecutorOptions& o)
       : model(m), max_batch(mb), kind(k), opt(o) {
@@ -506,7 +507,12 @@ struct CpuExecutor::Impl {
             std::span<const SampleRow> sampling, const StepOptions& so) {
     // Rows are compact in sequence order: sequence b's are [row0[b], row0[b + 1]). The plan is
     // the one for the batch and the longest sequence's rows; the others use fewer of its rows.
-    exec::StepLayout lay = exec::layout_step(model, *states, max_batch, seqs, logits, sampling, so);
+    exec::StepLayout lay =
+        exec::layout_step(model, *states, max_batch, seqs, logits, sampling, so, next_ids != nullptr);
+    if (!logits && lay.n_logits > 0) {  // only the drawn tokens are wanted: logits to scratch
+      scratch_logits.resize(size_t(lay.n_logits) * size_t(model.config().vocab_size));
+      logits = scratch_logits.data();
+    }
     const ModelConfig& c = model.config();
     const int B = lay.B, L = c.num_layers, R = lay.R, N = lay.N, n_logits = lay.n_logits;
     std::vector<int32_t>& row0 = lay.row0;

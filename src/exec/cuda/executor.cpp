@@ -318,7 +318,9 @@ struct CudaExecutor::Impl {
   void step(std::span<const StepSeq> seqs, float* out_logits, int32_t* next_ids,
             std::span<const SampleRow> sampling, const StepOptions& so) {
     exec::StepLayout lay = exec::layout_step(model, *states, max_batch, seqs, out_logits, sampling,
-                                             so);
+                                             so, next_ids != nullptr);
+    stats_pending.dp = nullptr;  // the last step's router ids are about to be overwritten
+    stats = {};
     const ModelConfig& c = model.config();
     const int B = lay.B, L = c.num_layers, N = lay.N;
     DevPlan& dp = runtime(B, lay.R);
@@ -433,10 +435,16 @@ struct CudaExecutor::Impl {
           launches();
         } else {
           if (dp.graph < 0) {
-            dp.graph = next_graph++;
+            const int id = next_graph++;
             dev->begin_capture();
-            launches();
-            dev->end_capture(dp.graph);
+            try {
+              launches();
+              dev->end_capture(id);
+            } catch (const Error&) {
+              dev->abort_capture();
+              throw;
+            }
+            dp.graph = id;  // only a graph that instantiated
           }
           dev->replay(dp.graph);
         }
@@ -446,6 +454,13 @@ struct CudaExecutor::Impl {
       sim_error = e.what();
     }
     const double t_run = now_seconds() - t0;
+    // A GPU fault (a trap, an illegal address) leaves the context unusable: report it as it is,
+    // without the copies below, which would fail with a less telling error.
+    if (!sim_error.empty() && dev->backend() == cuda::Backend::kGpu &&
+        sim_error.find("context is lost") != std::string::npos) {
+      for (const StepSeq& q : seqs) q.seq->rowlog.rows = 0;
+      throw Error(sim_error);
+    }
     uint32_t aborted = 0;
     if (kind == ExecutorKind::kMegakernel) {
       dev->copy(&aborted, abort.p, 4);
@@ -459,14 +474,41 @@ struct CudaExecutor::Impl {
       throw Error(m);
     }
     ++dp.epoch;
-    // Outputs: the logits and the tokens drawn on the device.
-    if (lay.n_logits > 0) dev->copy(out_logits, h.logits, size_t(lay.n_logits) * size_t(c.vocab_size) * 4);
-    std::vector<int32_t> ids(size_t(std::max(lay.n_logits, 1)));
+    // Outputs: the logits (when asked for) and the tokens drawn on the device, each in one copy.
+    if (out_logits && lay.n_logits > 0)
+      dev->copy(out_logits, h.logits, size_t(lay.n_logits) * size_t(c.vocab_size) * 4);
+    std::vector<int32_t> ids;
     if (next_ids && lay.n_logits > 0) {
       const plan::BufferDesc& d = p.buffers[p.next_ids_buffer];
-      for (int j = 0; j < lay.n_logits; ++j)
-        dev->copy(&ids[size_t(j)], arena.as<uint8_t>() + d.offset + d.stride * uint64_t(j), 4);
+      ids.resize(size_t(lay.n_logits) * d.stride / 4);
+      dev->copy(ids.data(), arena.as<uint8_t>() + d.offset, size_t(lay.n_logits) * d.stride);
+      dev->sync();
+      for (int j = 0; j < lay.n_logits; ++j) next_ids[j] = ids[size_t(j) * d.stride / 4];
     }
+    dev->sync();
+    for (int b = 0; b < B; ++b) seqs[size_t(b)].seq->pos += lay.rows[size_t(b)];
+    // The step's bytes need the experts its rows chose: read from the device only when
+    // last_step_stats() is called, before the next step (one copy per MoE layer, kept out of the
+    // step's time).
+    stats_pending = {&dp, N, lay.pos, lay.rows};
+    stats = {};
+    stats.seconds = t_run;
+  }
+
+  // What finish_stats needs of the last step.
+  struct PendingStats {
+    DevPlan* dp = nullptr;
+    int N = 0;
+    std::vector<int64_t> pos;
+    std::vector<int> rows;
+  } stats_pending;
+
+  // last_step_stats(): the distinct experts of the last step's router ids, then its bytes.
+  void finish_stats() {
+    if (!stats_pending.dp) return;
+    const plan::Plan& p = stats_pending.dp->plan;
+    const ModelConfig& c = model.config();
+    const int L = c.num_layers, N = stats_pending.N;
     std::vector<std::vector<int32_t>> router(static_cast<size_t>(L));
     std::vector<exec::RouterIds> rids(static_cast<size_t>(L));
     for (int l = 0; l < L; ++l) {
@@ -478,12 +520,11 @@ struct CudaExecutor::Impl {
       rids[size_t(l)] = {router[size_t(l)].data(), d.stride / 4};
     }
     dev->sync();
-    if (next_ids)
-      for (int j = 0; j < lay.n_logits; ++j) next_ids[j] = ids[size_t(j)];
-    for (int b = 0; b < B; ++b) seqs[size_t(b)].seq->pos += lay.rows[size_t(b)];
-    stats = decode_step_bytes(model, lay.pos, exec::distinct_experts_of_step(c, N, rids),
-                              std::span<const int>(lay.rows));
-    stats.seconds = t_run;
+    const double secs = stats.seconds;
+    stats = decode_step_bytes(model, stats_pending.pos, exec::distinct_experts_of_step(c, N, rids),
+                              std::span<const int>(stats_pending.rows));
+    stats.seconds = secs;
+    stats_pending.dp = nullptr;
   }
 
   DevBuf seqs_store, step_store;
@@ -591,6 +632,7 @@ int CudaExecutor::max_batch() const {
   return impl_->max_batch;
 }
 const StepStats& CudaExecutor::last_step_stats() const {
+  impl_->finish_stats();
   return impl_->stats;
 }
 void CudaExecutor::set_watchdog_seconds(double s) {

@@ -69,6 +69,8 @@ class Device {
   virtual bool graphs() const { return false; }
   virtual void begin_capture() {}
   virtual void end_capture(int id) { (void)id; }
+  // Ends a capture that failed part-way (the stream leaves capture mode; nothing is kept).
+  virtual void abort_capture() {}
   virtual void replay(int id) { (void)id; }
 };
 

@@ -52,6 +52,14 @@ struct Pipe {
 MD_DEV port::Mbar* stage_bars() {
   return reinterpret_cast<port::Mbar*>(port::smem() + kStages * kStageBytes);
 }
+// A word of the block's own after the stages' mbarriers in their 128-byte area (the megakernel's
+// stop verdict; the tiles own work()).
+inline constexpr uint32_t kBlockWordOffset = (kStages * sizeof(port::Mbar) + 7) / 8 * 8;
+static_assert(kBlockWordOffset + 4 <= 128, "the mbarriers and the block word exceed their area");
+MD_DEV volatile uint32_t* block_word() {
+  return reinterpret_cast<volatile uint32_t*>(port::smem() + kStages * kStageBytes +
+                                              kBlockWordOffset);
+}
 MD_DEV uint8_t* stage(uint32_t s) {
   return port::smem() + s * kStageBytes;
 }
@@ -143,6 +151,9 @@ struct WeightStream {
     chunk(k, &row, &nr, &c0, &nc);
     const uint32_t s = uint32_t((stage0 + uint64_t(k)) % kStages);
     const uint32_t bytes = uint32_t(nr * (nc / epu) * 16);
+    // The stage's last readers passed a block barrier before this thread got here; the proxy
+    // fence orders those generic reads before the copy's async-proxy writes.
+    port::fence_async_shared();
     port::mbar_arrive_expect_tx(&stage_bars()[s], bytes);
     port::bulk_copy_g2s(stage(s), base + row * row_bytes + c0 / epu * 16, bytes,
                         &stage_bars()[s]);

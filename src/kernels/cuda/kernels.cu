@@ -46,6 +46,7 @@ MD_GLOBAL void phase_kernel(const DevStep* sp, uint32_t first) {
   prefetch_tile(s, in, pipe);
   port::grid_dependency_wait();
   run_tile(s, in, pipe);
+  if (pipe.pre_n) drain(pipe);  // no copy may outlive the block
 }
 
 // The bandwidth probe: every thread streams 16-byte loads over the buffer (grid-stride), folding
@@ -88,7 +89,7 @@ MD_GLOBAL void megakernel(const DevStep* sp) {
   Pipe pipe;
   const uint32_t b = port::block_id();
   DevStatus& st = s.status[b];
-  volatile uint32_t* stop = reinterpret_cast<volatile uint32_t*>(work() + kWorkFloats - 1);
+  volatile uint32_t* stop = block_word();  // thread 0's verdict for the block
   for (uint32_t q = s.queue_off[b]; q < s.queue_off[b + 1]; ++q) {
     const plan::Instr in = s.instrs[s.queue_ids[q]];
     // The tile's first weight chunks stream in while thread 0 waits for its inputs (issued here
@@ -149,6 +150,7 @@ MD_GLOBAL void megakernel(const DevStep* sp) {
       port::atomic_add_release(&s.counters[in.signal], 1);
     }
   }
+  if (pipe.pre_n) drain(pipe);  // (none expected: the last instruction has no successor)
   if (port::thread_id() == 0) st.state = kFinished;
 }
 
@@ -237,10 +239,21 @@ std::unique_ptr<Device> make_sim_device() {
 
 namespace {
 
+// Errors after which the context is unusable (a trap, a fault): every later call fails too.
+bool sticky(cudaError_t e) {
+  return e == cudaErrorIllegalAddress || e == cudaErrorLaunchFailure ||
+         e == cudaErrorIllegalInstruction || e == cudaErrorMisalignedAddress ||
+         e == cudaErrorInvalidAddressSpace || e == cudaErrorInvalidPc ||
+         e == cudaErrorHardwareStackError || e == cudaErrorAssert;
+}
+
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
     throw_error(std::string("CUDA: ") + what + " failed: " + cudaGetErrorString(e) + " (" +
-                std::to_string(int(e)) + ")");
+                std::to_string(int(e)) + ")" +
+                (sticky(e) ? "; a device fault: the CUDA context is lost, restart the process "
+                             "(a device trap prints its reason on stdout)"
+                           : ""));
 }
 
 class GpuDevice final : public Device {
@@ -284,10 +297,13 @@ class GpuDevice final : public Device {
   void* alloc(size_t bytes) override {
     void* p = nullptr;
     check(cudaMalloc(&p, std::max<size_t>(bytes, 1)), "cudaMalloc");
-    check(cudaMemset(p, 0, bytes), "cudaMemset");
+    // Zeroed in this device's stream order: a plain cudaMemset runs on the legacy stream, which a
+    // non-blocking stream does not wait for, so it could land after the copies that follow.
+    if (bytes) check(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemset");
     return p;
   }
   void free(void* p) override {
+    // (cudaFree waits for the device; a buffer is never freed while this stream still uses it.)
     if (p) cudaFree(p);
   }
   void* alloc_host(size_t bytes) override {
@@ -375,11 +391,24 @@ class GpuDevice final : public Device {
     check(cudaStreamEndCapture(stream_, &g), "graph capture");
     if (size_t(id) >= graphs_.size()) graphs_.resize(size_t(id) + 1, nullptr);
     if (graphs_[size_t(id)]) cudaGraphExecDestroy(graphs_[size_t(id)]);
-    check(cudaGraphInstantiate(&graphs_[size_t(id)], g, 0), "graph instantiate");
+    graphs_[size_t(id)] = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&graphs_[size_t(id)], g, 0);
     cudaGraphDestroy(g);
+    check(e, "graph instantiate");
+  }
+  void abort_capture() override {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
+      cudaGraph_t g = nullptr;
+      cudaStreamEndCapture(stream_, &g);
+      if (g) cudaGraphDestroy(g);
+    }
+    cudaGetLastError();  // the capture's error is reported by the caller
   }
   void replay(int id) override {
-    check(cudaGraphLaunch(graphs_.at(size_t(id)), stream_), "graph launch");
+    if (size_t(id) >= graphs_.size() || !graphs_[size_t(id)])
+      throw_error("CUDA: graph " + std::to_string(id) + " was never instantiated");
+    check(cudaGraphLaunch(graphs_[size_t(id)], stream_), "graph launch");
   }
 
  private:

@@ -19,8 +19,8 @@ inline constexpr uint32_t kTileThreads = 256;
 // copies while the block computes on the previous ones.
 inline constexpr uint32_t kStages = 4;
 inline constexpr uint32_t kStageBytes = 16 << 10;
-// Shared memory of a tile block: the stages, their mbarriers, and a work area for the tiles'
-// reductions and small vectors (kWorkFloats).
+// Shared memory of a tile block: the stages, 128 bytes for their mbarriers (and the megakernel's
+// stop word after them: gemv.cuh block_word), and a work area for the tiles' reductions and small vectors (kWorkFloats).
 inline constexpr uint32_t kWorkFloats = 4096;
 inline constexpr uint32_t kSmemBytes = kStages * kStageBytes + 128 + kWorkFloats * 4;
 

@@ -3,6 +3,7 @@
 // there the issuing thread copies in 16-byte loads and the mbarrier is a phase word in shared
 // memory, with the same interface and the same results.
 #pragma once
+#include <cstdio>
 #include <cuda/atomic>
 
 #define MD_DEV __device__ __forceinline__
@@ -149,7 +150,10 @@ MD_DEV uint64_t now_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-[[noreturn]] __device__ inline void trap(const char*) {
+// A trap leaves the CUDA context unusable (a sticky error), so the reason is printed first: it
+// reaches the process's stdout when the host next synchronises.
+[[noreturn]] __device__ inline void trap(const char* what) {
+  printf("megadecode device trap (block %u thread %u): %s\n", blockIdx.x, threadIdx.x, what);
   __trap();
   __builtin_unreachable();
 }
@@ -180,14 +184,32 @@ MD_DEV void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, Mbar* m) {
       "l"(src), "r"(bytes), "r"(smem_addr(m))
       : "memory");
 }
+// A bulk copy completes in microseconds; one that has not completed after a second never will
+// (a short copy, a lost phase): a trap naming it beats a hang the op-by-op path has no watchdog
+// for.
+inline constexpr uint64_t kMbarTimeoutNs = 1000000000ull;
 MD_DEV void mbar_wait(Mbar* m, uint32_t parity) {
   uint32_t done = 0;
-  while (true) {
+  uint64_t t0 = 0;
+  for (uint32_t i = 0;; ++i) {
     asm volatile(
         "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         " selp.u32 %0, 1, 0, p;\n}" : "=r"(done) : "r"(smem_addr(m)), "r"(parity) : "memory");
     if (done) return;
+    if ((i & 1023) == 0) {
+      const uint64_t t = now_ns();
+      if (i == 0)
+        t0 = t;
+      else if (t - t0 > kMbarTimeoutNs)
+        trap("a bulk copy into shared memory did not complete within 1 s (mbar_wait)");
+    }
   }
+}
+// Orders this thread's (and, after a block barrier, the block's) generic-proxy accesses to shared
+// memory before the async-proxy writes of the bulk copies it issues next: a stage is refilled
+// only after every warp has read it.
+MD_DEV void fence_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 #else
 // sm_80: one issuing thread per phase copies synchronously; the phase word completes when the
@@ -223,6 +245,8 @@ MD_DEV void mbar_wait(Mbar* m, uint32_t parity) {
   }
   __threadfence_block();
 }
+// The copies are plain loads and stores here: nothing to order.
+MD_DEV void fence_async_shared() {}
 #endif
 
 }  // namespace md::cuda::port

@@ -154,6 +154,8 @@ MD_DEV void mbar_arrive_expect_tx(Mbar* m, uint32_t bytes) {
 MD_DEV void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, Mbar* m) {
   sim::bulk_copy_g2s(dst, src, bytes, m);
 }
+// (One fiber at a time: the copies are ordered already.)
+MD_DEV void fence_async_shared() {}
 MD_DEV void mbar_wait(Mbar* m, uint32_t parity) {
   sim::mbar_wait(m, parity);
 }
