@@ -25,6 +25,8 @@ test: test-release test-asan test-tsan
 
 # The CUDA simulation's tests run in the Release suite; the sanitizer runs leave out the heaviest
 # (small model, goldens, seeds: minutes under ASan) and TSan takes a few representative ones.
+# The server's tests are named Server* (ServerRequest, ServerEngine, ServerHttp, ServerHttpAuth,
+# ServerCli), so a regex can take them in or out of a run; ASan runs them all.
 # The sanitizer builds compile at -O1: their build time dominates `make test` on two cores, and
 # the sanitizers need no more optimisation than that to run the suites in a minute or two.
 SAN_FLAGS := -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
@@ -42,7 +44,8 @@ test-asan: deps
 	  ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) \
 	  -E '^CudaSim\.(Small|GoldenModels|RandomSchedules)'
 
-# The decode plan and its executors (persistent workers, counters, barriers; multi-row steps), and
+# The decode plan and its executors (persistent workers, counters, barriers; multi-row steps), the
+# server's engine loop (its thread, the request streams, cancel and shutdown: two small tests), and
 # the CUDA simulation (its runtime, two attention tiles, the megakernel's watchdog; a whole model
 # takes minutes under TSan) under
 # ThreadSanitizer: any data race or report fails the target.
@@ -52,7 +55,7 @@ test-tsan: deps
 	  > /dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS)
 	@cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1 \
-	  ctest --output-on-failure -j $(JOBS) -R '^(Plan|Executor|ExecutorGolden|MultiRowErrors|CudaSimRuntime)\.|^Golden/MultiRow\.|^CudaAttention\.(KdaChainedRowsWithRowLog|MlaCoreBf16Cache)|^CudaSim\.Watchdog'
+	  ctest --output-on-failure -j $(JOBS) -R '^(Plan|Executor|ExecutorGolden|MultiRowErrors|CudaSimRuntime)\.|^Golden/MultiRow\.|^CudaAttention\.(KdaChainedRowsWithRowLog|MlaCoreBf16Cache)|^CudaSim\.Watchdog|^ServerEngine\.(CancelFreesTheSlotWithinOneStep|FullQueueIsRefusedAndShutdownAborts)'
 
 # The CUDA kernels for every target architecture (sm_80 with its fallbacks, sm_90a, sm_100a), with
 # the portability and SASS checks on the result; ~3 minutes of nvcc on two cores.

@@ -6,6 +6,8 @@
 
 #include <thread>
 
+#include "megadecode/base/error.h"
+#include "megadecode/exec/reference_executor.h"
 #include "server/server_test_util.h"
 
 namespace md {
@@ -135,6 +137,33 @@ TEST(ServerEngine, LongPromptIsInterleavedChunkByChunk) {
   EXPECT_GE(tokens_when_b_done, 2 + 200 / 8 - 1) << "the prompt went in fewer steps than chunks";
   // Every step but a's own prefill decoded a: b's chunks added no step of their own.
   EXPECT_LE(loop.counters().steps.load(), 1 + 100);
+}
+
+// The reference path behind the Executor interface: served greedy tokens equal Generator's on
+// the reference path (one prefill call, then one forward a token), alone and beside others.
+TEST(ServerEngine, ReferenceExecutorServesTheReferenceTokens) {
+  test::ServedModel m(1);
+  ReferenceExecutor ex(*m.model, 4, m.model->options().states);
+  EngineOptions o;
+  o.max_batch = 4;
+  o.prefill_chunk = 64;  // every prompt in one forward call, as Generator prefills
+  o.max_model_len = 512;
+  const auto ps = prompts(*m.tok);
+  std::vector<std::vector<int32_t>> solo;
+  {
+    Generator g(*m.model, *m.tok);
+    for (size_t i = 0; i < 4; ++i) {
+      SamplingParams sp;
+      sp.temperature = 0;
+      sp.max_tokens = 10;
+      solo.push_back(g.generate(ps[i], sp).tokens);
+    }
+  }
+  EngineLoop loop(ex, *m.tok, o);
+  std::vector<std::shared_ptr<server::RequestStream>> streams;
+  for (size_t i = 0; i < 4; ++i) streams.push_back(loop.submit(greedy_request(ps[i], 10)));
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(collect(*streams[i]).tokens, solo[i]) << i;
+  EXPECT_THROW(ex.plan(1, 1), Error);
 }
 
 TEST(ServerEngine, StopIdsStopStringsAndSampling) {

@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "megadecode/base/error.h"
+#include "megadecode/exec/reference_executor.h"
 #include "megadecode/server/engine_loop.h"
 #include "megadecode/server/http_server.h"
 #include "megadecode/server/metrics.h"
@@ -44,7 +45,9 @@ void register_serve(CLI::App& app) {
                 "prompt rows a sequence feeds per step (a long prompt delays running streams by "
                 "at most one chunk a step)")
       ->check(CLI::Range(1, 64));
-  c->add_option("--executor", o->executor, "the decode plan's executor: megakernel or opbyop")
+  c->add_option("--executor", o->executor,
+                "megakernel or opbyop (the decode plan), or reference (Model::forward, one "
+                "sequence after another)")
       ->check(CLI::IsMember({"megakernel", "opbyop", "reference"}));
   c->add_option("--workers", o->workers, "plan executor workers (0: one per CPU)")
       ->check(CLI::Range(0, 4096));
@@ -61,10 +64,6 @@ void register_serve(CLI::App& app) {
                 "seconds running requests may finish after SIGINT/SIGTERM before they are aborted")
       ->check(CLI::Range(0.0, 600.0));
   c->callback([o] {
-    // The server does everything through the decode plan's batched steps; the reference path
-    // decodes one sequence at a time and has no batched step to serve with.
-    MD_CHECK(o->executor != "reference",
-             "serve: --executor reference cannot batch; use megakernel or opbyop");
     // Signals go to one waiting thread (below), so block them before any thread is started.
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -79,7 +78,12 @@ void register_serve(CLI::App& app) {
     eo.workers = o->workers;
     eo.states = lm.model->options().states;
     eo.states.max_sequences = std::max(eo.states.max_sequences, o->engine.max_batch);
-    auto ex = make_executor(*lm.model, parse_executor_kind(o->executor), o->engine.max_batch, eo);
+    // reference: Model::forward a sequence at a time behind the same step interface (slow; for
+    // checking the plan executors' output through the server).
+    std::unique_ptr<Executor> ex =
+        o->executor == "reference"
+            ? std::make_unique<ReferenceExecutor>(*lm.model, o->engine.max_batch, eo.states)
+            : make_executor(*lm.model, parse_executor_kind(o->executor), o->engine.max_batch, eo);
     const PoolOptions& pool = eo.states;
     const int64_t per_slot = pool.cache_tokens > 0 ? pool.cache_tokens / pool.max_sequences
                                                    : kDefaultTokensPerSequence;
