@@ -8,7 +8,7 @@ MODELS     ?= models
 BIN        := $(BUILD)/megadecode
 
 .PHONY: all deps build test test-asan test-tsan test-release fuzz demo bench-small bench-kl48 format \
-        clean cuda-archs
+        clean cuda-archs soak
 
 all: build
 
@@ -94,6 +94,13 @@ bench-small: build $(MODELS)/small/config.json
 bench-kl48: build $(MODELS)/kl48-e32/config.json
 	@$(BIN) bench --model $(MODELS)/kl48-e32 --batch 1,4 --steps 8 --reps 3 \
 	  --json bench/kl48-e32.json --plot bench/kl48-e32.svg
+
+# `megadecode serve` under SOAK_CLIENTS streaming clients for SOAK_SECONDS on the small model
+# (loopback only): errors (must be 0), requests served, the server's RSS at start and end.
+SOAK_SECONDS ?= 600
+SOAK_CLIENTS ?= 64
+soak: build $(MODELS)/small/config.json
+	@bash scripts/soak.sh $(BIN) $(MODELS)/small $(SOAK_SECONDS) $(SOAK_CLIENTS)
 
 format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h')

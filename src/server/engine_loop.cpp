@@ -185,8 +185,23 @@ void EngineLoop::run() {
       }
       if (stop_ && queue_.empty() && slots_.empty()) break;
     }
-    admit();
-    if (!slots_.empty()) step();
+    try {
+      admit();
+      if (!slots_.empty()) step();
+    } catch (const std::exception& e) {
+      // Nothing above should throw past its own handling; if something does, the running
+      // sequences end with the error rather than the process.
+      for (auto& sp : slots_)
+        if (!sp->done) {
+          ChoiceEvent ev;
+          ev.choice = sp->choice;
+          ev.error = fmt::format("the engine failed: {}", e.what());
+          retire(*sp, std::move(ev));
+        }
+      slots_.clear();
+      std::lock_guard<std::mutex> lk(mu_);
+      failure_ = e.what();
+    }
   }
 }
 
@@ -212,18 +227,20 @@ bool EngineLoop::admit() {
     }
     try {
       s->seq = ex_.new_sequence();
-    } catch (const Error& e) {
+      // max_tokens 0 (echo: the prompt only) never draws; the sampler wants at least 1.
+      SamplingParams sp = s->spec.sampling;
+      sp.max_tokens = std::max(sp.max_tokens, 1);
+      s->sampler = std::make_unique<Sampler>(sp, ex_.model().config().vocab_size);
+      s->sampler->set_prompt_length(s->spec.prompt.size());
+      s->text = std::make_unique<TokenTextStream>(tok_, sp.stop_strings, s->spec.prompt);
+    } catch (const std::exception& e) {  // a pool budget, parameters the engine refuses
       ChoiceEvent ev;
       ev.choice = s->choice;
       ev.error = e.what();
       s->stream->push(std::move(ev));
-      continue;
+      continue;  // the slot's sequence (if taken) goes back with `s`
     }
-    s->sampler = std::make_unique<Sampler>(s->spec.sampling, ex_.model().config().vocab_size);
-    s->sampler->set_prompt_length(s->spec.prompt.size());
     s->history = s->spec.prompt;
-    s->text = std::make_unique<TokenTextStream>(tok_, s->spec.sampling.stop_strings,
-                                                s->spec.prompt);
     s->t_last = now();
     slots_.push_back(std::move(s));
     counters_.running.fetch_add(1);

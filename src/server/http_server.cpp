@@ -49,6 +49,7 @@ struct StreamState {
   std::vector<size_t> text_offset;   // completions logprobs: text sent so far per choice
   std::vector<std::string> held;     // chat with tools: the content, released at the end
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  double last_write = now_seconds();
 };
 
 }  // namespace
@@ -266,7 +267,16 @@ struct HttpServer::Impl {
       }
     }
     ChoiceEvent e;
-    if (ok && st.stream->next(e, 0.05)) {
+    const bool got = ok && st.stream->next(e, 0.05);
+    if (ok && !got && now_seconds() - st.last_write > 1.0) {
+      // Nothing to send for a while (queued, or a long prompt prefilling): an SSE comment, which
+      // clients ignore, finds out whether the client is still there.
+      static const std::string kKeepAlive = ": keep-alive\n\n";
+      ok = sink.write(kKeepAlive.data(), kKeepAlive.size());
+      st.last_write = now_seconds();
+    }
+    if (got) {
+      st.last_write = now_seconds();
       const size_t i = size_t(e.choice);
       if (!e.tokens.empty() && t_log.first_token == 0) t_log.first_token = now_seconds();
       if (!e.error.empty()) {

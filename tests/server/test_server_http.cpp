@@ -166,6 +166,14 @@ TEST_F(ServerHttp, CompletionMatchesTheGenerator) {
   EXPECT_EQ(e["choices"][0]["text"].get<std::string>().rfind(
                 sanitize_utf8(server_->m.tok->decode(prompt)), 0),
             0u);
+  // lm-eval's loglikelihood request: echo, logprobs, no new tokens.
+  const json ll = post_json(*server_, "/v1/completions",
+                            {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1},
+                             {"temperature", 0}});
+  EXPECT_EQ(ll["choices"][0]["logprobs"]["tokens"].size(), prompt.size());
+  EXPECT_EQ(ll["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(ll["choices"][0]["logprobs"]["token_logprobs"][1],
+            e["choices"][0]["logprobs"]["token_logprobs"][1]);
   // n = 2 sampled choices with a seed: two choices, reproducible.
   const json body = {{"prompt", "hello"}, {"max_tokens", 6}, {"n", 2}, {"seed", 5},
                      {"ignore_eos", true}};
