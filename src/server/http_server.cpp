@@ -10,7 +10,7 @@
 #include "megadecode/base/error.h"
 #include "megadecode/base/util.h"
 #include "megadecode/server/request.h"
-#include "responses.h"
+#include "megadecode/server/responses.h"
 
 namespace md::server {
 

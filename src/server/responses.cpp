@@ -1,4 +1,4 @@
-#include "responses.h"
+#include "megadecode/server/responses.h"
 
 namespace md::server {
 

@@ -300,7 +300,11 @@ TEST_F(ServerHttp, SixteenConcurrentClientsGetTheirSoloOutput) {
     threads.emplace_back([&, i] {
       auto c = server_->client();
       auto r = c.Post("/v1/completions", body(i).dump(), "application/json");
-      if (r && r->status == 200) together[size_t(i)] = text_of(r, i % 2 == 1);
+      if (r && r->status == 200)
+        together[size_t(i)] = text_of(r, i % 2 == 1);
+      else  // what went wrong, in place of the text
+        together[size_t(i)] = r ? "HTTP " + std::to_string(r->status) + ": " + r->body
+                                : "client error " + httplib::to_string(r.error());
     });
   for (auto& t : threads) t.join();
   for (int i = 0; i < kClients; ++i) EXPECT_EQ(together[size_t(i)], solo[size_t(i)]) << i;
