@@ -26,10 +26,10 @@ std::string parse_content(const json& m, const std::string& param, bool may_be_a
   }
   if (c->is_string()) return c->get<std::string>();
   if (!c->is_array())
-    throw invalid_field(param + ".content",
-                        fmt::format("'{}.content' must be a string or a list of content parts",
-                                    param),
-                        "invalid_type");
+    throw invalid_field(
+        param + ".content",
+        fmt::format("'{}.content' must be a string or a list of content parts", param),
+        "invalid_type");
   std::string text;
   for (size_t i = 0; i < c->size(); ++i) {
     const json& part = (*c)[i];
@@ -112,7 +112,8 @@ std::vector<ChatMessage> parse_messages(const json& j) {
     cm.content = parse_content(m, p, cm.role == "assistant");
     if (const json* n = field(m, "name")) cm.name = as_string(*n, p + ".name");
     if (cm.role == "tool") {
-      if (const json* id = field(m, "tool_call_id")) cm.tool_call_id = as_string(*id, p + ".tool_call_id");
+      if (const json* id = field(m, "tool_call_id"))
+        cm.tool_call_id = as_string(*id, p + ".tool_call_id");
     }
     if (const json* rc = field(m, "reasoning_content"))
       cm.reasoning = as_string(*rc, p + ".reasoning_content");
@@ -210,8 +211,7 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
   r.logprobs = get_bool(j, "logprobs", false);
   if (const json* tl = field(j, "top_logprobs")) {
     r.top_logprobs = int(as_int(*tl, "top_logprobs", 0, 20));
-    if (!r.logprobs)
-      throw invalid_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (!r.logprobs) throw invalid_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   }
   const std::vector<ChatMessage> msgs = parse_messages(j);
   const std::vector<json> tools = parse_tools(j);

@@ -27,8 +27,7 @@ void RequestStream::push(ChoiceEvent e) {
 
 bool RequestStream::next(ChoiceEvent& out, double timeout_s) {
   std::unique_lock<std::mutex> lk(mu_);
-  if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s),
-                    [&] { return !events_.empty(); }))
+  if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return !events_.empty(); }))
     return false;
   out = std::move(events_.front());
   events_.pop_front();
@@ -60,11 +59,10 @@ TokenLogprob token_logprob(std::span<const float> row, int32_t id, int top) {
     std::iota(ids.begin(), ids.end(), 0);
     const size_t k = std::min(size_t(top), ids.size());
     // Ties to the lower id, so the list is deterministic.
-    std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(),
-                      [&](int32_t a, int32_t b) {
-                        return row[size_t(a)] > row[size_t(b)] ||
-                               (row[size_t(a)] == row[size_t(b)] && a < b);
-                      });
+    std::partial_sort(
+        ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(), [&](int32_t a, int32_t b) {
+          return row[size_t(a)] > row[size_t(b)] || (row[size_t(a)] == row[size_t(b)] && a < b);
+        });
     for (size_t i = 0; i < k; ++i)
       t.top.emplace_back(ids[i], float(double(row[size_t(ids[i])]) - lse));
   }
@@ -126,8 +124,7 @@ std::shared_ptr<RequestStream> EngineLoop::submit(EngineRequest request) {
   stream->submitted_at = now();
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!accepting_)
-      throw ApiError(503, "the server is shutting down", "", "server_shutting_down");
+    if (!accepting_) throw ApiError(503, "the server is shutting down", "", "server_shutting_down");
     const int64_t free_slots = opt_.max_batch - counters_.running.load();
     if (int64_t(queue_.size() + request.choices.size()) > opt_.max_queue + free_slots)
       throw ApiError(503,
@@ -321,8 +318,7 @@ void EngineLoop::step() {
                                            : LogitRows::kNone;
     const int nl = lr == LogitRows::kAll ? n : lr == LogitRows::kLast ? 1 : 0;
     parts.push_back({&s, n, nl, logit_rows, samples});
-    seqs.push_back({&s.seq, std::span<const int32_t>(s.spec.prompt.data() + s.fed, size_t(n)),
-                    lr});
+    seqs.push_back({&s.seq, std::span<const int32_t>(s.spec.prompt.data() + s.fed, size_t(n)), lr});
     for (int i = 0; i < nl; ++i)
       rows.push_back(samples && i == nl - 1 ? s.sampler->prepare(s.history) : SampleRow{});
     logit_rows += nl;
@@ -362,8 +358,8 @@ void EngineLoop::step() {
         for (int i = 0; i < p.rows; ++i) {
           const size_t target = s.fed + size_t(i) + 1;  // the prompt token row i predicts
           if (target < s.spec.prompt.size())
-            s.prompt_lp.push_back(token_logprob(row(i), s.spec.prompt[target],
-                                                std::max(s.top_logprobs, 0)));
+            s.prompt_lp.push_back(
+                token_logprob(row(i), s.spec.prompt[target], std::max(s.top_logprobs, 0)));
         }
       s.fed += size_t(p.rows);
       counters_.prompt_tokens.fetch_add(p.rows);
@@ -376,7 +372,8 @@ void EngineLoop::step() {
     const int32_t id = next_ids[size_t(p.first_logit + p.logit_rows - 1)];
     ChoiceEvent e;
     e.tokens.push_back(id);
-    if (s.top_logprobs >= 0) e.logprobs.push_back(token_logprob(row(p.logit_rows - 1), id, s.top_logprobs));
+    if (s.top_logprobs >= 0)
+      e.logprobs.push_back(token_logprob(row(p.logit_rows - 1), id, s.top_logprobs));
     s.history.push_back(id);
     ++s.generated;
     counters_.generation_tokens.fetch_add(1);

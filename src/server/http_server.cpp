@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -46,13 +47,21 @@ struct StreamState {
   CompletionRequest req;
   ResponseMeta meta;
   bool started = false, finished = false;
-  std::vector<size_t> text_offset;   // completions logprobs: text sent so far per choice
-  std::vector<std::string> held;     // chat with tools: the content, released at the end
+  std::vector<size_t> text_offset;  // completions logprobs: text sent so far per choice
+  std::vector<std::string> held;    // chat with tools: the content, released at the end
   int64_t prompt_tokens = 0, completion_tokens = 0;
   double last_write = now_seconds();
 };
 
 }  // namespace
+
+// httplib listens with a backlog of 5 (compiled into the library): a burst of clients beyond
+// that has its handshakes dropped and retried, and a connection whose request then arrives late
+// is closed unanswered. Listening again on the bound socket raises the backlog.
+class Listener : public httplib::Server {
+ public:
+  void widen_backlog(int backlog) { ::listen(svr_sock_, backlog); }
+};
 
 struct HttpServer::Impl {
   const Generator& gen;
@@ -60,7 +69,7 @@ struct HttpServer::Impl {
   Metrics& metrics;
   ServerOptions opt;
   ParseContext ctx;
-  httplib::Server http;
+  Listener http;
   int64_t created = int64_t(std::time(nullptr));
 
   Impl(const Generator& g, EngineLoop& e, Metrics& m, ServerOptions o)
@@ -96,15 +105,17 @@ struct HttpServer::Impl {
     const int threads = std::max(opt.http_threads, 4);
     http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
     http.set_payload_max_length(opt.max_body_bytes);
-    http.set_tcp_nodelay(true);  // a streamed token is sent now, not after a delayed ACK
-    http.set_keep_alive_timeout(2);  // idle keep-alive connections do not delay shutdown
+    http.set_tcp_nodelay(true);      // a streamed token is sent now, not after a delayed ACK
+    // How long a connection's worker waits for a (first or next) request; also how long an idle
+    // keep-alive connection can delay shutdown.
+    http.set_keep_alive_timeout(5);
     http.set_read_timeout(30);
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       t_log = RequestLog{now_seconds()};
       if (!opt.api_key.empty() && req.path.rfind("/v1", 0) == 0 &&
           req.get_header_value("Authorization") != "Bearer " + opt.api_key) {
-        send_error(res, ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)",
-                                 "", "invalid_api_key"));
+        send_error(res, ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)", "",
+                                 "invalid_api_key"));
         return httplib::Server::HandlerResponse::Handled;
       }
       return httplib::Server::HandlerResponse::Unhandled;
@@ -135,7 +146,8 @@ struct HttpServer::Impl {
       if (l.prompt_tokens >= 0)
         tokens = fmt::format(" prompt_tokens={} completion_tokens={}", l.prompt_tokens,
                              std::max<int64_t>(l.completion_tokens, 0));
-      if (l.first_token > 0) tokens += fmt::format(" ttft_ms={:.1f}", (l.first_token - l.start) * 1e3);
+      if (l.first_token > 0)
+        tokens += fmt::format(" ttft_ms={:.1f}", (l.first_token - l.start) * 1e3);
       std::fprintf(opt.access_log, "%s %s %d%s total_ms=%.1f\n", req.method.c_str(),
                    req.path.c_str(), res.status, tokens.c_str(),
                    l.start > 0 ? (t - l.start) * 1e3 : 0.0);
@@ -225,8 +237,9 @@ struct HttpServer::Impl {
         completion += c.completion_tokens;
       }
       t_log.completion_tokens = completion;
-      const json body = st->req.kind == RequestKind::kChat ? chat_body(st->req, rs, st->meta, tok())
-                                                           : completion_body(st->req, rs, st->meta, tok());
+      const json body = st->req.kind == RequestKind::kChat
+                            ? chat_body(st->req, rs, st->meta, tok())
+                            : completion_body(st->req, rs, st->meta, tok());
       res.set_content(dump(body), "application/json");
       return;
     }
@@ -259,8 +272,7 @@ struct HttpServer::Impl {
           send(chat_chunk(st.meta, int(i), {{"role", "assistant"}, {"content", ""}}, nullptr,
                           std::nullopt));
         } else if (r.echo) {
-          const std::string ptext =
-              sanitize_utf8(tok().decode(r.prompts[i / size_t(r.n)], false));
+          const std::string ptext = sanitize_utf8(tok().decode(r.prompts[i / size_t(r.n)], false));
           st.text_offset[i] = ptext.size();
           send(completion_chunk(st.meta, int(i), ptext, nullptr, std::nullopt));
         }
@@ -303,7 +315,8 @@ struct HttpServer::Impl {
           }
         }
         if (!text.empty()) delta["content"] = text;
-        json lp = r.logprobs && !e.logprobs.empty() ? chat_logprobs(e.logprobs, tok()) : json(nullptr);
+        json lp =
+            r.logprobs && !e.logprobs.empty() ? chat_logprobs(e.logprobs, tok()) : json(nullptr);
         if (!delta.empty() || !lp.is_null() || e.finish_reason)
           send(chat_chunk(st.meta, int(i), delta, lp,
                           e.finish_reason ? std::optional<std::string>(finish) : std::nullopt));
@@ -356,10 +369,12 @@ int HttpServer::bind() {
   if (m.opt.port == 0) {
     const int port = m.http.bind_to_any_port(m.opt.host);
     MD_CHECK(port > 0, "serve: cannot listen on {} (any port)", m.opt.host);
+    m.http.widen_backlog(1024);
     return port;
   }
-  MD_CHECK(m.http.bind_to_port(m.opt.host, m.opt.port), "serve: cannot listen on {}:{}",
-           m.opt.host, m.opt.port);
+  MD_CHECK(m.http.bind_to_port(m.opt.host, m.opt.port), "serve: cannot listen on {}:{}", m.opt.host,
+           m.opt.port);
+  m.http.widen_backlog(1024);
   return m.opt.port;
 }
 

@@ -26,8 +26,9 @@ inline const json* field(const json& obj, const char* name) {
 
 inline int64_t as_int(const json& v, const std::string& param, int64_t lo, int64_t hi) {
   if (!v.is_number_integer())
-    throw invalid_field(param, fmt::format("'{}' must be an integer, not {}", param,
-                                           v.is_number() ? "a fractional number" : type_name(v)),
+    throw invalid_field(param,
+                        fmt::format("'{}' must be an integer, not {}", param,
+                                    v.is_number() ? "a fractional number" : type_name(v)),
                         "invalid_type");
   if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
     throw invalid_field(param, fmt::format("'{}' is out of range", param));
@@ -44,7 +45,7 @@ inline int64_t get_int(const json& obj, const char* name, int64_t lo, int64_t hi
 
 // A number in [lo, hi] (open at lo when lo_open).
 inline double get_number(const json& obj, const char* name, double lo, double hi, double def,
-                  bool lo_open = false) {
+                         bool lo_open = false) {
   const json* v = field(obj, name);
   if (!v) return def;
   if (!v->is_number())
@@ -74,15 +75,17 @@ inline std::string as_string(const json& v, const std::string& param) {
 }
 
 inline void reject_if_given(const json& obj, const char* name, const char* why) {
-  if (field(obj, name)) throw invalid_field(name, fmt::format("'{}' is not supported: {}", name, why),
-                                            "unsupported_parameter");
+  if (field(obj, name))
+    throw invalid_field(name, fmt::format("'{}' is not supported: {}", name, why),
+                        "unsupported_parameter");
 }
 
 inline void check_ids(const std::vector<int32_t>& ids, const std::string& param, int64_t vocab) {
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= vocab)
-      throw invalid_field(param, fmt::format("token id {} (at {}) is outside the vocabulary [0, {})",
-                                             ids[i], i, vocab));
+      throw invalid_field(
+          param,
+          fmt::format("token id {} (at {}) is outside the vocabulary [0, {})", ids[i], i, vocab));
 }
 
 inline std::vector<int32_t> as_ids(const json& v, const std::string& param, int64_t vocab) {

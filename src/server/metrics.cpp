@@ -38,7 +38,8 @@ std::vector<double> latency_buckets() {
 }  // namespace
 
 Metrics::Metrics()
-    : ttft(latency_buckets()), itl(latency_buckets()),
+    : ttft(latency_buckets()),
+      itl(latency_buckets()),
       batch({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64}) {}
 
 EngineObserver Metrics::observer() {
@@ -72,13 +73,15 @@ std::string Metrics::render(const EngineCounters& e) const {
   gauge("megadecode_engine_steps_total", "executor steps run", e.steps.load(), "counter");
   {
     std::lock_guard<std::mutex> lk(mu_);
-    out += "# HELP megadecode_sequences_finished_total sequences finished, by reason\n"
-           "# TYPE megadecode_sequences_finished_total counter\n";
+    out +=
+        "# HELP megadecode_sequences_finished_total sequences finished, by reason\n"
+        "# TYPE megadecode_sequences_finished_total counter\n";
     for (const auto& [reason, n] : finished_)
-      out += fmt::format("megadecode_sequences_finished_total{{finish_reason=\"{}\"}} {}\n",
-                         reason, n);
-    out += "# HELP megadecode_http_responses_total HTTP responses, by status\n"
-           "# TYPE megadecode_http_responses_total counter\n";
+      out += fmt::format("megadecode_sequences_finished_total{{finish_reason=\"{}\"}} {}\n", reason,
+                         n);
+    out +=
+        "# HELP megadecode_http_responses_total HTTP responses, by status\n"
+        "# TYPE megadecode_http_responses_total counter\n";
     for (const auto& [status, n] : responses_)
       out += fmt::format("megadecode_http_responses_total{{status=\"{}\"}} {}\n", status, n);
   }

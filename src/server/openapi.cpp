@@ -47,21 +47,20 @@ ordered_json sampling_fields() {
       {"frequency_penalty", num(-2, 2)},
       {"repetition_penalty", num(0, 100, true)},
       {"seed", {{"type", "integer"}, {"nullable", true}}},
-      {"stop", {{"oneOf", {str(), {{"type", "array"}, {"items", str()}, {"maxItems", 16}}}},
-                {"nullable", true}}},
+      {"stop",
+       {{"oneOf", {str(), {{"type", "array"}, {"items", str()}, {"maxItems", 16}}}},
+        {"nullable", true}}},
       {"stop_token_ids", ids()},
       {"ignore_eos", boolean()},
       {"n", integer(1, 64)},
       {"stream", boolean()},
       {"stream_options",
-       {{"type", "object"}, {"nullable", true},
-        {"properties", {{"include_usage", boolean()}}}}},
+       {{"type", "object"}, {"nullable", true}, {"properties", {{"include_usage", boolean()}}}}},
   };
 }
 
 ordered_json json_response(const char* schema, const char* what) {
-  return {{"description", what},
-          {"content", {{"application/json", {{"schema", ref(schema)}}}}}};
+  return {{"description", what}, {"content", {{"application/json", {{"schema", ref(schema)}}}}}};
 }
 
 ordered_json errors() {
@@ -90,16 +89,18 @@ ordered_json get(const char* summary, ordered_json content) {
 std::string openapi_json(const std::string& model_name) {
   ordered_json completion = {{"type", "object"}, {"required", {"prompt"}}};
   completion["properties"] = sampling_fields();
-  completion["properties"]["prompt"] = {
-      {"oneOf", {str(), {{"type", "array"}, {"items", str()}, {"minItems", 1}}, ids(),
-                 {{"type", "array"}, {"items", ids()}, {"minItems", 1}}}}};
+  completion["properties"]["prompt"] = {{"oneOf",
+                                         {str(),
+                                          {{"type", "array"}, {"items", str()}, {"minItems", 1}},
+                                          ids(),
+                                          {{"type", "array"}, {"items", ids()}, {"minItems", 1}}}}};
   completion["properties"]["echo"] = boolean();
   completion["properties"]["logprobs"] = integer(0, 20);
 
-  ordered_json part = {{"type", "object"},
-                       {"required", {"type", "text"}},
-                       {"properties", {{"type", {{"type", "string"}, {"enum", {"text"}}}},
-                                       {"text", str()}}}};
+  ordered_json part = {
+      {"type", "object"},
+      {"required", {"type", "text"}},
+      {"properties", {{"type", {{"type", "string"}, {"enum", {"text"}}}}, {"text", str()}}}};
   ordered_json message = {
       {"type", "object"},
       {"required", {"role"}},
@@ -129,21 +130,23 @@ std::string openapi_json(const std::string& model_name) {
       {"type", "object"},
       {"required", {"id", "object", "created", "model", "choices"}},
       {"properties",
-       {{"id", str()}, {"object", str()}, {"created", {{"type", "integer"}}}, {"model", str()},
+       {{"id", str()},
+        {"object", str()},
+        {"created", {{"type", "integer"}}},
+        {"model", str()},
         {"choices", {{"type", "array"}, {"items", {{"type", "object"}}}}},
         {"usage", usage}}}};
-  ordered_json error = {
-      {"type", "object"},
-      {"required", {"error"}},
-      {"properties",
-       {{"error",
-         {{"type", "object"},
-          {"required", {"message", "type", "param", "code"}},
-          {"properties",
-           {{"message", str()},
-            {"type", str()},
-            {"param", {{"type", "string"}, {"nullable", true}}},
-            {"code", {{"type", "string"}, {"nullable", true}}}}}}}}}};
+  ordered_json error = {{"type", "object"},
+                        {"required", {"error"}},
+                        {"properties",
+                         {{"error",
+                           {{"type", "object"},
+                            {"required", {"message", "type", "param", "code"}},
+                            {"properties",
+                             {{"message", str()},
+                              {"type", str()},
+                              {"param", {{"type", "string"}, {"nullable", true}}},
+                              {"code", {{"type", "string"}, {"nullable", true}}}}}}}}}};
   ordered_json tokenize = {{"type", "object"},
                            {"properties",
                             {{"model", str()},
@@ -171,9 +174,8 @@ std::string openapi_json(const std::string& model_name) {
         {"/health", get("liveness", json_response("Object", "ok"))},
         {"/version", get("server version", json_response("Object", "version"))},
         {"/metrics",
-         get("Prometheus metrics",
-             {{"description", "text exposition format"},
-              {"content", {{"text/plain", {{"schema", str()}}}}}})},
+         get("Prometheus metrics", {{"description", "text exposition format"},
+                                    {"content", {{"text/plain", {{"schema", str()}}}}}})},
         {"/openapi.json", get("this document", json_response("Object", "OpenAPI 3"))}}},
       {"components",
        {{"schemas",

@@ -7,9 +7,9 @@
 #include <chrono>
 #include <limits>
 
+#include "json_fields.h"
 #include "megadecode/base/error.h"
 #include "megadecode/text/generator.h"
-#include "json_fields.h"
 
 namespace md::server {
 
@@ -17,7 +17,9 @@ using nlohmann::json;
 
 ApiError::ApiError(int status_, std::string message_, std::string param_, std::string code_,
                    std::string type_)
-    : status(status_), message(std::move(message_)), param(std::move(param_)),
+    : status(status_),
+      message(std::move(message_)),
+      param(std::move(param_)),
       code(std::move(code_)) {
   if (!type_.empty())
     type = std::move(type_);
@@ -45,8 +47,8 @@ json parse_json_body(std::string_view body, int max_depth) {
   // refused before it costs memory or stack.
   json::parser_callback_t limit = [max_depth](int depth, json::parse_event_t, json&) {
     if (depth > max_depth)
-      throw invalid_field("", fmt::format("the JSON body is nested deeper than {} levels",
-                                          max_depth),
+      throw invalid_field("",
+                          fmt::format("the JSON body is nested deeper than {} levels", max_depth),
                           "json_too_deep");
     return true;
   };
@@ -105,9 +107,10 @@ void parse_common(const json& j, const ParseContext& ctx, CompletionRequest& r) 
       for (size_t i = 0; i < s->size(); ++i)
         p.stop_strings.push_back(as_string((*s)[i], "stop." + std::to_string(i)));
     } else {
-      throw invalid_field("stop", fmt::format("'stop' must be a string or a list of strings, not {}",
-                                              type_name(*s)),
-                          "invalid_type");
+      throw invalid_field(
+          "stop",
+          fmt::format("'stop' must be a string or a list of strings, not {}", type_name(*s)),
+          "invalid_type");
     }
     if (int(p.stop_strings.size()) > ctx.max_stop_strings)
       throw invalid_field("stop", fmt::format("'stop' has {} entries; at most {} are allowed",
@@ -127,7 +130,8 @@ void parse_common(const json& j, const ParseContext& ctx, CompletionRequest& r) 
   r.stream = get_bool(j, "stream", false);
   if (const json* so = field(j, "stream_options")) {
     if (!r.stream)
-      throw invalid_field("stream_options", "'stream_options' is only allowed when 'stream' is true");
+      throw invalid_field("stream_options",
+                          "'stream_options' is only allowed when 'stream' is true");
     if (!so->is_object())
       throw invalid_field("stream_options", "'stream_options' must be an object", "invalid_type");
     r.include_usage = get_bool(*so, "include_usage", false);
@@ -200,8 +204,9 @@ void check_model_name(const json& j, const ParseContext& ctx) {
   if (ctx.model_names.empty()) return;
   for (const std::string& n : ctx.model_names)
     if (n == name) return;
-  throw ApiError(404, fmt::format("the model '{}' does not exist; this server serves '{}'", name,
-                                  ctx.model_names.front()),
+  throw ApiError(404,
+                 fmt::format("the model '{}' does not exist; this server serves '{}'", name,
+                             ctx.model_names.front()),
                  "model", "model_not_found");
 }
 
@@ -241,8 +246,8 @@ CompletionRequest parse_completion_request(std::string_view body, const ParseCon
       }
     }
   } else {
-    throw invalid_field("prompt", fmt::format("'prompt' must be a string or a list, not {}",
-                                              type_name(*p)),
+    throw invalid_field("prompt",
+                        fmt::format("'prompt' must be a string or a list, not {}", type_name(*p)),
                         "invalid_type");
   }
   if (int64_t(r.prompts.size()) > ctx.max_choices)

@@ -79,8 +79,8 @@ json token_bytes_json(const Tokenizer& tok, int32_t id) {
 
 }  // namespace
 
-json completion_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok,
-                         size_t offset, bool leading_null, int32_t first_id) {
+json completion_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok, size_t offset,
+                         bool leading_null, int32_t first_id) {
   json tokens = json::array(), token_lps = json::array(), tops = json::array(),
        offsets = json::array();
   auto add = [&](int32_t id, json lp, json top) {
@@ -140,20 +140,15 @@ json completion_body(const CompletionRequest& req, const std::vector<ChoiceResul
     } else if (req.logprobs) {
       logprobs = completion_logprobs(r.logprobs, tok, 0);
     }
-    choices.push_back({{"index", i},
-                       {"text", text},
-                       {"logprobs", logprobs},
-                       {"finish_reason", r.finish_reason}});
+    choices.push_back(
+        {{"index", i}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", r.finish_reason}});
     // Each prompt counts once, whatever n is (as the OpenAI API counts it).
     if (i % size_t(req.n) == 0) prompt += r.prompt_tokens;
     completion += r.completion_tokens;
   }
-  return {{"id", meta.id},
-          {"object", "text_completion"},
-          {"created", meta.created},
-          {"model", meta.model},
-          {"choices", choices},
-          {"usage", usage_json(prompt, completion)}};
+  return {{"id", meta.id},           {"object", "text_completion"},
+          {"created", meta.created}, {"model", meta.model},
+          {"choices", choices},      {"usage", usage_json(prompt, completion)}};
 }
 
 json chat_body(const CompletionRequest& req, const std::vector<ChoiceResult>& rs,
@@ -180,12 +175,9 @@ json chat_body(const CompletionRequest& req, const std::vector<ChoiceResult>& rs
     if (i == 0) prompt = r.prompt_tokens;
     completion += r.completion_tokens;
   }
-  return {{"id", meta.id},
-          {"object", "chat.completion"},
-          {"created", meta.created},
-          {"model", meta.model},
-          {"choices", choices},
-          {"usage", usage_json(prompt, completion)}};
+  return {{"id", meta.id},           {"object", "chat.completion"},
+          {"created", meta.created}, {"model", meta.model},
+          {"choices", choices},      {"usage", usage_json(prompt, completion)}};
 }
 
 json completion_chunk(const ResponseMeta& meta, int index, const std::string& text, json logprobs,
@@ -194,11 +186,10 @@ json completion_chunk(const ResponseMeta& meta, int index, const std::string& te
           {"object", "text_completion"},
           {"created", meta.created},
           {"model", meta.model},
-          {"choices",
-           json::array({{{"index", index},
-                         {"text", text},
-                         {"logprobs", std::move(logprobs)},
-                         {"finish_reason", finish ? json(*finish) : json(nullptr)}}})}};
+          {"choices", json::array({{{"index", index},
+                                    {"text", text},
+                                    {"logprobs", std::move(logprobs)},
+                                    {"finish_reason", finish ? json(*finish) : json(nullptr)}}})}};
 }
 
 json chat_chunk(const ResponseMeta& meta, int index, json delta, json logprobs,
@@ -207,11 +198,10 @@ json chat_chunk(const ResponseMeta& meta, int index, json delta, json logprobs,
           {"object", "chat.completion.chunk"},
           {"created", meta.created},
           {"model", meta.model},
-          {"choices",
-           json::array({{{"index", index},
-                         {"delta", std::move(delta)},
-                         {"logprobs", std::move(logprobs)},
-                         {"finish_reason", finish ? json(*finish) : json(nullptr)}}})}};
+          {"choices", json::array({{{"index", index},
+                                    {"delta", std::move(delta)},
+                                    {"logprobs", std::move(logprobs)},
+                                    {"finish_reason", finish ? json(*finish) : json(nullptr)}}})}};
 }
 
 }  // namespace md::server

@@ -94,8 +94,7 @@ std::string Generator::render(const std::vector<ChatMessage>& messages, bool add
 }
 
 std::vector<int32_t> Generator::encode_chat(const std::vector<ChatMessage>& messages,
-                                            bool add_generation_prompt,
-                                            const ChatOptions& options,
+                                            bool add_generation_prompt, const ChatOptions& options,
                                             const std::vector<nlohmann::json>& tools) const {
   std::vector<int32_t> ids;
   for (const ChatSegment& s :

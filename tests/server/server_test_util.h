@@ -29,6 +29,9 @@ struct ServedModel {
     ExecutorOptions eo;
     eo.workers = 2;
     eo.pin = false;
+    // The sanitizer runs share two cores with other jobs: a stalled worker there is load, not a
+    // hang.
+    eo.watchdog_seconds = 60;
     eo.states = o.states;
     ex = std::make_unique<CpuExecutor>(*model, max_batch, kind, eo);
   }

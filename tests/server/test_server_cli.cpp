@@ -35,8 +35,8 @@ struct ServeProcess {
     const std::string log = dir / "err";
     pid = fork();
     if (pid == 0) {
-      const std::string cmd = std::string("exec ") + MD_CLI_PATH + " serve " + args +
-                              " --port 0 > /dev/null 2> " + log;
+      const std::string cmd =
+          std::string("exec ") + MD_CLI_PATH + " serve " + args + " --port 0 > /dev/null 2> " + log;
       execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
       _exit(127);
     }

@@ -54,8 +54,13 @@ EngineRequest greedy_request(std::vector<int32_t> prompt, int max_tokens) {
 std::vector<std::vector<int32_t>> prompts(const Tokenizer& tok) {
   std::vector<std::vector<int32_t>> ps;
   const char* texts[] = {"The quick brown fox jumps over the lazy dog again and again",
-                         "hello", "a b c d e f g h i j k l m n o p", "Once upon a time",
-                         "x", "Numbers: 1 2 3 4 5 6 7 8 9 10 11 12", "the the the", "zebra"};
+                         "hello",
+                         "a b c d e f g h i j k l m n o p",
+                         "Once upon a time",
+                         "x",
+                         "Numbers: 1 2 3 4 5 6 7 8 9 10 11 12",
+                         "the the the",
+                         "zebra"};
   for (const char* t : texts) ps.push_back(tok.encode(t, true));
   return ps;
 }

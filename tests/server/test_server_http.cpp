@@ -17,8 +17,8 @@
 namespace md {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 // A server on 127.0.0.1:<free port> over the tiny model, serving from a thread of its own.
 struct TestServer {
@@ -167,16 +167,16 @@ TEST_F(ServerHttp, CompletionMatchesTheGenerator) {
                 sanitize_utf8(server_->m.tok->decode(prompt)), 0),
             0u);
   // lm-eval's loglikelihood request: echo, logprobs, no new tokens.
-  const json ll = post_json(*server_, "/v1/completions",
-                            {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1},
-                             {"temperature", 0}});
+  const json ll = post_json(
+      *server_, "/v1/completions",
+      {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}, {"temperature", 0}});
   EXPECT_EQ(ll["choices"][0]["logprobs"]["tokens"].size(), prompt.size());
   EXPECT_EQ(ll["usage"]["completion_tokens"], 0);
   EXPECT_EQ(ll["choices"][0]["logprobs"]["token_logprobs"][1],
             e["choices"][0]["logprobs"]["token_logprobs"][1]);
   // n = 2 sampled choices with a seed: two choices, reproducible.
-  const json body = {{"prompt", "hello"}, {"max_tokens", 6}, {"n", 2}, {"seed", 5},
-                     {"ignore_eos", true}};
+  const json body = {
+      {"prompt", "hello"}, {"max_tokens", 6}, {"n", 2}, {"seed", 5}, {"ignore_eos", true}};
   const json n1 = post_json(*server_, "/v1/completions", body),
              n2 = post_json(*server_, "/v1/completions", body);
   ASSERT_EQ(n1["choices"].size(), 2u);
@@ -322,12 +322,15 @@ TEST_F(ServerHttp, DisconnectMidStreamFreesTheSlot) {
   ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   const auto& counters = server_->engine->counters();
   const int64_t tokens_before = counters.generation_tokens.load();
-  const std::string body =
-      json{{"prompt", "go on"}, {"max_tokens", 4000}, {"ignore_eos", true}, {"stream", true}}
-          .dump();
-  const std::string req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                          "application/json\r\nContent-Length: " +
-                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string body = json{
+      {"prompt", "go on"},
+      {"max_tokens", 4000},
+      {"ignore_eos", true},
+      {"stream", true}}.dump();
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(send(fd, req.data(), req.size(), 0), ssize_t(req.size()));
   std::string got;
   char buf[4096];

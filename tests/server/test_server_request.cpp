@@ -13,9 +13,9 @@
 namespace md {
 namespace {
 
-using ::testing::HasSubstr;
 using server::ApiError;
 using server::CompletionRequest;
+using ::testing::HasSubstr;
 
 class ServerRequest : public ::testing::Test {
  protected:
@@ -282,11 +282,34 @@ TEST_F(ServerRequest, MutationsNeverCrash) {
       R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"x"}]}],"logprobs":true,"top_logprobs":2})",
       R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"a","content":"r"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"auto"})",
   };
-  const std::vector<std::string> fragments = {
-      "null", "-1", "0", "1e309", "1.5", "\"\"", "\"x\"", "[", "]", "{", "}", ",", ":",
-      "true", "[]", "{}", "\xff", "\xc3", "\\u0000", "\\ud800", "9223372036854775808",
-      "-9223372036854775809", "\"messages\"", "\"prompt\"", "\"role\"", "\"content\"",
-      "[[[[[[[[", "\"max_tokens\":99999999"};
+  const std::vector<std::string> fragments = {"null",
+                                              "-1",
+                                              "0",
+                                              "1e309",
+                                              "1.5",
+                                              "\"\"",
+                                              "\"x\"",
+                                              "[",
+                                              "]",
+                                              "{",
+                                              "}",
+                                              ",",
+                                              ":",
+                                              "true",
+                                              "[]",
+                                              "{}",
+                                              "\xff",
+                                              "\xc3",
+                                              "\\u0000",
+                                              "\\ud800",
+                                              "9223372036854775808",
+                                              "-9223372036854775809",
+                                              "\"messages\"",
+                                              "\"prompt\"",
+                                              "\"role\"",
+                                              "\"content\"",
+                                              "[[[[[[[[",
+                                              "\"max_tokens\":99999999"};
   const server::ParseContext c = ctx();
   std::mt19937_64 rng(20261201);
   auto pick = [&](size_t n) { return size_t(rng() % n); };

@@ -85,8 +85,8 @@ void register_serve(CLI::App& app) {
             ? std::make_unique<ReferenceExecutor>(*lm.model, o->engine.max_batch, eo.states)
             : make_executor(*lm.model, parse_executor_kind(o->executor), o->engine.max_batch, eo);
     const PoolOptions& pool = eo.states;
-    const int64_t per_slot = pool.cache_tokens > 0 ? pool.cache_tokens / pool.max_sequences
-                                                   : kDefaultTokensPerSequence;
+    const int64_t per_slot =
+        pool.cache_tokens > 0 ? pool.cache_tokens / pool.max_sequences : kDefaultTokensPerSequence;
     if (o->engine.max_model_len == 0) o->engine.max_model_len = int(per_slot);
     MD_CHECK(o->engine.max_model_len <= per_slot,
              "serve: --max-model-len {} is more than the state pool gives a slot ({} tokens: "

@@ -15,8 +15,8 @@ namespace md::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;  // 0: any free port (bind() says which)
-  std::string api_key;  // non-empty: /v1 routes need "Authorization: Bearer KEY"
+  int port = 8000;                       // 0: any free port (bind() says which)
+  std::string api_key;                   // non-empty: /v1 routes need "Authorization: Bearer KEY"
   std::vector<std::string> model_names;  // the served names; the first is reported
   size_t max_body_bytes = 16u << 20;     // larger bodies get 413
   int http_threads = 64;                 // connections served at once

@@ -13,8 +13,8 @@ namespace md::server {
 
 class Histogram {
  public:
-  explicit Histogram(std::vector<double> upper_bounds) : bounds_(std::move(upper_bounds)),
-                                                         counts_(bounds_.size() + 1, 0) {}
+  explicit Histogram(std::vector<double> upper_bounds)
+      : bounds_(std::move(upper_bounds)), counts_(bounds_.size() + 1, 0) {}
   void observe(double v);
   // The metric's lines (_bucket with cumulative counts, _sum, _count).
   std::string render(const std::string& name, const std::string& help) const;

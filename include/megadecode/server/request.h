@@ -33,8 +33,7 @@ struct ApiError : std::exception {
 };
 
 // A 400 naming `param`.
-ApiError invalid_field(std::string param, std::string message,
-                       std::string code = "invalid_value");
+ApiError invalid_field(std::string param, std::string message, std::string code = "invalid_value");
 
 // What request parsing needs to know about the served model.
 struct ParseContext {
@@ -55,7 +54,7 @@ struct CompletionRequest {
   std::string model;
   // Token ids of each prompt (a completions request may carry several; a chat has one).
   std::vector<std::vector<int32_t>> prompts;
-  int n = 1;  // choices per prompt
+  int n = 1;                // choices per prompt
   SamplingParams sampling;  // stop ids include the model's unless ignore_eos; seed of choice 0
   bool seed_given = false;
   bool ignore_eos = false;

@@ -43,8 +43,7 @@ ToolCallSplit split_tool_calls(const std::string& text);
 // Completions "logprobs": {tokens, token_logprobs, top_logprobs, text_offset}; `leading_null`:
 // the first entry is a prompt's first token (no logprob). text_offset starts at `offset`.
 nlohmann::json completion_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok,
-                                   size_t offset, bool leading_null = false,
-                                   int32_t first_id = -1);
+                                   size_t offset, bool leading_null = false, int32_t first_id = -1);
 // Chat "logprobs": {"content": [{token, logprob, bytes, top_logprobs}]}.
 nlohmann::json chat_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok);
 
