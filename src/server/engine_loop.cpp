@@ -257,7 +257,9 @@ void EngineLoop::finish(Slot& s, const std::string& reason, ChoiceEvent e) {
   e.finish_reason = reason;
   e.prompt_tokens = int(s.spec.prompt.size());
   e.completion_tokens = s.generated;
-  if (s.prompt_logprobs && e.prompt_logprobs.empty()) e.prompt_logprobs = std::move(s.prompt_lp);
+  // (Unless the first token took them: max_tokens 0, or an abort before any token.)
+  if (s.prompt_logprobs && s.generated == 0 && e.prompt_logprobs.empty())
+    e.prompt_logprobs = std::move(s.prompt_lp);
   retire(s, std::move(e));
   if (obs_.request_finished) obs_.request_finished(reason);
 }
@@ -372,6 +374,8 @@ void EngineLoop::step() {
     const int32_t id = next_ids[size_t(p.first_logit + p.logit_rows - 1)];
     ChoiceEvent e;
     e.tokens.push_back(id);
+    // The prompt's logprobs travel with the first token, so a stream can send them with it.
+    if (s.prompt_logprobs && s.generated == 0) e.prompt_logprobs = std::move(s.prompt_lp);
     if (s.top_logprobs >= 0)
       e.logprobs.push_back(token_logprob(row(p.logit_rows - 1), id, s.top_logprobs));
     s.history.push_back(id);

@@ -49,6 +49,7 @@ struct StreamState {
   bool started = false, finished = false;
   std::vector<size_t> text_offset;  // completions logprobs: text sent so far per choice
   std::vector<std::string> held;    // chat with tools: the content, released at the end
+  std::vector<bool> echoed;         // completions echo: the prompt text has been sent
   int64_t prompt_tokens = 0, completion_tokens = 0;
   double last_write = now_seconds();
 };
@@ -105,7 +106,7 @@ struct HttpServer::Impl {
     const int threads = std::max(opt.http_threads, 4);
     http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
     http.set_payload_max_length(opt.max_body_bytes);
-    http.set_tcp_nodelay(true);      // a streamed token is sent now, not after a delayed ACK
+    http.set_tcp_nodelay(true);  // a streamed token is sent now, not after a delayed ACK
     // How long a connection's worker waits for a (first or next) request; also how long an idle
     // keep-alive connection can delay shutdown.
     http.set_keep_alive_timeout(5);
@@ -245,6 +246,7 @@ struct HttpServer::Impl {
     }
     st->text_offset.assign(choices, 0);
     st->held.assign(choices, "");
+    st->echoed.assign(choices, false);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -271,10 +273,6 @@ struct HttpServer::Impl {
         if (chat) {
           send(chat_chunk(st.meta, int(i), {{"role", "assistant"}, {"content", ""}}, nullptr,
                           std::nullopt));
-        } else if (r.echo) {
-          const std::string ptext = sanitize_utf8(tok().decode(r.prompts[i / size_t(r.n)], false));
-          st.text_offset[i] = ptext.size();
-          send(completion_chunk(st.meta, int(i), ptext, nullptr, std::nullopt));
         }
       }
     }
@@ -322,12 +320,21 @@ struct HttpServer::Impl {
                           e.finish_reason ? std::optional<std::string>(finish) : std::nullopt));
       } else {
         json lp = nullptr;
-        if (r.logprobs && !e.logprobs.empty()) {
+        std::string text = std::move(e.text);
+        if (r.echo && !st.echoed[i]) {
+          // The prompt goes out with the choice's first event, which carries its logprobs.
+          st.echoed[i] = true;
+          const std::vector<int32_t>& prompt = r.prompts[i / size_t(r.n)];
+          if (r.logprobs) lp = echo_logprobs(prompt, e.prompt_logprobs, e.logprobs, tok());
+          text = sanitize_utf8(tok().decode(prompt, false)) + text;
+        } else if (r.logprobs && !e.logprobs.empty()) {
           lp = completion_logprobs(e.logprobs, tok(), st.text_offset[i]);
         }
-        st.text_offset[i] += e.text.size();
-        if (!e.text.empty() || !lp.is_null() || e.finish_reason)
-          send(completion_chunk(st.meta, int(i), e.text, lp, e.finish_reason));
+        if (lp.is_object() && !lp["tokens"].empty())  // the next offsets go on from the last token
+          st.text_offset[i] = lp["text_offset"].back().get<size_t>() +
+                              lp["tokens"].back().get<std::string>().size();
+        if (!text.empty() || !lp.is_null() || e.finish_reason)
+          send(completion_chunk(st.meta, int(i), text, lp, e.finish_reason));
       }
       if (e.finish_reason || !e.error.empty()) {
         // A prompt counts once however many choices it has.

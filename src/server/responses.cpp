@@ -103,6 +103,16 @@ json completion_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& 
           {"text_offset", offsets}};
 }
 
+json echo_logprobs(const std::vector<int32_t>& prompt, const std::vector<TokenLogprob>& prompt_lps,
+                   const std::vector<TokenLogprob>& lps, const Tokenizer& tok) {
+  const size_t prompt_text = sanitize_utf8(tok.decode(prompt, false)).size();
+  json all = completion_logprobs(prompt_lps, tok, 0, true, prompt[0]);
+  json gen = completion_logprobs(lps, tok, prompt_text);
+  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    for (auto& v : gen[k]) all[k].push_back(v);
+  return all;
+}
+
 json chat_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok) {
   json content = json::array();
   for (const TokenLogprob& l : lps) {
@@ -130,13 +140,7 @@ json completion_body(const CompletionRequest& req, const std::vector<ChoiceResul
     if (req.echo) {
       const std::string ptext = sanitize_utf8(tok.decode(p, false));
       text = ptext + text;
-      if (req.logprobs) {
-        json pl = completion_logprobs(r.prompt_logprobs, tok, 0, true, p[0]);
-        json gl = completion_logprobs(r.logprobs, tok, ptext.size());
-        for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
-          for (auto& v : gl[k]) pl[k].push_back(v);
-        logprobs = pl;
-      }
+      if (req.logprobs) logprobs = echo_logprobs(p, r.prompt_logprobs, r.logprobs, tok);
     } else if (req.logprobs) {
       logprobs = completion_logprobs(r.logprobs, tok, 0);
     }

@@ -166,6 +166,34 @@ TEST_F(ServerHttp, CompletionMatchesTheGenerator) {
   EXPECT_EQ(e["choices"][0]["text"].get<std::string>().rfind(
                 sanitize_utf8(server_->m.tok->decode(prompt)), 0),
             0u);
+  // The same streamed: the prompt text and its logprobs come with the first token.
+  auto c = server_->client();
+  auto st = c.Post("/v1/completions",
+                   json{{"prompt", prompt},
+                        {"max_tokens", 3},
+                        {"temperature", 0},
+                        {"ignore_eos", true},
+                        {"echo", true},
+                        {"logprobs", 2},
+                        {"stream", true}}
+                       .dump(),
+                   "application/json");
+  ASSERT_TRUE(st);
+  std::string streamed_text;
+  json streamed_tokens = json::array(), streamed_offsets = json::array();
+  for (const std::string& d : sse_data(st->body)) {
+    if (d == "[DONE]") break;
+    const json ch = json::parse(d)["choices"][0];
+    streamed_text += ch["text"].get<std::string>();
+    if (ch["logprobs"].is_object())
+      for (size_t k = 0; k < ch["logprobs"]["tokens"].size(); ++k) {
+        streamed_tokens.push_back(ch["logprobs"]["tokens"][k]);
+        streamed_offsets.push_back(ch["logprobs"]["text_offset"][k]);
+      }
+  }
+  EXPECT_EQ(streamed_text, e["choices"][0]["text"]);
+  EXPECT_EQ(streamed_tokens, lp["tokens"]);
+  EXPECT_EQ(streamed_offsets, lp["text_offset"]);
   // lm-eval's loglikelihood request: echo, logprobs, no new tokens.
   const json ll = post_json(
       *server_, "/v1/completions",

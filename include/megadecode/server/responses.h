@@ -41,9 +41,15 @@ struct ToolCallSplit {
 ToolCallSplit split_tool_calls(const std::string& text);
 
 // Completions "logprobs": {tokens, token_logprobs, top_logprobs, text_offset}; `leading_null`:
-// the first entry is a prompt's first token (no logprob). text_offset starts at `offset`.
+// the first entry is a prompt's first token (no logprob). text_offset starts at `offset` and
+// advances by each token's text (its bytes, invalid UTF-8 replaced), streamed or not.
 nlohmann::json completion_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok,
                                    size_t offset, bool leading_null = false, int32_t first_id = -1);
+// Completions echo: the prompt's entries (first token without a logprob), then the generated
+// tokens', text offsets running on after the prompt text.
+nlohmann::json echo_logprobs(const std::vector<int32_t>& prompt,
+                             const std::vector<TokenLogprob>& prompt_lps,
+                             const std::vector<TokenLogprob>& lps, const Tokenizer& tok);
 // Chat "logprobs": {"content": [{token, logprob, bytes, top_logprobs}]}.
 nlohmann::json chat_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok);
 
