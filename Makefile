@@ -8,7 +8,7 @@ MODELS     ?= models
 BIN        := $(BUILD)/megadecode
 
 .PHONY: all deps build test test-asan test-tsan test-release fuzz demo bench-small bench-kl48 format \
-        clean cuda-archs gpu-bundle
+        clean cuda-archs gpu-bundle soak
 
 all: build
 
@@ -25,6 +25,9 @@ test: test-release test-asan test-tsan
 
 # The CUDA simulation's tests run in the Release suite; the sanitizer runs leave out the heaviest
 # (small model, goldens, seeds: minutes under ASan) and TSan takes a few representative ones.
+# The server's tests are named Server* (ServerRequest, ServerEngine, ServerHttp, ServerHttpAuth,
+# ServerCli, ServerOpenAI, ServerSchemathesis), so a regex can take them in or out of a run; ASan
+# runs them all but the schemathesis run (~15 s of generated requests, covered by Release).
 # The sanitizer builds compile at -O1: their build time dominates `make test` on two cores, and
 # the sanitizers need no more optimisation than that to run the suites in a minute or two.
 SAN_FLAGS := -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
@@ -40,9 +43,11 @@ test-asan: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) \
-	  -E '^CudaSim\.(Small|GoldenModels|RandomSchedules)'
+	  -E '^CudaSim\.(Small|GoldenModels|RandomSchedules)|^ServerSchemathesis\.'
 
-# The decode plan and its executors (persistent workers, counters, barriers; multi-row steps), and
+# The decode plan and its executors (persistent workers, counters, barriers; multi-row steps), the
+# server's engine loop and HTTP front end (the engine thread, request streams, cancel, shutdown,
+# streaming handlers: ~5 s; the parser mutation run is left out, it is single-threaded), and
 # the CUDA simulation (its runtime, two attention tiles, the megakernel's watchdog; a whole model
 # takes minutes under TSan) under
 # ThreadSanitizer: any data race or report fails the target.
@@ -52,7 +57,7 @@ test-tsan: deps
 	  > /dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS)
 	@cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1 \
-	  ctest --output-on-failure -j $(JOBS) -R '^(Plan|Executor|ExecutorGolden|MultiRowErrors|CudaSimRuntime)\.|^Golden/MultiRow\.|^CudaAttention\.(KdaChainedRowsWithRowLog|MlaCoreBf16Cache)|^CudaSim\.Watchdog'
+	  ctest --output-on-failure -j $(JOBS) -R '^(Plan|Executor|ExecutorGolden|MultiRowErrors|CudaSimRuntime)\.|^Golden/MultiRow\.|^CudaAttention\.(KdaChainedRowsWithRowLog|MlaCoreBf16Cache)|^CudaSim\.Watchdog|^ServerEngine\.|^ServerHttp\.'
 
 # The CUDA kernels for every target architecture (sm_80 with its fallbacks, sm_90a, sm_100a), with
 # the portability and SASS checks on the result; ~3 minutes of nvcc on two cores.
@@ -98,6 +103,13 @@ bench-small: build $(MODELS)/small/config.json
 bench-kl48: build $(MODELS)/kl48-e32/config.json
 	@$(BIN) bench --model $(MODELS)/kl48-e32 --batch 1,4 --steps 8 --reps 3 \
 	  --json bench/kl48-e32.json --plot bench/kl48-e32.svg
+
+# `megadecode serve` under SOAK_CLIENTS streaming clients for SOAK_SECONDS on the small model
+# (loopback only): errors (must be 0), requests served, the server's RSS at start and end.
+SOAK_SECONDS ?= 600
+SOAK_CLIENTS ?= 64
+soak: build $(MODELS)/small/config.json
+	@bash scripts/soak.sh $(BIN) $(MODELS)/small $(SOAK_SECONDS) $(SOAK_CLIENTS)
 
 format:
 	@clang-format -i $$(git ls-files '*.cpp' '*.h')

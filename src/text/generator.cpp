@@ -4,6 +4,7 @@
 
 #include "megadecode/base/error.h"
 #include "megadecode/base/util.h"
+#include "megadecode/text/text_stream.h"
 
 namespace md {
 
@@ -93,11 +94,11 @@ std::string Generator::render(const std::vector<ChatMessage>& messages, bool add
 }
 
 std::vector<int32_t> Generator::encode_chat(const std::vector<ChatMessage>& messages,
-                                            bool add_generation_prompt,
-                                            const ChatOptions& options) const {
+                                            bool add_generation_prompt, const ChatOptions& options,
+                                            const std::vector<nlohmann::json>& tools) const {
   std::vector<int32_t> ids;
   for (const ChatSegment& s :
-       render_chat_segments(template_kind(), messages, add_generation_prompt, {}, options)) {
+       render_chat_segments(template_kind(), messages, add_generation_prompt, tools, options)) {
     std::vector<int32_t> part = tok_.encode(s.text, s.allow_special);
     ids.insert(ids.end(), part.begin(), part.end());
   }
@@ -142,31 +143,16 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
   Sampler sampler(params, V);
   std::vector<int32_t> history = prompt;
   sampler.set_prompt_length(history.size());
-  StreamDecoder dec(tok_, /*skip_special=*/true);
-  StopMatcher stops(params.stop_strings);
-  // Kimi K3 output: the channel the prompt left open (the generation prompt opens think or
-  // response) decides where the first generated text goes.
-  XtmlChannels xtml(tok_);
-  std::string shown;
-  for (int32_t id : prompt) xtml.feed(id, shown);
-  bool stop_hit = false;
-  auto emit = [&](const std::string& piece) {
-    if (piece.empty()) return true;
-    r.text += piece;
-    return on_text ? on_text(piece) : true;
+  TokenTextStream out(tok_, params.stop_strings, prompt);
+  // Hands a token's released text to the callbacks; false cancels.
+  auto deliver = [&](const TextDelta& d) {
+    r.reasoning += d.reasoning;
+    r.text += d.text;
+    bool keep_going = true;
+    if (!d.reasoning.empty() && on_reasoning) keep_going = on_reasoning(d.reasoning);
+    if (keep_going && !d.text.empty() && on_text) keep_going = on_text(d.text);
+    return keep_going;
   };
-  // Routes decoded text to a channel's output; false cancels.
-  auto route_to = [&](XtmlChannels::Channel channel, const std::string& piece) {
-    if (piece.empty()) return true;
-    if (channel == XtmlChannels::Channel::kThink) {
-      r.reasoning += piece;
-      return on_reasoning ? on_reasoning(piece) : true;
-    }
-    auto out = stops.feed(piece);
-    stop_hit = stop_hit || out.stopped;
-    return emit(out.text);
-  };
-  auto route = [&](const std::string& piece) { return route_to(xtml.channel(), piece); };
   r.finish_reason = "length";
   int32_t planned = -1;  // the next id the executor's plan sampled, if any
   for (int i = 0; i < params.max_tokens; ++i) {
@@ -179,17 +165,9 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
       r.finish_reason = "stop";
       break;
     }
-    bool keep_going = true;
-    shown.clear();
-    const XtmlChannels::Channel before = xtml.channel();
-    if (xtml.feed(next, shown)) {
-      // Markup: what the decoder held back (part of a character) belongs to the channel before it.
-      keep_going = route_to(before, dec.flush());
-      if (keep_going && !stop_hit) keep_going = route(shown);
-    } else {
-      keep_going = route(dec.push(next));
-    }
-    if (stop_hit) {
+    const TextDelta d = out.push(next);
+    const bool keep_going = deliver(d);
+    if (d.stopped) {
       r.finish_reason = "stop";
       break;
     }
@@ -211,8 +189,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
   if (r.finish_reason != "cancelled") {
     // Release what was held back: an incomplete character at the end, or text that could still
     // have begun a stop string.
-    route(dec.flush());
-    if (!stops.stopped()) emit(stops.flush());
+    deliver(out.finish());
   }
   r.decode_seconds = now_seconds() - t1;
   return r;

@@ -26,6 +26,7 @@
 #include "megadecode/base/error.h"
 #include "megadecode/engine/model.h"
 #include "megadecode/exec/cuda_executor.h"
+#include "megadecode/exec/reference_executor.h"
 #include "megadecode/kernels/cuda/sim.h"
 #include "test_util.h"
 
@@ -465,8 +466,8 @@ void sampling_on_the_device(CudaTarget target) {
 
 SIM_AND_GPU_TEST(SamplingOnTheDevice, 4, sampling_on_the_device)
 
-// A step that asks only for the drawn tokens (logits null, next_ids set): the CPU and CUDA
-// executors return the greedy tokens of the same step with logits, and without next_ids either
+// A step that asks only for the drawn tokens (logits null, next_ids set): the CPU, reference and
+// CUDA executors return the greedy tokens of the same step with logits, and without next_ids either
 // the call is an error naming the problem.
 TEST(CudaSim, TokensOnlyStep) {
   SimConfig sc(4);
@@ -476,6 +477,7 @@ TEST(CudaSim, TokensOnlyStep) {
   cpu.workers = 2;
   std::vector<std::unique_ptr<Executor>> exs;
   exs.push_back(make_executor(m, ExecutorKind::kMegakernel, 2, cpu));
+  exs.push_back(std::make_unique<ReferenceExecutor>(m, 2));
   exs.push_back(std::make_unique<CudaExecutor>(m, 2, ExecutorKind::kMegakernel, CudaTarget::kSim));
   exs.push_back(std::make_unique<CudaExecutor>(m, 2, ExecutorKind::kOpByOp, CudaTarget::kSim));
   for (auto& ex : exs) {

@@ -42,5 +42,6 @@ void register_text_commands(CLI::App& app);  // run, chat, tokenize, detokenize
 void register_run_commands(CLI::App& app);   // logits, generate, inspect
 void register_bench(CLI::App& app);
 void register_plan(CLI::App& app);  // plan
+void register_serve(CLI::App& app);  // serve
 
 }  // namespace md::cli

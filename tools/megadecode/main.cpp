@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   md::cli::register_text_commands(app);
   md::cli::register_bench(app);
   md::cli::register_plan(app);
+  md::cli::register_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

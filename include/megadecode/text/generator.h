@@ -70,10 +70,11 @@ class Generator {
                      const ChatOptions& options = {}) const;
   std::vector<int32_t> encode(std::string_view text) const { return tok_.encode(text, true); }
   // The chat's prompt ids, tokenized the way the checkpoint's tokenizer does it: segment by
-  // segment (render_chat_segments), message text without special tokens for Kimi K3.
+  // segment (render_chat_segments), message text without special tokens for Kimi K3. `tools`:
+  // OpenAI function-tool declarations, rendered by the template.
   std::vector<int32_t> encode_chat(const std::vector<ChatMessage>& messages,
-                                   bool add_generation_prompt,
-                                   const ChatOptions& options = {}) const;
+                                   bool add_generation_prompt, const ChatOptions& options = {},
+                                   const std::vector<nlohmann::json>& tools = {}) const;
 
   // Generates from prompt ids. on_text receives each piece of text as soon as it is safe to show
   // (complete UTF-8, not possibly the start of a stop string); returning false cancels.

@@ -1,0 +1,48 @@
+// The HTTP front end (cpp-httplib): OpenAI-compatible routes over an EngineLoop. Handlers parse
+// and validate on the HTTP threads, submit to the engine and relay its events (whole, or as
+// server-sent events); they never touch the model. See docs/server.md.
+#pragma once
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megadecode/server/engine_loop.h"
+#include "megadecode/server/metrics.h"
+#include "megadecode/text/generator.h"
+
+namespace md::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                       // 0: any free port (bind() says which)
+  std::string api_key;                   // non-empty: /v1 routes need "Authorization: Bearer KEY"
+  std::vector<std::string> model_names;  // the served names; the first is reported
+  size_t max_body_bytes = 16u << 20;     // larger bodies get 413
+  int http_threads = 64;                 // connections served at once
+  int max_json_depth = 64;
+  std::FILE* access_log = stderr;  // one line per request; nullptr: none
+};
+
+class HttpServer {
+ public:
+  HttpServer(const Generator& generator, EngineLoop& engine, Metrics& metrics,
+             ServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+  // Binds the listening socket; returns the port. md::Error when the address cannot be bound.
+  int bind();
+  // Serves until stop() (blocks the calling thread).
+  void run();
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The OpenAPI 3 description of the routes and fields (GET /openapi.json).
+std::string openapi_json(const std::string& model_name);
+
+}  // namespace md::server

@@ -1,0 +1,69 @@
+// OpenAI response bodies: completions and chat, whole and as stream chunks.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "megadecode/server/engine_loop.h"
+#include "megadecode/server/request.h"
+#include "megadecode/tokenizer/tokenizer.h"
+
+namespace md::server {
+
+struct ResponseMeta {
+  std::string id;  // "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0;
+  std::string model;
+};
+
+// A choice's events gathered (non-streamed responses).
+struct ChoiceResult {
+  std::string text, reasoning;
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprob> logprobs, prompt_logprobs;
+  std::string finish_reason;
+  std::string error;
+  int prompt_tokens = 0, completion_tokens = 0;
+  void add(ChoiceEvent&& e);
+};
+
+nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+
+// Kimi tool calls in generated text: <|tool_calls_section_begin|> <|tool_call_begin|>ID
+// <|tool_call_argument_begin|>ARGS<|tool_call_end|> ... <|tool_calls_section_end|>. The content
+// is the text before the section; calls are OpenAI tool_call objects (empty: none found).
+struct ToolCallSplit {
+  std::string content;
+  nlohmann::json calls = nlohmann::json::array();
+};
+ToolCallSplit split_tool_calls(const std::string& text);
+
+// Completions "logprobs": {tokens, token_logprobs, top_logprobs, text_offset}; `leading_null`:
+// the first entry is a prompt's first token (no logprob). text_offset starts at `offset` and
+// advances by each token's text (its bytes, invalid UTF-8 replaced), streamed or not.
+nlohmann::json completion_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok,
+                                   size_t offset, bool leading_null = false, int32_t first_id = -1);
+// Completions echo: the prompt's entries (first token without a logprob), then the generated
+// tokens', text offsets running on after the prompt text.
+nlohmann::json echo_logprobs(const std::vector<int32_t>& prompt,
+                             const std::vector<TokenLogprob>& prompt_lps,
+                             const std::vector<TokenLogprob>& lps, const Tokenizer& tok);
+// Chat "logprobs": {"content": [{token, logprob, bytes, top_logprobs}]}.
+nlohmann::json chat_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok);
+
+nlohmann::json completion_body(const CompletionRequest& req, const std::vector<ChoiceResult>& rs,
+                               const ResponseMeta& meta, const Tokenizer& tok);
+nlohmann::json chat_body(const CompletionRequest& req, const std::vector<ChoiceResult>& rs,
+                         const ResponseMeta& meta, const Tokenizer& tok);
+
+nlohmann::json completion_chunk(const ResponseMeta& meta, int index, const std::string& text,
+                                nlohmann::json logprobs, std::optional<std::string> finish);
+nlohmann::json chat_chunk(const ResponseMeta& meta, int index, nlohmann::json delta,
+                          nlohmann::json logprobs, std::optional<std::string> finish);
+
+// JSON text for the wire (invalid UTF-8 replaced rather than thrown on).
+std::string dump(const nlohmann::json& j);
+
+}  // namespace md::server

@@ -1,0 +1,419 @@
+#include "megadecode/server/engine_loop.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "megadecode/base/error.h"
+#include "megadecode/base/util.h"
+#include "megadecode/server/request.h"
+#include "megadecode/text/text_stream.h"
+
+namespace md::server {
+
+// ---- RequestStream -----------------------------------------------------------------------------
+
+void RequestStream::push(ChoiceEvent e) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (e.finish_reason || !e.error.empty()) --open_;
+    events_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+bool RequestStream::next(ChoiceEvent& out, double timeout_s) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!cv_.wait_for(lk, std::chrono::duration<double>(timeout_s), [&] { return !events_.empty(); }))
+    return false;
+  out = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+bool RequestStream::finished() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return open_ <= 0 && events_.empty();
+}
+
+// ---- log-probabilities -------------------------------------------------------------------------
+
+namespace {
+
+// The model's log-probability of `id` under a logit row (log-softmax in double, the raw logits
+// before penalties and temperature, as vLLM reports them) and the `top` most likely ids.
+TokenLogprob token_logprob(std::span<const float> row, int32_t id, int top) {
+  float mx = -INFINITY;
+  for (float x : row) mx = std::max(mx, x);
+  double sum = 0;
+  for (float x : row) sum += std::exp(double(x) - mx);
+  const double lse = double(mx) + std::log(sum);
+  TokenLogprob t;
+  t.id = id;
+  t.logprob = float(double(row[size_t(id)]) - lse);
+  if (top > 0) {
+    std::vector<int32_t> ids(row.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    const size_t k = std::min(size_t(top), ids.size());
+    // Ties to the lower id, so the list is deterministic.
+    std::partial_sort(
+        ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(), [&](int32_t a, int32_t b) {
+          return row[size_t(a)] > row[size_t(b)] || (row[size_t(a)] == row[size_t(b)] && a < b);
+        });
+    for (size_t i = 0; i < k; ++i)
+      t.top.emplace_back(ids[i], float(double(row[size_t(ids[i])]) - lse));
+  }
+  return t;
+}
+
+double now() {
+  return now_seconds();
+}
+
+}  // namespace
+
+// ---- EngineLoop --------------------------------------------------------------------------------
+
+struct EngineLoop::Slot {
+  std::shared_ptr<RequestStream> stream;
+  int choice = 0;
+  ChoiceSpec spec;
+  int top_logprobs = -1;
+  bool prompt_logprobs = false;
+  SequenceState seq;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<TokenTextStream> text;
+  std::vector<int32_t> history;  // prompt + generated
+  size_t fed = 0;                // prompt tokens the sequence has consumed
+  int32_t next = -1;             // the last sampled id, fed by the next step
+  int generated = 0;
+  double t_last = 0;
+  bool done = false;
+  std::vector<TokenLogprob> prompt_lp;
+  bool prefilling() const { return fed < spec.prompt.size(); }
+};
+
+EngineLoop::EngineLoop(Executor& executor, const Tokenizer& tokenizer, EngineOptions options,
+                       EngineObserver observer)
+    : ex_(executor), tok_(tokenizer), opt_(options), obs_(std::move(observer)) {
+  MD_CHECK(opt_.max_batch >= 1 && opt_.max_batch <= executor.max_batch(),
+           "serve: --max-batch {} is outside 1..{} (the executor's batch)", opt_.max_batch,
+           executor.max_batch());
+  MD_CHECK(opt_.prefill_chunk >= 1 && opt_.prefill_chunk <= plan::kMaxRows,
+           "serve: --prefill-chunk {} is outside 1..{}", opt_.prefill_chunk, plan::kMaxRows);
+  MD_CHECK(opt_.max_queue >= 0, "serve: --max-queue must not be negative");
+  MD_CHECK(opt_.max_model_len >= 2, "serve: --max-model-len must be at least 2");
+  thread_ = std::thread([this] { run(); });
+}
+
+EngineLoop::~EngineLoop() {
+  shutdown(0);
+}
+
+std::string EngineLoop::failure() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return failure_;
+}
+
+std::shared_ptr<RequestStream> EngineLoop::submit(EngineRequest request) {
+  MD_CHECK(!request.choices.empty(), "a request needs at least one choice");
+  auto stream = std::make_shared<RequestStream>(int(request.choices.size()));
+  stream->submitted_at = now();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!accepting_) throw ApiError(503, "the server is shutting down", "", "server_shutting_down");
+    const int64_t free_slots = opt_.max_batch - counters_.running.load();
+    if (int64_t(queue_.size() + request.choices.size()) > opt_.max_queue + free_slots)
+      throw ApiError(503,
+                     fmt::format("the server is busy: {} requests wait for {} slots (--max-queue "
+                                 "{}); retry later",
+                                 queue_.size(), opt_.max_batch, opt_.max_queue),
+                     "", "queue_full");
+    for (size_t i = 0; i < request.choices.size(); ++i)
+      queue_.push_back({stream, int(i), std::move(request.choices[i]), request.top_logprobs,
+                        request.prompt_logprobs});
+    counters_.waiting.store(int64_t(queue_.size()));
+  }
+  cv_.notify_all();
+  return stream;
+}
+
+void EngineLoop::shutdown(double grace_seconds) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    accepting_ = false;
+  }
+  if (!thread_.joinable()) return;
+  const double deadline = now() + grace_seconds;
+  while (now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (queue_.empty() && counters_.running.load() == 0) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    abort_all_ = true;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void EngineLoop::run() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return stop_ || !queue_.empty() || !slots_.empty(); });
+      if (abort_all_) {
+        for (Pending& p : queue_) {
+          ChoiceEvent e;
+          e.choice = p.choice;
+          e.finish_reason = "abort";
+          e.prompt_tokens = int(p.spec.prompt.size());
+          p.stream->push(std::move(e));
+        }
+        queue_.clear();
+        counters_.waiting.store(0);
+      }
+      if (stop_ && queue_.empty() && slots_.empty()) break;
+    }
+    try {
+      admit();
+      if (!slots_.empty()) step();
+    } catch (const std::exception& e) {
+      // Nothing above should throw past its own handling; if something does, the running
+      // sequences end with the error rather than the process.
+      for (auto& sp : slots_)
+        if (!sp->done) {
+          ChoiceEvent ev;
+          ev.choice = sp->choice;
+          ev.error = fmt::format("the engine failed: {}", e.what());
+          retire(*sp, std::move(ev));
+        }
+      slots_.clear();
+      std::lock_guard<std::mutex> lk(mu_);
+      failure_ = e.what();
+    }
+  }
+}
+
+bool EngineLoop::admit() {
+  bool any = false;
+  std::lock_guard<std::mutex> lk(mu_);
+  while (int(slots_.size()) < opt_.max_batch && !queue_.empty()) {
+    Pending p = std::move(queue_.front());
+    queue_.pop_front();
+    auto s = std::make_unique<Slot>();
+    s->stream = std::move(p.stream);
+    s->choice = p.choice;
+    s->spec = std::move(p.spec);
+    s->top_logprobs = p.top_logprobs;
+    s->prompt_logprobs = p.prompt_logprobs;
+    if (s->stream->cancelled()) {  // the client left while it waited
+      ChoiceEvent e;
+      e.choice = s->choice;
+      e.finish_reason = "abort";
+      e.prompt_tokens = int(s->spec.prompt.size());
+      s->stream->push(std::move(e));
+      continue;
+    }
+    try {
+      s->seq = ex_.new_sequence();
+      // max_tokens 0 (echo: the prompt only) never draws; the sampler wants at least 1.
+      SamplingParams sp = s->spec.sampling;
+      sp.max_tokens = std::max(sp.max_tokens, 1);
+      s->sampler = std::make_unique<Sampler>(sp, ex_.model().config().vocab_size);
+      s->sampler->set_prompt_length(s->spec.prompt.size());
+      s->text = std::make_unique<TokenTextStream>(tok_, sp.stop_strings, s->spec.prompt);
+    } catch (const std::exception& e) {  // a pool budget, parameters the engine refuses
+      ChoiceEvent ev;
+      ev.choice = s->choice;
+      ev.error = e.what();
+      s->stream->push(std::move(ev));
+      continue;  // the slot's sequence (if taken) goes back with `s`
+    }
+    s->history = s->spec.prompt;
+    s->t_last = now();
+    slots_.push_back(std::move(s));
+    counters_.running.fetch_add(1);
+    any = true;
+  }
+  counters_.waiting.store(int64_t(queue_.size()));
+  return any;
+}
+
+void EngineLoop::finish(Slot& s, const std::string& reason, ChoiceEvent e) {
+  if (reason != "abort") {
+    const TextDelta d = s.text->finish();
+    e.text += d.text;
+    e.reasoning += d.reasoning;
+  }
+  e.choice = s.choice;
+  e.finish_reason = reason;
+  e.prompt_tokens = int(s.spec.prompt.size());
+  e.completion_tokens = s.generated;
+  // (Unless the first token took them: max_tokens 0, or an abort before any token.)
+  if (s.prompt_logprobs && s.generated == 0 && e.prompt_logprobs.empty())
+    e.prompt_logprobs = std::move(s.prompt_lp);
+  retire(s, std::move(e));
+  if (obs_.request_finished) obs_.request_finished(reason);
+}
+
+void EngineLoop::retire(Slot& s, ChoiceEvent e) {
+  // The slot counts as free before the client hears of the end, so a client that saw its last
+  // event never sees its sequence still running.
+  s.done = true;
+  counters_.running.fetch_sub(1);
+  s.stream->push(std::move(e));
+}
+
+void EngineLoop::step() {
+  bool abort_all;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    abort_all = abort_all_;
+  }
+  for (auto& s : slots_)
+    if (abort_all || s->stream->cancelled()) finish(*s, "abort", {});
+  std::erase_if(slots_, [](const auto& s) { return s->done; });
+  if (slots_.empty()) return;
+
+  // The step: every decoding sequence's last token, and prefill chunks. While anything decodes,
+  // one chunk of one prompt (the earliest admitted) joins the step, so running streams wait at
+  // most one chunk's time; with nothing decoding, every waiting prompt feeds a chunk.
+  bool decoding = false;
+  for (auto& s : slots_) decoding = decoding || !s->prefilling();
+  struct Part {
+    Slot* slot;
+    int rows;         // tokens fed
+    int logit_rows;   // logit rows it returns
+    int first_logit;  // its first logit row in the step's output
+    bool samples;     // its last logit row samples the next token
+  };
+  std::vector<Part> parts;
+  std::vector<StepSeq> seqs;
+  std::vector<SampleRow> rows;
+  bool prefill_taken = false;
+  int logit_rows = 0;
+  for (auto& sp : slots_) {
+    Slot& s = *sp;
+    if (!s.prefilling()) {
+      parts.push_back({&s, 1, 1, logit_rows, true});
+      seqs.push_back({&s.seq, std::span<const int32_t>(&s.next, 1), LogitRows::kLast});
+      rows.push_back(s.sampler->prepare(s.history));
+      logit_rows += 1;
+      continue;
+    }
+    if (decoding && prefill_taken) continue;
+    prefill_taken = true;
+    const size_t left = s.spec.prompt.size() - s.fed;
+    const int n = int(std::min<size_t>(left, size_t(opt_.prefill_chunk)));
+    const bool last = size_t(n) == left;
+    const bool samples = last && s.spec.sampling.max_tokens > 0;
+    const LogitRows lr = s.prompt_logprobs ? LogitRows::kAll
+                         : last            ? LogitRows::kLast
+                                           : LogitRows::kNone;
+    const int nl = lr == LogitRows::kAll ? n : lr == LogitRows::kLast ? 1 : 0;
+    parts.push_back({&s, n, nl, logit_rows, samples});
+    seqs.push_back({&s.seq, std::span<const int32_t>(s.spec.prompt.data() + s.fed, size_t(n)), lr});
+    for (int i = 0; i < nl; ++i)
+      rows.push_back(samples && i == nl - 1 ? s.sampler->prepare(s.history) : SampleRow{});
+    logit_rows += nl;
+  }
+
+  const size_t V = size_t(ex_.model().config().vocab_size);
+  std::vector<float> logits(std::max<size_t>(size_t(logit_rows) * V, 1));
+  std::vector<int32_t> next_ids(std::max(logit_rows, 1), -1);
+  try {
+    ex_.step(seqs, logits.data(), next_ids.data(), rows);
+  } catch (const std::exception& e) {
+    // Bad state (a budget, the watchdog): the sequences of this step cannot go on.
+    for (Part& p : parts) {
+      ChoiceEvent ev;
+      ev.error = fmt::format("the engine failed: {}", e.what());
+      ev.choice = p.slot->choice;
+      retire(*p.slot, std::move(ev));
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    failure_ = e.what();
+    std::erase_if(slots_, [](const auto& s) { return s->done; });
+    return;
+  }
+  counters_.steps.fetch_add(1);
+  int decode_batch = 0;
+  for (const Part& p : parts) decode_batch += p.slot->prefilling() ? 0 : 1;
+  if (obs_.decode_batch && decode_batch > 0) obs_.decode_batch(decode_batch);
+
+  const double t = now();
+  for (const Part& p : parts) {
+    Slot& s = *p.slot;
+    auto row = [&](int i) {
+      return std::span<const float>(logits.data() + size_t(p.first_logit + i) * V, V);
+    };
+    if (s.prefilling()) {
+      if (s.prompt_logprobs)
+        for (int i = 0; i < p.rows; ++i) {
+          const size_t target = s.fed + size_t(i) + 1;  // the prompt token row i predicts
+          if (target < s.spec.prompt.size())
+            s.prompt_lp.push_back(
+                token_logprob(row(i), s.spec.prompt[target], std::max(s.top_logprobs, 0)));
+        }
+      s.fed += size_t(p.rows);
+      counters_.prompt_tokens.fetch_add(p.rows);
+      if (s.prefilling()) continue;
+      if (!p.samples) {  // max_tokens 0: the prompt (and its logprobs) only
+        finish(s, "length", {});
+        continue;
+      }
+    }
+    const int32_t id = next_ids[size_t(p.first_logit + p.logit_rows - 1)];
+    ChoiceEvent e;
+    e.tokens.push_back(id);
+    // The prompt's logprobs travel with the first token, so a stream can send them with it.
+    if (s.prompt_logprobs && s.generated == 0) e.prompt_logprobs = std::move(s.prompt_lp);
+    if (s.top_logprobs >= 0)
+      e.logprobs.push_back(token_logprob(row(p.logit_rows - 1), id, s.top_logprobs));
+    s.history.push_back(id);
+    ++s.generated;
+    counters_.generation_tokens.fetch_add(1);
+    if (s.generated == 1) {
+      if (obs_.time_to_first_token) obs_.time_to_first_token(t - s.stream->submitted_at);
+    } else if (obs_.inter_token_latency) {
+      obs_.inter_token_latency(t - s.t_last);
+    }
+    s.t_last = t;
+    const auto& stop_ids = s.spec.sampling.stop_token_ids;
+    if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
+      finish(s, "stop", std::move(e));
+      continue;
+    }
+    TextDelta d;
+    try {
+      d = s.text->push(id);
+    } catch (const Error& err) {  // an id the tokenizer lacks (a model vocabulary beyond it)
+      e.error = err.what();
+      retire(s, std::move(e));
+      continue;
+    }
+    e.text = std::move(d.text);
+    e.reasoning = std::move(d.reasoning);
+    if (d.stopped) {
+      finish(s, "stop", std::move(e));
+    } else if (s.generated >= s.spec.sampling.max_tokens ||
+               int64_t(s.history.size()) >= opt_.max_model_len) {
+      finish(s, "length", std::move(e));
+    } else {
+      e.choice = s.choice;
+      s.next = id;
+      s.stream->push(std::move(e));
+    }
+  }
+  std::erase_if(slots_, [](const auto& s) { return s->done; });
+}
+
+}  // namespace md::server

@@ -1,0 +1,396 @@
+#include "megadecode/server/http_server.h"
+
+#include <fmt/format.h>
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <ctime>
+
+#include "megadecode/base/error.h"
+#include "megadecode/base/util.h"
+#include "megadecode/server/request.h"
+#include "megadecode/server/responses.h"
+
+namespace md::server {
+
+using nlohmann::json;
+
+namespace {
+
+// What the access log reports of the request this HTTP thread is serving. httplib runs a
+// request's handler, its streamed content and the logger on one thread, so a thread-local
+// carries them from one to the next.
+struct RequestLog {
+  double start = 0;
+  int64_t prompt_tokens = -1, completion_tokens = -1;
+  double first_token = 0;  // steady seconds of the first generated text (0: none)
+};
+thread_local RequestLog t_log;
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status;
+  res.set_content(dump(e.to_json()), "application/json");
+}
+
+std::string random_id(const char* prefix) {
+  static std::atomic<uint64_t> counter{0};
+  const uint64_t x = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                     (counter.fetch_add(1) * 0x9E3779B97F4A7C15ull);
+  return fmt::format("{}-{:016x}", prefix, x);
+}
+
+// Per streamed response: the engine's events turned into SSE chunks.
+struct StreamState {
+  std::shared_ptr<RequestStream> stream;
+  CompletionRequest req;
+  ResponseMeta meta;
+  bool started = false, finished = false;
+  std::vector<size_t> text_offset;  // completions logprobs: text sent so far per choice
+  std::vector<std::string> held;    // chat with tools: the content, released at the end
+  std::vector<bool> echoed;         // completions echo: the prompt text has been sent
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  double last_write = now_seconds();
+};
+
+}  // namespace
+
+// httplib listens with a backlog of 5 (compiled into the library): a burst of clients beyond
+// that has its handshakes dropped and retried, and a connection whose request then arrives late
+// is closed unanswered. Listening again on the bound socket raises the backlog.
+class Listener : public httplib::Server {
+ public:
+  void widen_backlog(int backlog) { ::listen(svr_sock_, backlog); }
+};
+
+struct HttpServer::Impl {
+  const Generator& gen;
+  EngineLoop& engine;
+  Metrics& metrics;
+  ServerOptions opt;
+  ParseContext ctx;
+  Listener http;
+  int64_t created = int64_t(std::time(nullptr));
+
+  Impl(const Generator& g, EngineLoop& e, Metrics& m, ServerOptions o)
+      : gen(g), engine(e), metrics(m), opt(std::move(o)) {
+    MD_CHECK(!opt.model_names.empty(), "serve: no served model name");
+    ctx.generator = &gen;
+    ctx.model_names = opt.model_names;
+    ctx.vocab_size = gen.tokenizer().vocab_size();
+    ctx.max_model_len = engine.options().max_model_len;
+    ctx.max_json_depth = opt.max_json_depth;
+    routes();
+  }
+
+  const Tokenizer& tok() const { return gen.tokenizer(); }
+
+  // Runs a handler body, turning every failure into an OpenAI error response.
+  template <class F>
+  void guarded(httplib::Response& res, F&& f) {
+    try {
+      f();
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    } catch (const Error& e) {
+      send_error(res, ApiError(400, e.what()));
+    } catch (const std::bad_alloc&) {
+      send_error(res, ApiError(500, "out of memory"));
+    } catch (const std::exception& e) {
+      send_error(res, ApiError(500, fmt::format("internal error: {}", e.what())));
+    }
+  }
+
+  void routes() {
+    const int threads = std::max(opt.http_threads, 4);
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+    http.set_payload_max_length(opt.max_body_bytes);
+    http.set_tcp_nodelay(true);  // a streamed token is sent now, not after a delayed ACK
+    // How long a connection's worker waits for a (first or next) request; also how long an idle
+    // keep-alive connection can delay shutdown.
+    http.set_keep_alive_timeout(5);
+    http.set_read_timeout(30);
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      t_log = RequestLog{now_seconds()};
+      if (!opt.api_key.empty() && req.path.rfind("/v1", 0) == 0 &&
+          req.get_header_value("Authorization") != "Bearer " + opt.api_key) {
+        send_error(res, ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)", "",
+                                 "invalid_api_key"));
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
+    // Statuses httplib sets itself (unknown route, body too large, bad request line) get an
+    // OpenAI error body too.
+    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (!res.body.empty()) return;
+      if (res.status == 404)
+        send_error(res, ApiError(404, fmt::format("no route {} {}", req.method, req.path), "",
+                                 "not_found"));
+      else if (res.status == 413)
+        send_error(res, ApiError(413, "the request body is larger than the limit", "",
+                                 "request_too_large"));
+      else
+        send_error(res, ApiError(res.status, fmt::format("HTTP error {}", res.status)));
+    });
+    http.set_exception_handler(
+        [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+          send_error(res, ApiError(500, "internal error"));
+        });
+    http.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      metrics.count_response(res.status);
+      if (!opt.access_log) return;
+      const double t = now_seconds();
+      const RequestLog& l = t_log;
+      std::string tokens;
+      if (l.prompt_tokens >= 0)
+        tokens = fmt::format(" prompt_tokens={} completion_tokens={}", l.prompt_tokens,
+                             std::max<int64_t>(l.completion_tokens, 0));
+      if (l.first_token > 0)
+        tokens += fmt::format(" ttft_ms={:.1f}", (l.first_token - l.start) * 1e3);
+      std::fprintf(opt.access_log, "%s %s %d%s total_ms=%.1f\n", req.method.c_str(),
+                   req.path.c_str(), res.status, tokens.c_str(),
+                   l.start > 0 ? (t - l.start) * 1e3 : 0.0);
+      std::fflush(opt.access_log);
+    });
+
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      const std::string f = engine.failure();
+      if (f.empty())
+        res.set_content(R"({"status":"ok"})", "application/json");
+      else
+        send_error(res, ApiError(503, "the engine failed: " + f, "", "engine_failed"));
+    });
+    http.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(R"({"version":"0.1.0"})", "application/json");
+    });
+    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+      json data = json::array();
+      for (const std::string& n : opt.model_names)
+        data.push_back({{"id", n},
+                        {"object", "model"},
+                        {"created", created},
+                        {"owned_by", "megadecode"},
+                        {"max_model_len", ctx.max_model_len}});
+      res.set_content(dump({{"object", "list"}, {"data", data}}), "application/json");
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(metrics.render(engine.counters()), "text/plain; version=0.0.4");
+    });
+    http.Get("/openapi.json", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(openapi_json(opt.model_names.front()), "application/json");
+    });
+    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] {
+        TokenizeRequest t = parse_tokenize_request(req.body, ctx);
+        res.set_content(dump({{"tokens", t.tokens},
+                              {"count", t.tokens.size()},
+                              {"max_model_len", ctx.max_model_len}}),
+                        "application/json");
+      });
+    });
+    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] {
+        const std::vector<int32_t> ids = parse_detokenize_request(req.body, ctx);
+        res.set_content(dump({{"prompt", sanitize_utf8(tok().decode(ids, false))}}),
+                        "application/json");
+      });
+    });
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] { generate(parse_completion_request(req.body, ctx), res); });
+    });
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] { generate(parse_chat_request(req.body, ctx), res); });
+    });
+  }
+
+  void generate(CompletionRequest r, httplib::Response& res) {
+    EngineRequest er;
+    for (const auto& p : r.prompts)
+      for (int j = 0; j < r.n; ++j) {
+        ChoiceSpec c{p, r.sampling};
+        c.sampling.seed = r.sampling.seed + uint64_t(j);  // n choices of one seed differ
+        er.choices.push_back(std::move(c));
+      }
+    er.top_logprobs = r.logprobs ? r.top_logprobs : -1;
+    er.prompt_logprobs = r.echo && r.logprobs;
+    int64_t prompt_tokens = 0;
+    for (const auto& p : r.prompts) prompt_tokens += int64_t(p.size());
+    t_log.prompt_tokens = prompt_tokens;
+    auto st = std::make_shared<StreamState>();
+    st->stream = engine.submit(std::move(er));
+    st->meta = {random_id(r.kind == RequestKind::kChat ? "chatcmpl" : "cmpl"),
+                int64_t(std::time(nullptr)), r.model.empty() ? opt.model_names.front() : r.model};
+    const size_t choices = r.prompts.size() * size_t(r.n);
+    st->req = std::move(r);
+    if (!st->req.stream) {
+      std::vector<ChoiceResult> rs(choices);
+      ChoiceEvent e;
+      while (!st->stream->finished())
+        if (st->stream->next(e, 1.0)) {
+          if (t_log.first_token == 0 && !e.tokens.empty()) t_log.first_token = now_seconds();
+          rs[size_t(e.choice)].add(std::move(e));
+        }
+      int64_t completion = 0;
+      for (const ChoiceResult& c : rs) {
+        if (!c.error.empty()) throw ApiError(500, c.error, "", "engine_error");
+        completion += c.completion_tokens;
+      }
+      t_log.completion_tokens = completion;
+      const json body = st->req.kind == RequestKind::kChat
+                            ? chat_body(st->req, rs, st->meta, tok())
+                            : completion_body(st->req, rs, st->meta, tok());
+      res.set_content(dump(body), "application/json");
+      return;
+    }
+    st->text_offset.assign(choices, 0);
+    st->held.assign(choices, "");
+    st->echoed.assign(choices, false);
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, st](size_t, httplib::DataSink& sink) { return stream_step(*st, sink); },
+        [st](bool success) {
+          if (!success) st->stream->cancel();  // the client left: free its slots
+        });
+  }
+
+  // One call of the content provider: waits a little for the next event and writes its chunk.
+  // false ends the response (the client is gone).
+  bool stream_step(StreamState& st, httplib::DataSink& sink) {
+    const CompletionRequest& r = st.req;
+    const bool chat = r.kind == RequestKind::kChat;
+    bool ok = true;
+    auto send = [&](json j) {
+      if (r.include_usage && !j.contains("usage")) j["usage"] = nullptr;
+      const std::string s = "data: " + dump(j) + "\n\n";
+      ok = ok && sink.write(s.data(), s.size());
+    };
+    if (!st.started) {
+      st.started = true;
+      for (size_t i = 0; i < st.text_offset.size(); ++i) {
+        if (chat) {
+          send(chat_chunk(st.meta, int(i), {{"role", "assistant"}, {"content", ""}}, nullptr,
+                          std::nullopt));
+        }
+      }
+    }
+    ChoiceEvent e;
+    const bool got = ok && st.stream->next(e, 0.05);
+    if (ok && !got && now_seconds() - st.last_write > 1.0) {
+      // Nothing to send for a while (queued, or a long prompt prefilling): an SSE comment, which
+      // clients ignore, finds out whether the client is still there.
+      static const std::string kKeepAlive = ": keep-alive\n\n";
+      ok = sink.write(kKeepAlive.data(), kKeepAlive.size());
+      st.last_write = now_seconds();
+    }
+    if (got) {
+      st.last_write = now_seconds();
+      const size_t i = size_t(e.choice);
+      if (!e.tokens.empty() && t_log.first_token == 0) t_log.first_token = now_seconds();
+      if (!e.error.empty()) {
+        ApiError err(500, e.error, "", "engine_error");
+        const std::string s = "data: " + dump(err.to_json()) + "\n\n";
+        ok = sink.write(s.data(), s.size());
+      } else if (chat) {
+        json delta = json::object();
+        std::string text = std::move(e.text);
+        if (r.tools_given) {  // tool-call markup is only recognisable once the text is whole
+          st.held[i] += text;
+          text.clear();
+        }
+        if (!e.reasoning.empty()) delta["reasoning_content"] = e.reasoning;
+        std::string finish = e.finish_reason.value_or("");
+        if (r.tools_given && e.finish_reason) {
+          ToolCallSplit split = split_tool_calls(st.held[i]);
+          text = split.content;
+          if (!split.calls.empty()) {
+            json calls = split.calls;
+            for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
+            delta["tool_calls"] = calls;
+            finish = "tool_calls";
+          }
+        }
+        if (!text.empty()) delta["content"] = text;
+        json lp =
+            r.logprobs && !e.logprobs.empty() ? chat_logprobs(e.logprobs, tok()) : json(nullptr);
+        if (!delta.empty() || !lp.is_null() || e.finish_reason)
+          send(chat_chunk(st.meta, int(i), delta, lp,
+                          e.finish_reason ? std::optional<std::string>(finish) : std::nullopt));
+      } else {
+        json lp = nullptr;
+        std::string text = std::move(e.text);
+        if (r.echo && !st.echoed[i]) {
+          // The prompt goes out with the choice's first event, which carries its logprobs.
+          st.echoed[i] = true;
+          const std::vector<int32_t>& prompt = r.prompts[i / size_t(r.n)];
+          if (r.logprobs) lp = echo_logprobs(prompt, e.prompt_logprobs, e.logprobs, tok());
+          text = sanitize_utf8(tok().decode(prompt, false)) + text;
+        } else if (r.logprobs && !e.logprobs.empty()) {
+          lp = completion_logprobs(e.logprobs, tok(), st.text_offset[i]);
+        }
+        if (lp.is_object() && !lp["tokens"].empty())  // the next offsets go on from the last token
+          st.text_offset[i] = lp["text_offset"].back().get<size_t>() +
+                              lp["tokens"].back().get<std::string>().size();
+        if (!text.empty() || !lp.is_null() || e.finish_reason)
+          send(completion_chunk(st.meta, int(i), text, lp, e.finish_reason));
+      }
+      if (e.finish_reason || !e.error.empty()) {
+        // A prompt counts once however many choices it has.
+        if (chat ? i == 0 : i % size_t(r.n) == 0) st.prompt_tokens += e.prompt_tokens;
+        st.completion_tokens += e.completion_tokens;
+        t_log.completion_tokens = st.completion_tokens;
+      }
+    }
+    if (ok && st.stream->finished()) {
+      if (r.include_usage) {
+        json u = {{"id", st.meta.id},
+                  {"object", chat ? "chat.completion.chunk" : "text_completion"},
+                  {"created", st.meta.created},
+                  {"model", st.meta.model},
+                  {"choices", json::array()},
+                  {"usage", usage_json(st.prompt_tokens, st.completion_tokens)}};
+        send(u);
+      }
+      static const std::string kDone = "data: [DONE]\n\n";
+      ok = ok && sink.write(kDone.data(), kDone.size());
+      if (ok) sink.done();
+      st.finished = true;
+    }
+    if (!ok) st.stream->cancel();
+    return ok;
+  }
+};
+
+HttpServer::HttpServer(const Generator& generator, EngineLoop& engine, Metrics& metrics,
+                       ServerOptions options)
+    : impl_(std::make_unique<Impl>(generator, engine, metrics, std::move(options))) {}
+
+HttpServer::~HttpServer() {
+  stop();
+}
+
+int HttpServer::bind() {
+  Impl& m = *impl_;
+  if (m.opt.port == 0) {
+    const int port = m.http.bind_to_any_port(m.opt.host);
+    MD_CHECK(port > 0, "serve: cannot listen on {} (any port)", m.opt.host);
+    m.http.widen_backlog(1024);
+    return port;
+  }
+  MD_CHECK(m.http.bind_to_port(m.opt.host, m.opt.port), "serve: cannot listen on {}:{}", m.opt.host,
+           m.opt.port);
+  m.http.widen_backlog(1024);
+  return m.opt.port;
+}
+
+void HttpServer::run() {
+  impl_->http.listen_after_bind();
+}
+
+void HttpServer::stop() {
+  impl_->http.stop();
+}
+
+}  // namespace md::server

@@ -1,0 +1,107 @@
+// Typed access to the fields of a request body: each getter names the field in its ApiError.
+#pragma once
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "megadecode/server/request.h"
+
+namespace md::server::detail {
+
+using nlohmann::json;
+
+inline const char* type_name(const json& v) {
+  return v.type_name();
+}
+
+// The field, or nullptr when absent or null.
+inline const json* field(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+inline int64_t as_int(const json& v, const std::string& param, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer())
+    throw invalid_field(param,
+                        fmt::format("'{}' must be an integer, not {}", param,
+                                    v.is_number() ? "a fractional number" : type_name(v)),
+                        "invalid_type");
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    throw invalid_field(param, fmt::format("'{}' is out of range", param));
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi)
+    throw invalid_field(param, fmt::format("'{}' is {}; it must be in [{}, {}]", param, x, lo, hi));
+  return x;
+}
+
+inline int64_t get_int(const json& obj, const char* name, int64_t lo, int64_t hi, int64_t def) {
+  const json* v = field(obj, name);
+  return v ? as_int(*v, name, lo, hi) : def;
+}
+
+// A number in [lo, hi] (open at lo when lo_open).
+inline double get_number(const json& obj, const char* name, double lo, double hi, double def,
+                         bool lo_open = false) {
+  const json* v = field(obj, name);
+  if (!v) return def;
+  if (!v->is_number())
+    throw invalid_field(name, fmt::format("'{}' must be a number, not {}", name, type_name(*v)),
+                        "invalid_type");
+  const double x = v->get<double>();
+  if (x < lo || x > hi || (lo_open && x == lo))
+    throw invalid_field(name, fmt::format("'{}' is {}; it must be in {}{}, {}]", name, x,
+                                          lo_open ? "(" : "[", lo, hi));
+  return x;
+}
+
+inline bool get_bool(const json& obj, const char* name, bool def) {
+  const json* v = field(obj, name);
+  if (!v) return def;
+  if (!v->is_boolean())
+    throw invalid_field(name, fmt::format("'{}' must be a boolean, not {}", name, type_name(*v)),
+                        "invalid_type");
+  return v->get<bool>();
+}
+
+inline std::string as_string(const json& v, const std::string& param) {
+  if (!v.is_string())
+    throw invalid_field(param, fmt::format("'{}' must be a string, not {}", param, type_name(v)),
+                        "invalid_type");
+  return v.get<std::string>();
+}
+
+inline void reject_if_given(const json& obj, const char* name, const char* why) {
+  if (field(obj, name))
+    throw invalid_field(name, fmt::format("'{}' is not supported: {}", name, why),
+                        "unsupported_parameter");
+}
+
+inline void check_ids(const std::vector<int32_t>& ids, const std::string& param, int64_t vocab) {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab)
+      throw invalid_field(
+          param,
+          fmt::format("token id {} (at {}) is outside the vocabulary [0, {})", ids[i], i, vocab));
+}
+
+inline std::vector<int32_t> as_ids(const json& v, const std::string& param, int64_t vocab) {
+  if (!v.is_array())
+    throw invalid_field(param, fmt::format("'{}' must be a list of token ids", param),
+                        "invalid_type");
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (size_t i = 0; i < v.size(); ++i)
+    ids.push_back(int32_t(as_int(v[i], param + "." + std::to_string(i), 0, vocab - 1)));
+  return ids;
+}
+
+// Shared by the completions and chat parsers (request.cpp).
+void parse_common(const json& j, const ParseContext& ctx, CompletionRequest& r);
+void parse_length(const json& j, const ParseContext& ctx, CompletionRequest& r, int def);
+void final_check(CompletionRequest& r);
+
+}  // namespace md::server::detail

@@ -1,0 +1,96 @@
+#include "megadecode/server/metrics.h"
+
+#include <fmt/format.h>
+
+namespace md::server {
+
+void Histogram::observe(double v) {
+  std::lock_guard<std::mutex> lk(mu_);
+  size_t i = 0;
+  while (i < bounds_.size() && v > bounds_[i]) ++i;
+  ++counts_[i];
+  sum_ += v;
+  ++n_;
+}
+
+int64_t Histogram::count() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return n_;
+}
+
+std::string Histogram::render(const std::string& name, const std::string& help) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::string out = fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  int64_t cum = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cum += counts_[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cum);
+  }
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, n_, name, sum_,
+                     name, n_);
+  return out;
+}
+
+namespace {
+std::vector<double> latency_buckets() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+}
+}  // namespace
+
+Metrics::Metrics()
+    : ttft(latency_buckets()),
+      itl(latency_buckets()),
+      batch({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64}) {}
+
+EngineObserver Metrics::observer() {
+  EngineObserver o;
+  o.time_to_first_token = [this](double s) { ttft.observe(s); };
+  o.inter_token_latency = [this](double s) { itl.observe(s); };
+  o.decode_batch = [this](int b) { batch.observe(b); };
+  o.request_finished = [this](const std::string& reason) {
+    std::lock_guard<std::mutex> lk(mu_);
+    ++finished_[reason];
+  };
+  return o;
+}
+
+void Metrics::count_response(int status) {
+  std::lock_guard<std::mutex> lk(mu_);
+  ++responses_[status];
+}
+
+std::string Metrics::render(const EngineCounters& e) const {
+  std::string out;
+  auto gauge = [&](const char* name, const char* help, int64_t v, const char* type = "gauge") {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, v);
+  };
+  gauge("megadecode_requests_running", "sequences in decode slots", e.running.load());
+  gauge("megadecode_requests_waiting", "sequences waiting for a slot", e.waiting.load());
+  gauge("megadecode_prompt_tokens_total", "prompt tokens prefilled", e.prompt_tokens.load(),
+        "counter");
+  gauge("megadecode_generation_tokens_total", "tokens generated", e.generation_tokens.load(),
+        "counter");
+  gauge("megadecode_engine_steps_total", "executor steps run", e.steps.load(), "counter");
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    out +=
+        "# HELP megadecode_sequences_finished_total sequences finished, by reason\n"
+        "# TYPE megadecode_sequences_finished_total counter\n";
+    for (const auto& [reason, n] : finished_)
+      out += fmt::format("megadecode_sequences_finished_total{{finish_reason=\"{}\"}} {}\n", reason,
+                         n);
+    out +=
+        "# HELP megadecode_http_responses_total HTTP responses, by status\n"
+        "# TYPE megadecode_http_responses_total counter\n";
+    for (const auto& [status, n] : responses_)
+      out += fmt::format("megadecode_http_responses_total{{status=\"{}\"}} {}\n", status, n);
+  }
+  out += ttft.render("megadecode_time_to_first_token_seconds",
+                     "time from a request's arrival to its first generated token");
+  out += itl.render("megadecode_inter_token_latency_seconds",
+                    "time between consecutive tokens of a sequence");
+  out += batch.render("megadecode_decode_batch_size", "decoding sequences per engine step");
+  return out;
+}
+
+}  // namespace md::server

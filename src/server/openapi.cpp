@@ -1,0 +1,192 @@
+// GET /openapi.json: the routes, their request fields (types and ranges as request.cpp enforces
+// them) and the shapes of their answers, for clients and schema-driven testers.
+#include <nlohmann/json.hpp>
+
+#include "megadecode/server/http_server.h"
+
+namespace md::server {
+
+using nlohmann::ordered_json;
+
+namespace {
+
+ordered_json num(double lo, double hi, bool lo_open = false) {
+  ordered_json s = {{"type", "number"}, {"maximum", hi}, {"nullable", true}};
+  if (lo_open)
+    s["minimum"] = lo, s["exclusiveMinimum"] = true;
+  else
+    s["minimum"] = lo;
+  return s;
+}
+ordered_json integer(int64_t lo, int64_t hi) {
+  return {{"type", "integer"}, {"minimum", lo}, {"maximum", hi}, {"nullable", true}};
+}
+ordered_json boolean() {
+  return {{"type", "boolean"}, {"nullable", true}};
+}
+ordered_json str() {
+  return {{"type", "string"}};
+}
+ordered_json ids() {
+  return {{"type", "array"}, {"items", {{"type", "integer"}, {"minimum", 0}}}};
+}
+ordered_json ref(const char* name) {
+  return {{"$ref", std::string("#/components/schemas/") + name}};
+}
+
+ordered_json sampling_fields() {
+  return {
+      {"model", str()},
+      {"max_tokens", integer(0, 2147483647)},
+      {"max_completion_tokens", integer(0, 2147483647)},
+      {"temperature", num(0, 2)},
+      {"top_p", num(0, 1, true)},
+      {"top_k", integer(-1, 2147483647)},
+      {"min_p", num(0, 1)},
+      {"presence_penalty", num(-2, 2)},
+      {"frequency_penalty", num(-2, 2)},
+      {"repetition_penalty", num(0, 100, true)},
+      {"seed", {{"type", "integer"}, {"nullable", true}}},
+      {"stop",
+       {{"oneOf", {str(), {{"type", "array"}, {"items", str()}, {"maxItems", 16}}}},
+        {"nullable", true}}},
+      {"stop_token_ids", ids()},
+      {"ignore_eos", boolean()},
+      {"n", integer(1, 64)},
+      {"stream", boolean()},
+      {"stream_options",
+       {{"type", "object"}, {"nullable", true}, {"properties", {{"include_usage", boolean()}}}}},
+  };
+}
+
+ordered_json json_response(const char* schema, const char* what) {
+  return {{"description", what}, {"content", {{"application/json", {{"schema", ref(schema)}}}}}};
+}
+
+ordered_json errors() {
+  ordered_json e = {{"description", "an OpenAI-style error"},
+                    {"content", {{"application/json", {{"schema", ref("Error")}}}}}};
+  return {{"400", e}, {"401", e}, {"404", e}, {"413", e}, {"503", e}};
+}
+
+ordered_json post(const char* summary, const char* request, const char* response) {
+  ordered_json responses = errors();
+  responses["200"] = json_response(response, "success");
+  responses["200"]["content"]["text/event-stream"] = {{"schema", str()}};
+  return {{"post",
+           {{"summary", summary},
+            {"requestBody",
+             {{"required", true}, {"content", {{"application/json", {{"schema", ref(request)}}}}}}},
+            {"responses", responses}}}};
+}
+
+ordered_json get(const char* summary, ordered_json content) {
+  return {{"get", {{"summary", summary}, {"responses", {{"200", content}}}}}};
+}
+
+}  // namespace
+
+std::string openapi_json(const std::string& model_name) {
+  ordered_json completion = {{"type", "object"}, {"required", {"prompt"}}};
+  completion["properties"] = sampling_fields();
+  completion["properties"]["prompt"] = {{"oneOf",
+                                         {str(),
+                                          {{"type", "array"}, {"items", str()}, {"minItems", 1}},
+                                          ids(),
+                                          {{"type", "array"}, {"items", ids()}, {"minItems", 1}}}}};
+  completion["properties"]["echo"] = boolean();
+  completion["properties"]["logprobs"] = integer(0, 20);
+
+  ordered_json part = {
+      {"type", "object"},
+      {"required", {"type", "text"}},
+      {"properties", {{"type", {{"type", "string"}, {"enum", {"text"}}}}, {"text", str()}}}};
+  ordered_json message = {
+      {"type", "object"},
+      {"required", {"role"}},
+      {"properties",
+       {{"role",
+         {{"type", "string"}, {"enum", {"system", "developer", "user", "assistant", "tool"}}}},
+        {"content", {{"oneOf", {str(), {{"type", "array"}, {"items", part}}}}, {"nullable", true}}},
+        {"name", str()},
+        {"tool_call_id", str()},
+        {"reasoning_content", str()},
+        {"tool_calls", {{"type", "array"}, {"items", {{"type", "object"}}}}}}}};
+  ordered_json chat = {{"type", "object"}, {"required", {"messages"}}};
+  chat["properties"] = sampling_fields();
+  chat["properties"]["messages"] = {{"type", "array"}, {"items", message}, {"minItems", 1}};
+  chat["properties"]["logprobs"] = boolean();
+  chat["properties"]["top_logprobs"] = integer(0, 20);
+  chat["properties"]["tools"] = {{"type", "array"}, {"items", {{"type", "object"}}}};
+  chat["properties"]["tool_choice"] = {{"oneOf", {str(), {{"type", "object"}}}}};
+  chat["properties"]["chat_template_kwargs"] = {{"type", "object"}};
+
+  ordered_json usage = {{"type", "object"},
+                        {"properties",
+                         {{"prompt_tokens", {{"type", "integer"}}},
+                          {"completion_tokens", {{"type", "integer"}}},
+                          {"total_tokens", {{"type", "integer"}}}}}};
+  ordered_json completion_resp = {
+      {"type", "object"},
+      {"required", {"id", "object", "created", "model", "choices"}},
+      {"properties",
+       {{"id", str()},
+        {"object", str()},
+        {"created", {{"type", "integer"}}},
+        {"model", str()},
+        {"choices", {{"type", "array"}, {"items", {{"type", "object"}}}}},
+        {"usage", usage}}}};
+  ordered_json error = {{"type", "object"},
+                        {"required", {"error"}},
+                        {"properties",
+                         {{"error",
+                           {{"type", "object"},
+                            {"required", {"message", "type", "param", "code"}},
+                            {"properties",
+                             {{"message", str()},
+                              {"type", str()},
+                              {"param", {{"type", "string"}, {"nullable", true}}},
+                              {"code", {{"type", "string"}, {"nullable", true}}}}}}}}}};
+  ordered_json tokenize = {{"type", "object"},
+                           {"properties",
+                            {{"model", str()},
+                             {"prompt", str()},
+                             {"add_special_tokens", boolean()},
+                             {"messages", {{"type", "array"}, {"items", message}}},
+                             {"add_generation_prompt", boolean()}}}};
+  ordered_json detokenize = {{"type", "object"},
+                             {"required", {"tokens"}},
+                             {"properties", {{"model", str()}, {"tokens", ids()}}}};
+  ordered_json any_object = {{"type", "object"}};
+
+  ordered_json doc = {
+      {"openapi", "3.0.3"},
+      {"info",
+       {{"title", "megadecode OpenAI-compatible server"},
+        {"version", "0.1.0"},
+        {"description", "serving " + model_name + "; see docs/server.md"}}},
+      {"paths",
+       {{"/v1/completions", post("text completion", "CompletionRequest", "CompletionResponse")},
+        {"/v1/chat/completions", post("chat completion", "ChatRequest", "CompletionResponse")},
+        {"/tokenize", post("text or chat -> token ids", "TokenizeRequest", "Object")},
+        {"/detokenize", post("token ids -> text", "DetokenizeRequest", "Object")},
+        {"/v1/models", get("the served model", json_response("Object", "model list"))},
+        {"/health", get("liveness", json_response("Object", "ok"))},
+        {"/version", get("server version", json_response("Object", "version"))},
+        {"/metrics",
+         get("Prometheus metrics", {{"description", "text exposition format"},
+                                    {"content", {{"text/plain", {{"schema", str()}}}}}})},
+        {"/openapi.json", get("this document", json_response("Object", "OpenAPI 3"))}}},
+      {"components",
+       {{"schemas",
+         {{"CompletionRequest", completion},
+          {"ChatRequest", chat},
+          {"TokenizeRequest", tokenize},
+          {"DetokenizeRequest", detokenize},
+          {"CompletionResponse", completion_resp},
+          {"Error", error},
+          {"Object", any_object}}}}}};
+  return doc.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+}  // namespace md::server

@@ -1,0 +1,211 @@
+#include "megadecode/server/responses.h"
+
+namespace md::server {
+
+using nlohmann::json;
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void ChoiceResult::add(ChoiceEvent&& e) {
+  text += e.text;
+  reasoning += e.reasoning;
+  tokens.insert(tokens.end(), e.tokens.begin(), e.tokens.end());
+  for (auto& l : e.logprobs) logprobs.push_back(std::move(l));
+  if (!e.prompt_logprobs.empty()) prompt_logprobs = std::move(e.prompt_logprobs);
+  if (e.finish_reason) finish_reason = *e.finish_reason;
+  if (!e.error.empty()) error = e.error;
+  if (e.finish_reason || !e.error.empty()) {
+    prompt_tokens = e.prompt_tokens;
+    completion_tokens = e.completion_tokens;
+  }
+}
+
+json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+  return {{"prompt_tokens", prompt_tokens},
+          {"completion_tokens", completion_tokens},
+          {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+ToolCallSplit split_tool_calls(const std::string& text) {
+  static const std::string kBegin = "<|tool_calls_section_begin|>",
+                           kEnd = "<|tool_calls_section_end|>", kCall = "<|tool_call_begin|>",
+                           kArgs = "<|tool_call_argument_begin|>", kCallEnd = "<|tool_call_end|>";
+  ToolCallSplit out;
+  const size_t b = text.find(kBegin);
+  if (b == std::string::npos) {
+    out.content = text;
+    return out;
+  }
+  out.content = text.substr(0, b);
+  size_t end = text.find(kEnd, b);
+  if (end == std::string::npos) end = text.size();
+  size_t pos = b + kBegin.size();
+  for (int index = 0;; ++index) {
+    const size_t c = text.find(kCall, pos);
+    if (c == std::string::npos || c >= end) break;
+    const size_t a = text.find(kArgs, c);
+    if (a == std::string::npos || a >= end) break;
+    size_t ce = text.find(kCallEnd, a);
+    if (ce == std::string::npos || ce > end) ce = end;
+    std::string id = text.substr(c + kCall.size(), a - c - kCall.size());
+    while (!id.empty() && std::isspace(uint8_t(id.back()))) id.pop_back();
+    while (!id.empty() && std::isspace(uint8_t(id.front()))) id.erase(id.begin());
+    // Kimi's ids are "functions.NAME:INDEX".
+    std::string name = id;
+    if (name.rfind("functions.", 0) == 0) name = name.substr(10);
+    if (const size_t colon = name.rfind(':'); colon != std::string::npos) name.resize(colon);
+    const std::string args = text.substr(a + kArgs.size(), ce - a - kArgs.size());
+    out.calls.push_back({{"id", id.empty() ? "call_" + std::to_string(index) : id},
+                         {"type", "function"},
+                         {"function", {{"name", name}, {"arguments", args}}}});
+    pos = ce;
+  }
+  return out;
+}
+
+namespace {
+
+std::string token_text(const Tokenizer& tok, int32_t id) {
+  return sanitize_utf8(tok.token_bytes(id));
+}
+
+json token_bytes_json(const Tokenizer& tok, int32_t id) {
+  json b = json::array();
+  for (unsigned char c : tok.token_bytes(id)) b.push_back(int(c));
+  return b;
+}
+
+}  // namespace
+
+json completion_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok, size_t offset,
+                         bool leading_null, int32_t first_id) {
+  json tokens = json::array(), token_lps = json::array(), tops = json::array(),
+       offsets = json::array();
+  auto add = [&](int32_t id, json lp, json top) {
+    const std::string t = token_text(tok, id);
+    tokens.push_back(t);
+    token_lps.push_back(std::move(lp));
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += t.size();
+  };
+  if (leading_null) add(first_id, nullptr, nullptr);
+  for (const TokenLogprob& l : lps) {
+    json top = json::object();
+    for (const auto& [id, lp] : l.top) top[token_text(tok, id)] = lp;
+    add(l.id, l.logprob, l.top.empty() ? json(nullptr) : top);
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_lps},
+          {"top_logprobs", tops},
+          {"text_offset", offsets}};
+}
+
+json echo_logprobs(const std::vector<int32_t>& prompt, const std::vector<TokenLogprob>& prompt_lps,
+                   const std::vector<TokenLogprob>& lps, const Tokenizer& tok) {
+  const size_t prompt_text = sanitize_utf8(tok.decode(prompt, false)).size();
+  json all = completion_logprobs(prompt_lps, tok, 0, true, prompt[0]);
+  json gen = completion_logprobs(lps, tok, prompt_text);
+  for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    for (auto& v : gen[k]) all[k].push_back(v);
+  return all;
+}
+
+json chat_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok) {
+  json content = json::array();
+  for (const TokenLogprob& l : lps) {
+    json top = json::array();
+    for (const auto& [id, lp] : l.top)
+      top.push_back(
+          {{"token", token_text(tok, id)}, {"logprob", lp}, {"bytes", token_bytes_json(tok, id)}});
+    content.push_back({{"token", token_text(tok, l.id)},
+                       {"logprob", l.logprob},
+                       {"bytes", token_bytes_json(tok, l.id)},
+                       {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+json completion_body(const CompletionRequest& req, const std::vector<ChoiceResult>& rs,
+                     const ResponseMeta& meta, const Tokenizer& tok) {
+  json choices = json::array();
+  int64_t prompt = 0, completion = 0;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const ChoiceResult& r = rs[i];
+    const std::vector<int32_t>& p = req.prompts[i / size_t(req.n)];
+    std::string text = r.text;
+    json logprobs = nullptr;
+    if (req.echo) {
+      const std::string ptext = sanitize_utf8(tok.decode(p, false));
+      text = ptext + text;
+      if (req.logprobs) logprobs = echo_logprobs(p, r.prompt_logprobs, r.logprobs, tok);
+    } else if (req.logprobs) {
+      logprobs = completion_logprobs(r.logprobs, tok, 0);
+    }
+    choices.push_back(
+        {{"index", i}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", r.finish_reason}});
+    // Each prompt counts once, whatever n is (as the OpenAI API counts it).
+    if (i % size_t(req.n) == 0) prompt += r.prompt_tokens;
+    completion += r.completion_tokens;
+  }
+  return {{"id", meta.id},           {"object", "text_completion"},
+          {"created", meta.created}, {"model", meta.model},
+          {"choices", choices},      {"usage", usage_json(prompt, completion)}};
+}
+
+json chat_body(const CompletionRequest& req, const std::vector<ChoiceResult>& rs,
+               const ResponseMeta& meta, const Tokenizer& tok) {
+  json choices = json::array();
+  int64_t prompt = 0, completion = 0;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const ChoiceResult& r = rs[i];
+    json msg = {{"role", "assistant"}, {"content", r.text}};
+    std::string finish = r.finish_reason;
+    if (req.tools_given) {
+      ToolCallSplit split = split_tool_calls(r.text);
+      if (!split.calls.empty()) {
+        msg["content"] = split.content.empty() ? json(nullptr) : json(split.content);
+        msg["tool_calls"] = split.calls;
+        finish = "tool_calls";
+      }
+    }
+    if (!r.reasoning.empty()) msg["reasoning_content"] = r.reasoning;
+    choices.push_back({{"index", i},
+                       {"message", msg},
+                       {"logprobs", req.logprobs ? chat_logprobs(r.logprobs, tok) : json(nullptr)},
+                       {"finish_reason", finish}});
+    if (i == 0) prompt = r.prompt_tokens;
+    completion += r.completion_tokens;
+  }
+  return {{"id", meta.id},           {"object", "chat.completion"},
+          {"created", meta.created}, {"model", meta.model},
+          {"choices", choices},      {"usage", usage_json(prompt, completion)}};
+}
+
+json completion_chunk(const ResponseMeta& meta, int index, const std::string& text, json logprobs,
+                      std::optional<std::string> finish) {
+  return {{"id", meta.id},
+          {"object", "text_completion"},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"choices", json::array({{{"index", index},
+                                    {"text", text},
+                                    {"logprobs", std::move(logprobs)},
+                                    {"finish_reason", finish ? json(*finish) : json(nullptr)}}})}};
+}
+
+json chat_chunk(const ResponseMeta& meta, int index, json delta, json logprobs,
+                std::optional<std::string> finish) {
+  return {{"id", meta.id},
+          {"object", "chat.completion.chunk"},
+          {"created", meta.created},
+          {"model", meta.model},
+          {"choices", json::array({{{"index", index},
+                                    {"delta", std::move(delta)},
+                                    {"logprobs", std::move(logprobs)},
+                                    {"finish_reason", finish ? json(*finish) : json(nullptr)}}})}};
+}
+
+}  // namespace md::server

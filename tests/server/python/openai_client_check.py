@@ -1,0 +1,114 @@
+"""The official `openai` package against `megadecode serve`: completions and chat, streamed and
+not, include_usage, logprobs, errors. Run by tests/server/python/run_openai_check.sh.
+
+usage: openai_client_check.py MEGADECODE_BINARY MODEL_DIR
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import openai
+from openai import OpenAI
+
+
+def start_server(binary, model, log_path):
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [binary, "serve", "--model", model, "--port", "0", "--workers", "1", "--max-batch", "4",
+         "--served-model-name", "tiny", "--api-key", "k", "--max-model-len", "512"],
+        stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", open(log_path).read())
+        if m:
+            return proc, int(m.group(1))
+        if proc.poll() is not None:
+            raise SystemExit("serve exited: " + open(log_path).read())
+        time.sleep(0.05)
+    raise SystemExit("serve did not start")
+
+
+def check(cond, what):
+    if not cond:
+        raise SystemExit("FAILED: " + what)
+
+
+def main():
+    binary, model = sys.argv[1], sys.argv[2]
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, port = start_server(binary, model, os.path.join(tmp, "log"))
+        try:
+            client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+            models = client.models.list()
+            check(models.data[0].id == "tiny", "models.list")
+
+            c = client.completions.create(model="tiny", prompt="Once upon", max_tokens=6,
+                                          temperature=0, logprobs=2,
+                                          extra_body={"ignore_eos": True})
+            check(c.object == "text_completion", "completion object")
+            check(c.usage.completion_tokens == 6, "completion usage")
+            check(len(c.choices[0].logprobs.tokens) == 6, "completion logprobs")
+            check(len(c.choices[0].logprobs.top_logprobs[0]) <= 2, "top logprobs")
+
+            text = ""
+            usage = None
+            for chunk in client.completions.create(model="tiny", prompt="Once upon", max_tokens=6,
+                                                   temperature=0, stream=True,
+                                                   stream_options={"include_usage": True},
+                                                   extra_body={"ignore_eos": True}):
+                if chunk.choices:
+                    text += chunk.choices[0].text
+                if chunk.usage:
+                    usage = chunk.usage
+            check(text == c.choices[0].text, "streamed completion text == non-streamed")
+            check(usage is not None and usage.completion_tokens == 6, "stream include_usage")
+
+            messages = [{"role": "system", "content": "be brief"},
+                        {"role": "user", "content": "hello"}]
+            r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=8,
+                                               temperature=0, logprobs=True, top_logprobs=2,
+                                               extra_body={"ignore_eos": True})
+            check(r.choices[0].message.role == "assistant", "chat role")
+            check(len(r.choices[0].logprobs.content) == 8, "chat logprobs")
+            check(r.usage.total_tokens == r.usage.prompt_tokens + 8, "chat usage")
+
+            content = ""
+            finish = None
+            for chunk in client.chat.completions.create(model="tiny", messages=messages,
+                                                        max_tokens=8, temperature=0, stream=True,
+                                                        extra_body={"ignore_eos": True}):
+                if chunk.choices:
+                    content += chunk.choices[0].delta.content or ""
+                    finish = chunk.choices[0].finish_reason or finish
+            check(content == r.choices[0].message.content, "streamed chat == non-streamed")
+            check(finish == "length", "chat finish_reason")
+
+            try:
+                client.chat.completions.create(model="tiny", messages=[], max_tokens=2)
+                check(False, "empty messages accepted")
+            except openai.BadRequestError as e:
+                check(e.body["param"] == "messages", "error names the field")
+            try:
+                client.completions.create(model="other", prompt="x", max_tokens=2)
+                check(False, "unknown model accepted")
+            except openai.NotFoundError:
+                pass
+            try:
+                OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong",
+                       max_retries=0).models.list()
+                check(False, "wrong api key accepted")
+            except openai.AuthenticationError:
+                pass
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(timeout=20)
+        check(rc == 0, f"serve exit status {rc}")
+    print("openai client check: OK")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+// `megadecode serve` as a process: it prints its address, answers, logs one line per request,
+// and exits 0 soon after SIGTERM (and SIGINT) even with a stream running.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "megadecode/base/util.h"
+#include "test_util.h"
+
+namespace md {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+struct ServeProcess {
+  pid_t pid = -1;
+  int port = 0;
+  test::TempDir dir{"serve"};
+  explicit ServeProcess(const std::string& args) {
+    const std::string log = dir / "err";
+    pid = fork();
+    if (pid == 0) {
+      const std::string cmd =
+          std::string("exec ") + MD_CLI_PATH + " serve " + args + " --port 0 > /dev/null 2> " + log;
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), nullptr);
+      _exit(127);
+    }
+    // (No std::regex: GCC 12 warns inside it under the sanitizer builds' -O1.)
+    const std::string addr = "http://127.0.0.1:";
+    for (int i = 0; i < 3000 && port == 0; ++i) {
+      const std::string s = slurp(log);
+      const size_t at = s.find(addr);
+      // The whole line is there once " serving" follows the port.
+      if (at != std::string::npos && s.find(" serving", at) != std::string::npos)
+        port = std::atoi(s.c_str() + at + addr.size());
+      if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  std::string log() { return slurp(dir / "err"); }
+  // Sends `sig` and waits (up to 20 s) for the exit status.
+  int stop(int sig, double* seconds) {
+    const double t0 = now_seconds();
+    kill(pid, sig);
+    int status = 0;
+    for (int i = 0; i < 2000; ++i) {
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        *seconds = now_seconds() - t0;
+        pid = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+  ~ServeProcess() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+TEST(ServerCli, ServesAndExitsCleanlyOnSignals) {
+  const std::string model = test::shared_text_checkpoint("tiny", 5);
+  for (int sig : {SIGTERM, SIGINT}) {
+    // SIGINT runs on the reference executor, to cover --executor reference too.
+    ServeProcess p("--model " + model + " --workers 1 --max-batch 2 --served-model-name tiny " +
+                   "--shutdown-grace 0.5" + (sig == SIGINT ? " --executor reference" : ""));
+    ASSERT_GT(p.port, 0) << p.log();
+    EXPECT_THAT(p.log(), HasSubstr("serving 'tiny'"));
+    httplib::Client c("127.0.0.1", p.port);
+    auto r = c.Post("/v1/completions", R"({"prompt":"hi","max_tokens":3,"model":"tiny"})",
+                    "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    // A long stream is running when the signal comes: it is cut at the grace period.
+    std::thread streamer([&] {
+      httplib::Client s("127.0.0.1", p.port);
+      s.set_read_timeout(30);
+      s.Post("/v1/completions",
+             R"({"prompt":"hi","max_tokens":16000,"ignore_eos":true,"stream":true})",
+             "application/json");
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    double seconds = 0;
+    EXPECT_EQ(p.stop(sig, &seconds), 0) << p.log();
+    EXPECT_LT(seconds, 10.0);
+    streamer.join();
+    const std::string log = p.log();
+    EXPECT_THAT(log, HasSubstr("POST /v1/completions 200 prompt_tokens="));
+    EXPECT_THAT(log, HasSubstr("completion_tokens=3"));
+    EXPECT_THAT(log, HasSubstr("stopped"));
+  }
+}
+
+// A Kimi K3 checkpoint: the chat's generation prompt opens the think channel, so the text goes
+// to reasoning_content; with thinking off it opens the response, so it goes to content.
+TEST(ServerCli, KimiK3ThinkChannelIsReasoningContent) {
+  test::TempDir d("k3serve");
+  auto made = test::run_cli("make-model --preset k3-tiny --seed 2 --out " + d.path() + " --force");
+  ASSERT_EQ(made.status, 0) << made.err;
+  ServeProcess p("--model " + d.path() + " --workers 1 --max-batch 1 --max-model-len 1024");
+  ASSERT_GT(p.port, 0) << p.log();
+  httplib::Client c("127.0.0.1", p.port);
+  c.set_read_timeout(60);
+  auto chat = [&](bool thinking) {
+    nlohmann::json body = {{"messages", {{{"role", "user"}, {"content", "hello"}}}},
+                           {"max_tokens", 12},
+                           {"temperature", 0},
+                           {"ignore_eos", true},
+                           {"chat_template_kwargs", {{"thinking", thinking}}}};
+    auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    return nlohmann::json::parse(r->body)["choices"][0]["message"];
+  };
+  const nlohmann::json think = chat(true), plain = chat(false);
+  ASSERT_TRUE(think.contains("reasoning_content")) << think.dump();
+  EXPECT_FALSE(think["reasoning_content"].get<std::string>().empty());
+  EXPECT_FALSE(plain.contains("reasoning_content")) << plain.dump();
+  EXPECT_FALSE(plain["content"].get<std::string>().empty()) << plain.dump();
+  double seconds = 0;
+  EXPECT_EQ(p.stop(SIGTERM, &seconds), 0) << p.log();
+}
+
+TEST(ServerCli, BadFlagsAreOneLineErrors) {
+  const std::string model = test::shared_text_checkpoint("tiny", 5);
+  auto r = test::run_cli("serve --model " + model + " --max-model-len 100000 --port 0");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("--max-model-len"));
+  r = test::run_cli("serve --model /nonexistent --port 0");
+  EXPECT_EQ(r.status, 1);
+}
+
+}  // namespace
+}  // namespace md

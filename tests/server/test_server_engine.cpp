@@ -1,0 +1,313 @@
+// The engine loop: continuous batching gives every sequence exactly its solo tokens (the
+// executors are bit-identical per sequence, whatever the batch and the chunking), a cancelled
+// request leaves within one step and frees its slot, and a full queue is refused at once.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "megadecode/base/error.h"
+#include "megadecode/exec/reference_executor.h"
+#include "server/server_test_util.h"
+
+namespace md {
+namespace {
+
+using server::ChoiceEvent;
+using server::EngineLoop;
+using server::EngineOptions;
+using server::EngineRequest;
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string text, finish;
+  int completion_tokens = 0;
+};
+
+Outcome collect(server::RequestStream& s) {
+  Outcome o;
+  ChoiceEvent e;
+  while (!s.finished())
+    if (s.next(e, 5.0)) {
+      EXPECT_TRUE(e.error.empty()) << e.error;
+      o.tokens.insert(o.tokens.end(), e.tokens.begin(), e.tokens.end());
+      o.text += e.text;
+      if (e.finish_reason) {
+        o.finish = *e.finish_reason;
+        o.completion_tokens = e.completion_tokens;
+      }
+    }
+  return o;
+}
+
+EngineRequest greedy_request(std::vector<int32_t> prompt, int max_tokens) {
+  server::ChoiceSpec c;
+  c.prompt = std::move(prompt);
+  c.sampling.temperature = 0;
+  c.sampling.max_tokens = max_tokens;
+  EngineRequest r;
+  r.choices.push_back(std::move(c));
+  return r;
+}
+
+// Prompts of different lengths (several prefill chunks, a chunk exactly, one token).
+std::vector<std::vector<int32_t>> prompts(const Tokenizer& tok) {
+  std::vector<std::vector<int32_t>> ps;
+  const char* texts[] = {"The quick brown fox jumps over the lazy dog again and again",
+                         "hello",
+                         "a b c d e f g h i j k l m n o p",
+                         "Once upon a time",
+                         "x",
+                         "Numbers: 1 2 3 4 5 6 7 8 9 10 11 12",
+                         "the the the",
+                         "zebra"};
+  for (const char* t : texts) ps.push_back(tok.encode(t, true));
+  return ps;
+}
+
+TEST(ServerEngine, BatchedGreedyEqualsSolo) {
+  test::ServedModel m(8);
+  EngineOptions o;
+  o.max_batch = 8;
+  o.prefill_chunk = 5;
+  o.max_model_len = 512;
+  const auto ps = prompts(*m.tok);
+  const int kTokens = 20;
+  // The solo reference: Generator over the same executor kind, one sequence at a time.
+  std::vector<std::vector<int32_t>> solo;
+  {
+    CpuExecutor ex1(*m.model, 1, ExecutorKind::kMegakernel, [] {
+      ExecutorOptions eo;
+      eo.workers = 2;
+      eo.pin = false;
+      return eo;
+    }());
+    Generator g(*m.model, *m.tok);
+    g.set_executor(&ex1, 7);
+    for (const auto& p : ps) {
+      SamplingParams sp;
+      sp.temperature = 0;
+      sp.max_tokens = kTokens;
+      solo.push_back(g.generate(p, sp).tokens);
+    }
+  }
+  EngineLoop loop(*m.ex, *m.tok, o);
+  // Alone, through the loop.
+  for (size_t i = 0; i < ps.size(); ++i)
+    EXPECT_EQ(collect(*loop.submit(greedy_request(ps[i], kTokens))).tokens, solo[i]) << i;
+  // All eight at once, then staggered arrivals (prefill beside decode steps).
+  std::vector<std::shared_ptr<server::RequestStream>> streams;
+  for (const auto& p : ps) streams.push_back(loop.submit(greedy_request(p, kTokens)));
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const Outcome out = collect(*streams[i]);
+    EXPECT_EQ(out.tokens, solo[i]) << "batched " << i;
+    EXPECT_EQ(out.finish, "length");
+    EXPECT_EQ(out.completion_tokens, kTokens);
+  }
+  streams.clear();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    streams.push_back(loop.submit(greedy_request(ps[i], kTokens)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2 * int(i)));
+  }
+  for (size_t i = 0; i < ps.size(); ++i)
+    EXPECT_EQ(collect(*streams[i]).tokens, solo[i]) << "staggered " << i;
+  EXPECT_EQ(loop.counters().running.load(), 0);
+  EXPECT_GT(loop.counters().steps.load(), 0);
+}
+
+// A long prompt arriving beside a decoding stream is prefilled one chunk a step inside the
+// stream's steps: the stream gets a token every step, and the prompt takes ceil(len / chunk)
+// steps (never one frozen step for the whole prompt, never steps without the stream).
+TEST(ServerEngine, LongPromptIsInterleavedChunkByChunk) {
+  test::ServedModel m(2);
+  EngineOptions o;
+  o.max_batch = 2;
+  o.prefill_chunk = 8;
+  o.max_model_len = 1024;
+  EngineLoop loop(*m.ex, *m.tok, o);
+  auto a = loop.submit(greedy_request(m.tok->encode("hello", true), 100));
+  ChoiceEvent e;
+  int a_tokens = 0;
+  while (a_tokens < 2)
+    if (a->next(e, 5.0)) a_tokens += int(e.tokens.size());
+  std::vector<int32_t> long_prompt(200);
+  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = int32_t(1 + i % 50);
+  auto b = loop.submit(greedy_request(long_prompt, 1));
+  const Outcome bo = collect(*b);
+  // a's tokens so far (the stream may hold some not yet read).
+  const int64_t tokens_when_b_done = loop.counters().generation_tokens.load() - 1;
+  const Outcome ao = collect(*a);
+  EXPECT_EQ(bo.tokens.size(), 1u);
+  EXPECT_EQ(int(ao.tokens.size()) + a_tokens, 100);
+  EXPECT_GE(tokens_when_b_done, 2 + 200 / 8 - 1) << "the prompt went in fewer steps than chunks";
+  // Every step but a's own prefill decoded a: b's chunks added no step of their own.
+  EXPECT_LE(loop.counters().steps.load(), 1 + 100);
+}
+
+// The reference path behind the Executor interface: served greedy tokens equal Generator's on
+// the reference path (one prefill call, then one forward a token), alone and beside others.
+TEST(ServerEngine, ReferenceExecutorServesTheReferenceTokens) {
+  test::ServedModel m(1);
+  ReferenceExecutor ex(*m.model, 4, m.model->options().states);
+  EngineOptions o;
+  o.max_batch = 4;
+  o.prefill_chunk = 64;  // every prompt in one forward call, as Generator prefills
+  o.max_model_len = 512;
+  const auto ps = prompts(*m.tok);
+  std::vector<std::vector<int32_t>> solo;
+  {
+    Generator g(*m.model, *m.tok);
+    for (size_t i = 0; i < 4; ++i) {
+      SamplingParams sp;
+      sp.temperature = 0;
+      sp.max_tokens = 10;
+      solo.push_back(g.generate(ps[i], sp).tokens);
+    }
+  }
+  EngineLoop loop(ex, *m.tok, o);
+  std::vector<std::shared_ptr<server::RequestStream>> streams;
+  for (size_t i = 0; i < 4; ++i) streams.push_back(loop.submit(greedy_request(ps[i], 10)));
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(collect(*streams[i]).tokens, solo[i]) << i;
+  EXPECT_THROW(ex.plan(1, 1), Error);
+}
+
+TEST(ServerEngine, StopIdsStopStringsAndSampling) {
+  test::ServedModel m(2);
+  EngineOptions o;
+  o.max_batch = 2;
+  o.max_model_len = 256;
+  EngineLoop loop(*m.ex, *m.tok, o);
+  const auto p = m.tok->encode("Once upon a time", true);
+  const Outcome free_run = collect(*loop.submit(greedy_request(p, 12)));
+  ASSERT_EQ(free_run.tokens.size(), 12u);
+  // A stop id at the 4th generated token ends there (the id is reported, its text is not).
+  EngineRequest r = greedy_request(p, 12);
+  r.choices[0].sampling.stop_token_ids = {free_run.tokens[3]};
+  const Outcome stopped = collect(*loop.submit(r));
+  const auto first = std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[3]);
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(free_run.tokens.begin(), first + 1));
+  EXPECT_EQ(stopped.finish, "stop");
+  // Sampled with a seed: reproducible, and equal to the Generator's draw.
+  EngineRequest s = greedy_request(p, 10);
+  s.choices[0].sampling.temperature = 0.9f;
+  s.choices[0].sampling.seed = 11;
+  const Outcome a = collect(*loop.submit(s)), b = collect(*loop.submit(s));
+  EXPECT_EQ(a.tokens, b.tokens);
+  // The executor outlives the generator, whose sequence lives in the executor's pool.
+  CpuExecutor ex1(*m.model, 1, ExecutorKind::kMegakernel, [] {
+    ExecutorOptions eo;
+    eo.workers = 2;
+    eo.pin = false;
+    return eo;
+  }());
+  Generator g(*m.model, *m.tok);
+  g.set_executor(&ex1, 16);
+  EXPECT_EQ(g.generate(p, s.choices[0].sampling).tokens, a.tokens);
+  EXPECT_NE(a.tokens, std::vector<int32_t>(free_run.tokens.begin(), free_run.tokens.begin() + 10))
+      << "sampling stayed greedy: the test cannot tell";
+}
+
+TEST(ServerEngine, CancelFreesTheSlotWithinOneStep) {
+  test::ServedModel m(1);
+  EngineOptions o;
+  o.max_batch = 1;
+  o.max_queue = 4;
+  o.max_model_len = 4096;
+  EngineLoop loop(*m.ex, *m.tok, o);
+  const auto p = m.tok->encode("hello", true);
+  auto s = loop.submit(greedy_request(p, 4000));
+  auto waiting = loop.submit(greedy_request(p, 5));  // needs the only slot
+  ChoiceEvent e;
+  int seen = 0;
+  while (seen < 3)
+    if (s->next(e, 5.0)) seen += int(e.tokens.size());
+  // Only `s` runs (the other waits for its slot), so the generated-token counter is its count;
+  // a step already under way may add one more, then the sequence leaves.
+  const int64_t tokens_at_cancel = loop.counters().generation_tokens.load();
+  s->cancel();
+  Outcome out;
+  while (!s->finished())
+    if (s->next(e, 5.0) && e.finish_reason) {
+      out.finish = *e.finish_reason;
+      out.completion_tokens = e.completion_tokens;
+    }
+  EXPECT_EQ(out.finish, "abort");
+  EXPECT_LE(out.completion_tokens, tokens_at_cancel + 1);
+  EXPECT_GE(out.completion_tokens, 3);
+  // The slot went to the waiting request, which completes normally.
+  EXPECT_EQ(collect(*waiting).finish, "length");
+  EXPECT_EQ(loop.counters().running.load(), 0);
+}
+
+TEST(ServerEngine, FullQueueIsRefusedAndShutdownAborts) {
+  test::ServedModel m(1);
+  EngineOptions o;
+  o.max_batch = 1;
+  o.max_queue = 1;
+  o.max_model_len = 4096;
+  auto loop = std::make_unique<EngineLoop>(*m.ex, *m.tok, o);
+  const auto p = m.tok->encode("hello", true);
+  auto a = loop->submit(greedy_request(p, 4000));
+  // Wait until `a` holds the slot, then one may wait and the next is refused.
+  while (loop->counters().running.load() == 0) std::this_thread::yield();
+  auto b = loop->submit(greedy_request(p, 4000));
+  try {
+    loop->submit(greedy_request(p, 4));
+    ADD_FAILURE() << "a full queue accepted a request";
+  } catch (const server::ApiError& e) {
+    EXPECT_EQ(e.status, 503);
+    EXPECT_EQ(e.code, "queue_full");
+  }
+  loop->shutdown(0.0);
+  EXPECT_EQ(collect(*a).finish, "abort");
+  EXPECT_EQ(collect(*b).finish, "abort");
+  try {
+    loop->submit(greedy_request(p, 4));
+    ADD_FAILURE() << "a stopped loop accepted a request";
+  } catch (const server::ApiError& e) {
+    EXPECT_EQ(e.status, 503);
+  }
+}
+
+TEST(ServerEngine, LogprobsAndEchoPromptLogprobs) {
+  test::ServedModel m(1);
+  EngineOptions o;
+  o.max_batch = 1;
+  o.max_model_len = 256;
+  o.prefill_chunk = 3;
+  EngineLoop loop(*m.ex, *m.tok, o);
+  const auto p = m.tok->encode("The quick brown fox", true);
+  EngineRequest r = greedy_request(p, 4);
+  r.top_logprobs = 3;
+  r.prompt_logprobs = true;
+  auto s = loop.submit(r);
+  std::vector<server::TokenLogprob> gen, prompt;
+  ChoiceEvent e;
+  while (!s->finished())
+    if (s->next(e, 5.0)) {
+      gen.insert(gen.end(), e.logprobs.begin(), e.logprobs.end());
+      if (!e.prompt_logprobs.empty()) prompt = e.prompt_logprobs;
+    }
+  ASSERT_EQ(gen.size(), 4u);
+  ASSERT_EQ(prompt.size(), p.size() - 1);
+  for (size_t i = 0; i < prompt.size(); ++i) EXPECT_EQ(prompt[i].id, p[i + 1]);
+  // Greedy: the chosen token is the most likely one; logprobs are <= 0 and the tops descend.
+  for (const auto& l : gen) {
+    ASSERT_EQ(l.top.size(), 3u);
+    EXPECT_EQ(l.top[0].first, l.id);
+    EXPECT_FLOAT_EQ(l.top[0].second, l.logprob);
+    EXPECT_LE(l.logprob, 0.0f);
+    EXPECT_GE(l.top[0].second, l.top[1].second);
+    EXPECT_GE(l.top[1].second, l.top[2].second);
+  }
+  // The prompt logprobs are those of the model's logits: check one by hand.
+  SequenceState seq = m.model->new_sequence();
+  std::vector<float> logits(size_t(m.model->config().vocab_size));
+  m.model->forward(seq, std::span(p.data(), 1), logits.data(), false);
+  double mx = *std::max_element(logits.begin(), logits.end()), sum = 0;
+  for (float x : logits) sum += std::exp(double(x) - mx);
+  EXPECT_NEAR(prompt[0].logprob, double(logits[size_t(p[1])]) - mx - std::log(sum), 1e-3);
+}
+
+}  // namespace
+}  // namespace md

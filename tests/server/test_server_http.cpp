@@ -1,0 +1,409 @@
+// The HTTP front end against a server started in-process on a free loopback port, with
+// cpp-httplib's client (and a raw socket for the disconnect test).
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "megadecode/server/http_server.h"
+#include "server/server_test_util.h"
+
+namespace md {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+// A server on 127.0.0.1:<free port> over the tiny model, serving from a thread of its own.
+struct TestServer {
+  test::ServedModel m;
+  server::Metrics metrics;
+  std::unique_ptr<server::EngineLoop> engine;
+  std::unique_ptr<server::HttpServer> http;
+  std::thread thread;
+  int port = 0;
+  explicit TestServer(int max_batch = 8, std::string api_key = "", size_t max_body = 1 << 20)
+      : m(max_batch) {
+    signal(SIGPIPE, SIG_IGN);
+    server::EngineOptions eo;
+    eo.max_batch = max_batch;
+    eo.max_queue = 32;
+    eo.max_model_len = 4096;
+    eo.prefill_chunk = 8;
+    engine = std::make_unique<server::EngineLoop>(*m.ex, *m.tok, eo, metrics.observer());
+    server::ServerOptions so;
+    so.port = 0;
+    so.api_key = std::move(api_key);
+    so.model_names = {"tiny"};
+    so.max_body_bytes = max_body;
+    so.http_threads = 32;
+    so.access_log = nullptr;
+    http = std::make_unique<server::HttpServer>(*m.gen, *engine, metrics, so);
+    port = http->bind();
+    thread = std::thread([this] { http->run(); });
+  }
+  ~TestServer() {
+    engine->shutdown(0);
+    http->stop();
+    thread.join();
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port);
+    c.set_read_timeout(60);
+    return c;
+  }
+};
+
+json post_json(const TestServer& s, const std::string& path, const json& body, int want = 200) {
+  auto c = s.client();
+  auto r = c.Post(path.c_str(), body.dump(), "application/json");
+  EXPECT_TRUE(r) << path;
+  if (!r) return {};
+  EXPECT_EQ(r->status, want) << r->body;
+  return json::parse(r->body);
+}
+
+// The data payloads of an SSE body, in order ("[DONE]" included).
+std::vector<std::string> sse_data(const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    out.push_back(body.substr(pos + 6, end - pos - 6));
+    pos = end;
+  }
+  return out;
+}
+
+class ServerHttp : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new TestServer(8); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  static TestServer* server_;
+};
+TestServer* ServerHttp::server_ = nullptr;
+
+TEST_F(ServerHttp, InfoEndpoints) {
+  auto c = server_->client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  auto v = c.Get("/version");
+  ASSERT_TRUE(v);
+  EXPECT_EQ(json::parse(v->body)["version"], "0.1.0");
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  const json mj = json::parse(models->body);
+  EXPECT_EQ(mj["object"], "list");
+  EXPECT_EQ(mj["data"][0]["id"], "tiny");
+  EXPECT_EQ(mj["data"][0]["max_model_len"], 4096);
+  auto api = c.Get("/openapi.json");
+  ASSERT_TRUE(api);
+  const json aj = json::parse(api->body);
+  for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize",
+                        "/detokenize", "/metrics", "/health", "/version"})
+    EXPECT_TRUE(aj["paths"].contains(p)) << p;
+  auto none = c.Get("/v1/nothing");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->status, 404);
+  EXPECT_TRUE(json::parse(none->body)["error"].contains("message"));
+  // tokenize / detokenize round trip.
+  const json t = post_json(*server_, "/tokenize", {{"prompt", "hello world"}});
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), server_->m.tok->encode("hello world", true));
+  EXPECT_EQ(t["count"], t["tokens"].size());
+  const json d = post_json(*server_, "/detokenize", {{"tokens", t["tokens"]}});
+  EXPECT_EQ(d["prompt"], "hello world");
+}
+
+TEST_F(ServerHttp, CompletionMatchesTheGenerator) {
+  const std::vector<int32_t> prompt = server_->m.tok->encode("The quick brown fox", true);
+  SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 8;
+  CpuExecutor ex1(*server_->m.model, 1, ExecutorKind::kMegakernel, [] {
+    ExecutorOptions eo;
+    eo.workers = 2;
+    eo.pin = false;
+    return eo;
+  }());
+  Generator g(*server_->m.model, *server_->m.tok);
+  g.set_executor(&ex1, 16);
+  const GenerationResult want = g.generate(prompt, sp);
+  const json r = post_json(*server_, "/v1/completions",
+                           {{"model", "tiny"},
+                            {"prompt", prompt},
+                            {"max_tokens", 8},
+                            {"temperature", 0},
+                            {"ignore_eos", true}});
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["choices"][0]["text"], want.text);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r["usage"]["prompt_tokens"], prompt.size());
+  EXPECT_EQ(r["usage"]["completion_tokens"], 8);
+  EXPECT_EQ(r["usage"]["total_tokens"], prompt.size() + 8);
+  // echo + logprobs: an entry per prompt token (the first without a logprob) and per token.
+  const json e = post_json(*server_, "/v1/completions",
+                           {{"prompt", prompt},
+                            {"max_tokens", 3},
+                            {"temperature", 0},
+                            {"ignore_eos", true},
+                            {"echo", true},
+                            {"logprobs", 2}});
+  const json& lp = e["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), prompt.size() + 3);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["token_logprobs"][1].is_number());
+  EXPECT_EQ(lp["top_logprobs"][prompt.size()].size(), 2u);
+  EXPECT_EQ(e["choices"][0]["text"].get<std::string>().rfind(
+                sanitize_utf8(server_->m.tok->decode(prompt)), 0),
+            0u);
+  // The same streamed: the prompt text and its logprobs come with the first token.
+  auto c = server_->client();
+  auto st = c.Post("/v1/completions",
+                   json{{"prompt", prompt},
+                        {"max_tokens", 3},
+                        {"temperature", 0},
+                        {"ignore_eos", true},
+                        {"echo", true},
+                        {"logprobs", 2},
+                        {"stream", true}}
+                       .dump(),
+                   "application/json");
+  ASSERT_TRUE(st);
+  std::string streamed_text;
+  json streamed_tokens = json::array(), streamed_offsets = json::array();
+  for (const std::string& d : sse_data(st->body)) {
+    if (d == "[DONE]") break;
+    const json ch = json::parse(d)["choices"][0];
+    streamed_text += ch["text"].get<std::string>();
+    if (ch["logprobs"].is_object())
+      for (size_t k = 0; k < ch["logprobs"]["tokens"].size(); ++k) {
+        streamed_tokens.push_back(ch["logprobs"]["tokens"][k]);
+        streamed_offsets.push_back(ch["logprobs"]["text_offset"][k]);
+      }
+  }
+  EXPECT_EQ(streamed_text, e["choices"][0]["text"]);
+  EXPECT_EQ(streamed_tokens, lp["tokens"]);
+  EXPECT_EQ(streamed_offsets, lp["text_offset"]);
+  // lm-eval's loglikelihood request: echo, logprobs, no new tokens.
+  const json ll = post_json(
+      *server_, "/v1/completions",
+      {{"prompt", prompt}, {"max_tokens", 0}, {"echo", true}, {"logprobs", 1}, {"temperature", 0}});
+  EXPECT_EQ(ll["choices"][0]["logprobs"]["tokens"].size(), prompt.size());
+  EXPECT_EQ(ll["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(ll["choices"][0]["logprobs"]["token_logprobs"][1],
+            e["choices"][0]["logprobs"]["token_logprobs"][1]);
+  // n = 2 sampled choices with a seed: two choices, reproducible.
+  const json body = {
+      {"prompt", "hello"}, {"max_tokens", 6}, {"n", 2}, {"seed", 5}, {"ignore_eos", true}};
+  const json n1 = post_json(*server_, "/v1/completions", body),
+             n2 = post_json(*server_, "/v1/completions", body);
+  ASSERT_EQ(n1["choices"].size(), 2u);
+  EXPECT_EQ(n1["choices"][1]["index"], 1);
+  EXPECT_EQ(n1["choices"], n2["choices"]);
+  EXPECT_EQ(n1["usage"]["completion_tokens"], 12);
+}
+
+TEST_F(ServerHttp, ChatStreamEqualsNonStream) {
+  const json body = {{"messages", {{{"role", "user"}, {"content", "tell me a story"}}}},
+                     {"max_tokens", 10},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"logprobs", true},
+                     {"top_logprobs", 1}};
+  const json whole = post_json(*server_, "/v1/chat/completions", body);
+  EXPECT_EQ(whole["object"], "chat.completion");
+  EXPECT_EQ(whole["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(whole["choices"][0]["logprobs"]["content"].size(), 10u);
+  json sbody = body;
+  sbody["stream"] = true;
+  sbody["stream_options"] = {{"include_usage", true}};
+  auto c = server_->client();
+  auto r = c.Post("/v1/chat/completions", sbody.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_THAT(r->get_header_value("Content-Type"), HasSubstr("text/event-stream"));
+  const auto data = sse_data(r->body);
+  ASSERT_GE(data.size(), 3u);
+  EXPECT_EQ(data.back(), "[DONE]");
+  std::string content;
+  int logprob_entries = 0;
+  std::string finish;
+  for (size_t i = 0; i + 2 < data.size(); ++i) {
+    const json ch = json::parse(data[i]);
+    EXPECT_EQ(ch["object"], "chat.completion.chunk");
+    EXPECT_TRUE(ch.contains("usage") && ch["usage"].is_null());
+    const json& delta = ch["choices"][0]["delta"];
+    if (i == 0) {
+      EXPECT_EQ(delta["role"], "assistant");
+    }
+    if (delta.contains("content")) content += delta["content"].get<std::string>();
+    if (ch["choices"][0]["logprobs"].is_object())
+      logprob_entries += int(ch["choices"][0]["logprobs"]["content"].size());
+    if (!ch["choices"][0]["finish_reason"].is_null()) finish = ch["choices"][0]["finish_reason"];
+  }
+  const json usage = json::parse(data[data.size() - 2]);
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"], whole["usage"]);
+  EXPECT_EQ(content, whole["choices"][0]["message"]["content"]);
+  EXPECT_EQ(logprob_entries, 10);
+  EXPECT_EQ(finish, "length");
+}
+
+TEST_F(ServerHttp, BadInputsGetErrorsAndTheServerKeepsServing) {
+  auto c = server_->client();
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string param;
+  };
+  std::string huge_prompt = "[";
+  for (int i = 0; i < 4200; ++i) huge_prompt += i ? ",7" : "7";
+  huge_prompt += "]";
+  const std::vector<Case> cases = {
+      {"/v1/completions", "{not json", 400, ""},
+      {"/v1/completions", "{\"prompt\":\"\xc3\x28\"}", 400, ""},
+      {"/v1/completions", R"({"prompt":"a","model":"nope"})", 404, "model"},
+      {"/v1/completions", R"({"prompt":"a","max_tokens":-5})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt":"a","top_p":2})", 400, "top_p"},
+      {"/v1/completions", "{\"prompt\":" + huge_prompt + "}", 400, "prompt"},
+      {"/v1/completions", "{\"prompt\":" + std::string(5000, '[') + "}", 400, ""},
+      {"/v1/chat/completions", R"({"messages":[]})", 400, "messages"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"robot","content":"x"}]})", 400,
+       "messages.0.role"},
+      {"/v1/completions", "{\"prompt\":\"" + std::string(2 << 20, 'a') + "\"}", 413, ""},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.body.substr(0, 80));
+    auto r = c.Post(k.path.c_str(), k.body, "application/json");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, k.status) << r->body;
+    const json e = json::parse(r->body);
+    ASSERT_TRUE(e.contains("error")) << r->body;
+    EXPECT_FALSE(e["error"]["message"].get<std::string>().empty());
+    if (k.param.empty()) {
+      EXPECT_TRUE(e["error"]["param"].is_null()) << r->body;
+    } else {
+      EXPECT_EQ(e["error"]["param"], k.param);
+    }
+  }
+  post_json(*server_, "/v1/completions", {{"prompt", "still here"}, {"max_tokens", 2}});
+}
+
+TEST_F(ServerHttp, SixteenConcurrentClientsGetTheirSoloOutput) {
+  const int kClients = 16;
+  auto body = [](int i) {
+    return json{{"prompt", "client " + std::to_string(i) + std::string(size_t(i), '!')},
+                {"max_tokens", 12},
+                {"temperature", 0},
+                {"ignore_eos", true},
+                {"stream", i % 2 == 1}};
+  };
+  auto text_of = [](const httplib::Result& r, bool stream) {
+    if (!stream) return json::parse(r->body)["choices"][0]["text"].get<std::string>();
+    std::string t;
+    for (const std::string& d : sse_data(r->body))
+      if (d != "[DONE]") t += json::parse(d)["choices"][0]["text"].get<std::string>();
+    return t;
+  };
+  std::vector<std::string> solo(kClients), together(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    auto c = server_->client();
+    auto r = c.Post("/v1/completions", body(i).dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    solo[size_t(i)] = text_of(r, i % 2 == 1);
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i)
+    threads.emplace_back([&, i] {
+      auto c = server_->client();
+      auto r = c.Post("/v1/completions", body(i).dump(), "application/json");
+      if (r && r->status == 200)
+        together[size_t(i)] = text_of(r, i % 2 == 1);
+      else  // what went wrong, in place of the text
+        together[size_t(i)] = r ? "HTTP " + std::to_string(r->status) + ": " + r->body
+                                : "client error " + httplib::to_string(r.error());
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kClients; ++i) EXPECT_EQ(together[size_t(i)], solo[size_t(i)]) << i;
+}
+
+// Reads a streamed completion on a raw socket, hangs up after two chunks, and watches the slot
+// come free: the engine aborts the sequence at the next step after the failed write.
+TEST_F(ServerHttp, DisconnectMidStreamFreesTheSlot) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(server_->port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const auto& counters = server_->engine->counters();
+  const int64_t tokens_before = counters.generation_tokens.load();
+  const std::string body = json{
+      {"prompt", "go on"},
+      {"max_tokens", 4000},
+      {"ignore_eos", true},
+      {"stream", true}}.dump();
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(send(fd, req.data(), req.size(), 0), ssize_t(req.size()));
+  std::string got;
+  char buf[4096];
+  while (std::count(got.begin(), got.end(), '\n') < 12) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, size_t(n));
+  }
+  EXPECT_THAT(got, HasSubstr("data: {"));
+  close(fd);
+  for (int i = 0; i < 2000 && counters.running.load() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(counters.running.load(), 0);
+  // It left early: far fewer than its 4000 tokens were made.
+  EXPECT_LT(counters.generation_tokens.load() - tokens_before, 2000);
+  auto c = server_->client();
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_THAT(m->body, HasSubstr("megadecode_sequences_finished_total{finish_reason=\"abort\"}"));
+  EXPECT_THAT(m->body, HasSubstr("megadecode_time_to_first_token_seconds_bucket"));
+}
+
+TEST(ServerHttpAuth, ApiKeyIsRequiredOnV1) {
+  TestServer s(1, "sekret");
+  auto c = s.client();
+  const std::string body = R"({"prompt":"hi","max_tokens":2})";
+  auto no = c.Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(no);
+  EXPECT_EQ(no->status, 401);
+  EXPECT_EQ(json::parse(no->body)["error"]["code"], "invalid_api_key");
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(models->status, 401);
+  httplib::Headers wrong = {{"Authorization", "Bearer nope"}};
+  auto bad = c.Post("/v1/completions", wrong, body, "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 401);
+  httplib::Headers right = {{"Authorization", "Bearer sekret"}};
+  auto ok = c.Post("/v1/completions", right, body, "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  auto health = c.Get("/health");  // outside /v1: open
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+}
+
+}  // namespace
+}  // namespace md
