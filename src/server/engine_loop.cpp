@@ -326,11 +326,18 @@ void EngineLoop::step() {
     logit_rows += nl;
   }
 
+  // The logits come back only when a request asks for logprobs; otherwise the step returns just
+  // the tokens it drew (a CUDA executor's logits then stay on the device). The buffer is kept
+  // between steps (5 MB at batch 8 on a 163840-token vocabulary).
   const size_t V = size_t(ex_.model().config().vocab_size);
-  std::vector<float> logits(std::max<size_t>(size_t(logit_rows) * V, 1));
+  bool want_logits = false;
+  for (const Part& p : parts) want_logits = want_logits || p.slot->top_logprobs >= 0 ||
+                                            p.slot->prompt_logprobs;
+  if (want_logits && logits_.size() < size_t(logit_rows) * V) logits_.resize(size_t(logit_rows) * V);
+  const std::vector<float>& logits = logits_;
   std::vector<int32_t> next_ids(std::max(logit_rows, 1), -1);
   try {
-    ex_.step(seqs, logits.data(), next_ids.data(), rows);
+    ex_.step(seqs, want_logits ? logits_.data() : nullptr, next_ids.data(), rows);
   } catch (const std::exception& e) {
     // Bad state (a budget, the watchdog): the sequences of this step cannot go on.
     for (Part& p : parts) {

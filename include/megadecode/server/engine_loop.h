@@ -148,6 +148,7 @@ class EngineLoop {
   std::string failure_;
 
   std::vector<std::unique_ptr<Slot>> slots_;  // engine thread only
+  std::vector<float> logits_;                  // the steps' logits buffer (engine thread only)
   std::thread thread_;
 };
 
