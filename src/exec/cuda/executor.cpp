@@ -478,21 +478,22 @@ struct CudaExecutor::Impl {
     if (out_logits && lay.n_logits > 0)
       dev->copy(out_logits, h.logits, size_t(lay.n_logits) * size_t(c.vocab_size) * 4);
     std::vector<int32_t> ids;
-    if (next_ids && lay.n_logits > 0) {
+    const bool want_ids = next_ids && lay.n_logits > 0;
+    const size_t id_stride = want_ids ? p.buffers[p.next_ids_buffer].stride / 4 : 0;
+    if (want_ids) {
       const plan::BufferDesc& d = p.buffers[p.next_ids_buffer];
-      ids.resize(size_t(lay.n_logits) * d.stride / 4);
+      ids.resize(size_t(lay.n_logits) * id_stride);
       dev->copy(ids.data(), arena.as<uint8_t>() + d.offset, size_t(lay.n_logits) * d.stride);
-      dev->sync();
-      for (int j = 0; j < lay.n_logits; ++j) next_ids[j] = ids[size_t(j) * d.stride / 4];
     }
-    dev->sync();
+    dev->sync();  // both copies
+    if (want_ids)
+      for (int j = 0; j < lay.n_logits; ++j) next_ids[j] = ids[size_t(j) * id_stride];
     for (int b = 0; b < B; ++b) seqs[size_t(b)].seq->pos += lay.rows[size_t(b)];
     // The step's bytes need the experts its rows chose: read from the device only when
     // last_step_stats() is called, before the next step (one copy per MoE layer, kept out of the
     // step's time).
     stats_pending = {&dp, N, lay.pos, lay.rows};
-    stats = {};
-    stats.seconds = t_run;
+    stats.seconds = t_run;  // (reset when the step began)
   }
 
   // What finish_stats needs of the last step.
