@@ -6,58 +6,151 @@ tokens, each generating exactly --output-len tokens (ignore_eos), streamed; prin
 throughput, output tokens/s, time to first token and inter-token latency (p50/p99).
 
 soak mode (--soak SECONDS): --concurrency streaming clients loop for that long; prints errors
-(must be 0), requests served, and the server's RSS at start and end (--server-pid).
+(must be 0), requests served, and the server's RSS (--server-pid) at the start, after a tenth of
+the run (warm: buffers sized, pools filled) and at the end; fails if the end is more than 5% +
+16 MiB above the warm figure (a leak), or on any error.
 
-Standard library only (http.client, threads), so it runs anywhere the server does.
+Standard library only, so it runs anywhere the server does. One thread drives every connection
+through a selector and parses HTTP/1.1 chunked SSE by hand: on a host with few cores the client
+shares the CPUs with the server's workers, and every cycle it spends is taken from them, so it
+does as little per event as it can (a JSON parse only for the usage chunk and for errors). A
+thread per client with http.client cost about 3x the CPU here (bench/RESULTS.md).
 
   python3 bench/serve_bench.py --port 8000 --input-len 128 --output-len 64 --concurrency 1,2,4,8
   python3 bench/serve_bench.py --port 8000 --soak 600 --concurrency 64 --server-pid PID
 """
 import argparse
-import http.client
 import json
 import random
-import statistics
+import selectors
+import socket
 import sys
-import threading
 import time
 
 
-def stream_completion(host, port, body, timeout=600):
-    """Sends one streamed completion; returns (ttft, inter-token gaps, output tokens) or raises."""
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    t0 = time.perf_counter()
-    conn.request("POST", "/v1/completions", json.dumps(body),
-                 {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:200]!r}")
-    ttft, last, gaps, tokens, done = None, None, [], 0, False
-    for raw in resp:
-        line = raw.decode("utf-8", "replace").strip()
-        if not line.startswith("data: "):
-            continue
-        data = line[6:]
-        if data == "[DONE]":
-            done = True
+class Stream:
+    """One streamed completion on its own connection; feed() takes the bytes as they arrive."""
+
+    def __init__(self, host, port, body):
+        payload = json.dumps(body).encode()
+        self.sock = socket.create_connection((host, port))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.t0 = time.perf_counter()
+        self.sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\n"
+                          b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+                          b"Connection: close\r\n\r\n" % (host.encode(), len(payload)) + payload)
+        self.sock.setblocking(False)
+        self.raw = bytearray()      # bytes not yet parsed (headers, then chunk framing)
+        self.sse = bytearray()      # de-chunked body not yet split into events
+        self.status = None
+        self.ttft = None
+        self.last = None
+        self.gaps = []
+        self.tokens = 0
+        self.done = False           # saw data: [DONE]
+        self.error = None
+
+    def feed(self, data, now):
+        self.raw += data
+        if self.status is None:
+            end = self.raw.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(self.raw[:end]).decode("latin-1")
+            del self.raw[:end + 4]
+            self.status = int(head.split(" ", 2)[1])
+            if self.status != 200:
+                self.error = f"HTTP {self.status}"
+        while True:  # chunked transfer coding: "<hex size>\r\n<data>\r\n", size 0 ends it
+            eol = self.raw.find(b"\r\n")
+            if eol < 0:
+                break
+            size = int(bytes(self.raw[:eol]).split(b";")[0], 16) if eol else 0
+            if len(self.raw) < eol + 2 + size + 2:
+                break
+            self.sse += self.raw[eol + 2:eol + 2 + size]
+            del self.raw[:eol + 2 + size + 2]
+        while True:
+            end = self.sse.find(b"\n\n")
+            if end < 0:
+                return
+            event = bytes(self.sse[:end])
+            del self.sse[:end + 2]
+            self.event(event, now)
+
+    def event(self, event, now):
+        if not event.startswith(b"data: "):
+            return  # an SSE comment (keep-alive)
+        data = event[6:]
+        if data == b"[DONE]":
+            self.done = True
+        elif b'"error"' in data[:16]:
+            self.error = json.loads(data)["error"]["message"]
+        elif b'"usage":{' in data:
+            chunk = json.loads(data)
+            self.tokens = chunk["usage"]["completion_tokens"]
+            if chunk.get("choices"):
+                self.arrival(now)
+        else:
+            self.arrival(now)
+
+    def arrival(self, now):
+        if self.ttft is None:
+            self.ttft = now - self.t0
+        else:
+            self.gaps.append(now - self.last)
+        self.last = now
+
+    def result(self):
+        """(ttft, gaps, tokens), or raises with what went wrong."""
+        if self.error:
+            raise RuntimeError(self.error)
+        if not self.done:
+            raise RuntimeError("stream ended without [DONE]")
+        return self.ttft or 0.0, self.gaps, self.tokens
+
+
+def drive(host, port, bodies, concurrency, deadline=None, on_done=None):
+    """Runs the bodies with at most `concurrency` streams open; on_done(stream) after each. With a
+    deadline, bodies() is a generator consulted until then."""
+    sel = selectors.DefaultSelector()
+    open_streams = 0
+    source = iter(bodies)
+
+    def start():
+        nonlocal open_streams
+        if deadline is not None and time.time() >= deadline:
+            return False
+        body = next(source, None)
+        if body is None:
+            return False
+        try:
+            s = Stream(host, port, body)
+        except OSError as e:
+            on_done(None, f"connect: {e}")
+            return True
+        sel.register(s.sock, selectors.EVENT_READ, s)
+        open_streams += 1
+        return True
+
+    for _ in range(concurrency):
+        if not start():
             break
-        chunk = json.loads(data)
-        if "error" in chunk:
-            raise RuntimeError(chunk["error"]["message"])
-        now = time.perf_counter()
-        if chunk.get("usage"):
-            tokens = chunk["usage"]["completion_tokens"]
-        if not chunk.get("choices"):
-            continue
-        if ttft is None:
-            ttft = now - t0
-        elif last is not None:
-            gaps.append(now - last)
-        last = now
-    conn.close()
-    if not done:
-        raise RuntimeError("stream ended without [DONE]")
-    return ttft or 0.0, gaps, tokens
+    while open_streams:
+        for key, _ in sel.select(timeout=600):
+            s = key.data
+            try:
+                data = s.sock.recv(65536)
+            except OSError as e:
+                data, s.error = b"", s.error or f"recv: {e}"
+            if data:
+                s.feed(data, time.perf_counter())
+                continue
+            sel.unregister(s.sock)
+            s.sock.close()
+            open_streams -= 1
+            on_done(s, None)
+            start()
 
 
 def request_body(args, rng):
@@ -80,37 +173,27 @@ def bench(args):
         n = max(args.num_requests, conc)
         rng = random.Random(args.seed + conc)
         bodies = [request_body(args, rng) for _ in range(n)]
-        lock = threading.Lock()
         ttfts, gaps, tokens, errors = [], [], [0], []
 
-        def worker(queue):
-            while True:
-                with lock:
-                    if not queue:
-                        return
-                    body = queue.pop()
-                try:
-                    t, g, k = stream_completion(args.host, args.port, body)
-                    with lock:
-                        ttfts.append(t)
-                        gaps.extend(g)
-                        tokens[0] += k
-                except Exception as e:  # reported, never hidden
-                    with lock:
-                        errors.append(str(e))
+        def done(s, err):
+            try:
+                if err:
+                    raise RuntimeError(err)
+                t, g, k = s.result()
+                ttfts.append(t)
+                gaps.extend(g)
+                tokens[0] += k
+            except Exception as e:  # reported, never hidden
+                errors.append(str(e))
 
-        queue = list(bodies)
         t0 = time.perf_counter()
-        threads = [threading.Thread(target=worker, args=(queue,)) for _ in range(conc)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        drive(args.host, args.port, bodies, conc, on_done=done)
         wall = time.perf_counter() - t0
         print(f"{conc:>5} {len(ttfts) / wall:>8.2f} {tokens[0] / wall:>10.1f} "
               f"{pct(ttfts, 50) * 1e3:>9.1f} {pct(ttfts, 99) * 1e3:>9.1f} "
               f"{pct(gaps, 50) * 1e3:>8.2f} {pct(gaps, 99) * 1e3:>8.2f}"
-              + (f"  errors: {len(errors)} ({errors[0]})" if errors else ""))
+              + (f"  errors: {len(errors)} ({errors[0]})" if errors else ""), flush=True)
+    return 0
 
 
 def rss_kib(pid):
@@ -123,33 +206,38 @@ def rss_kib(pid):
 
 def soak(args):
     conc = int(args.concurrency.split(",")[-1])
-    stop = time.time() + args.soak
-    lock = threading.Lock()
+    rng = random.Random(args.seed)
     served, errors = [0], []
     rss_start = rss_kib(args.server_pid) if args.server_pid else -1
+    rss_warm = [-1]
+    t_warm = time.time() + args.soak / 10
 
-    def worker(i):
-        rng = random.Random(args.seed + i)
-        while time.time() < stop:
-            try:
-                stream_completion(args.host, args.port, request_body(args, rng))
-                with lock:
-                    served[0] += 1
-            except Exception as e:
-                with lock:
-                    errors.append(str(e))
+    def bodies():
+        while True:
+            yield request_body(args, rng)
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(conc)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    def done(s, err):
+        try:
+            if err:
+                raise RuntimeError(err)
+            s.result()
+            served[0] += 1
+        except Exception as e:
+            errors.append(str(e))
+        if args.server_pid and rss_warm[0] < 0 and time.time() >= t_warm:
+            rss_warm[0] = rss_kib(args.server_pid)
+
+    drive(args.host, args.port, bodies(), conc, deadline=time.time() + args.soak, on_done=done)
     rss_end = rss_kib(args.server_pid) if args.server_pid else -1
     print(f"soak: {conc} clients for {args.soak:.0f} s: {served[0]} requests served, "
-          f"{len(errors)} errors; server RSS {rss_start} KiB at start, {rss_end} KiB at end")
+          f"{len(errors)} errors; server RSS {rss_start} KiB at start, {rss_warm[0]} KiB warm, "
+          f"{rss_end} KiB at end")
     for e in errors[:5]:
         print("  error:", e)
-    return 1 if errors else 0
+    grew = rss_warm[0] > 0 and rss_end > rss_warm[0] * 1.05 + 16 * 1024
+    if grew:
+        print("  the server's RSS grew after warm-up: a leak?")
+    return 1 if errors or grew or served[0] == 0 else 0
 
 
 def main():
@@ -165,9 +253,7 @@ def main():
     ap.add_argument("--soak", type=float, default=0, help="soak mode: seconds to run")
     ap.add_argument("--server-pid", type=int, default=0, help="soak: the server, for its RSS")
     args = ap.parse_args()
-    if args.soak > 0:
-        sys.exit(soak(args))
-    bench(args)
+    sys.exit(soak(args) if args.soak > 0 else bench(args))
 
 
 if __name__ == "__main__":

@@ -29,8 +29,17 @@ std::pair<size_t, size_t> split_range(size_t n, int parts, int i, size_t align) 
   return {std::min(n, b0 * align), std::min(n, b1 * align)};
 }
 
-ThreadPool::ThreadPool(int n_threads, bool pin) : n_(n_threads > 0 ? n_threads : online_cpus()) {
-  if (pin) pin_current_thread(0);
+namespace {
+// Whether this thread has been bound to CPU 0 as some pool's worker 0.
+thread_local bool t_pinned_as_caller = false;
+}  // namespace
+
+// The calling thread is worker 0, but it is pinned at its first run(), not here: a thread's
+// affinity is inherited by the threads it creates, so pinning the constructing thread (a
+// program's main thread) would bind every thread it starts later (a server's HTTP threads, the
+// engine thread) to CPU 0, to compete there with worker 0 while CPU 1 spins for worker 1.
+ThreadPool::ThreadPool(int n_threads, bool pin)
+    : n_(n_threads > 0 ? n_threads : online_cpus()), pin_(pin) {
   for (int i = 1; i < n_; ++i) {
     threads_.emplace_back([this, i, pin] {
       if (pin) pin_current_thread(i);
@@ -73,6 +82,10 @@ void ThreadPool::worker_main(int id) {
 }
 
 void ThreadPool::run(const std::function<void(int, int)>& f) {
+  if (pin_ && !t_pinned_as_caller) {
+    pin_current_thread(0);
+    t_pinned_as_caller = true;
+  }
   if (n_ == 1) {
     f(0, 1);
     return;

@@ -93,8 +93,26 @@ struct EngineLoop::Slot {
   double t_last = 0;
   bool done = false;
   std::vector<TokenLogprob> prompt_lp;
+  ChoiceEvent pending;  // tokens held for --stream-interval
   bool prefilling() const { return fed < spec.prompt.size(); }
 };
+
+namespace {
+// Appends `more` to `into`: the later tokens, text and logprobs after the earlier ones.
+void append_event(ChoiceEvent& into, ChoiceEvent&& more) {
+  into.choice = more.choice;
+  into.tokens.insert(into.tokens.end(), more.tokens.begin(), more.tokens.end());
+  into.text += more.text;
+  into.reasoning += more.reasoning;
+  into.logprobs.insert(into.logprobs.end(), std::make_move_iterator(more.logprobs.begin()),
+                       std::make_move_iterator(more.logprobs.end()));
+  if (!more.prompt_logprobs.empty()) into.prompt_logprobs = std::move(more.prompt_logprobs);
+  into.finish_reason = std::move(more.finish_reason);
+  into.error = std::move(more.error);
+  into.prompt_tokens = more.prompt_tokens;
+  into.completion_tokens = more.completion_tokens;
+}
+}  // namespace
 
 EngineLoop::EngineLoop(Executor& executor, const Tokenizer& tokenizer, EngineOptions options,
                        EngineObserver observer)
@@ -106,6 +124,7 @@ EngineLoop::EngineLoop(Executor& executor, const Tokenizer& tokenizer, EngineOpt
            "serve: --prefill-chunk {} is outside 1..{}", opt_.prefill_chunk, plan::kMaxRows);
   MD_CHECK(opt_.max_queue >= 0, "serve: --max-queue must not be negative");
   MD_CHECK(opt_.max_model_len >= 2, "serve: --max-model-len must be at least 2");
+  MD_CHECK(opt_.stream_interval >= 1, "serve: --stream-interval must be at least 1");
   thread_ = std::thread([this] { run(); });
 }
 
@@ -269,6 +288,10 @@ void EngineLoop::retire(Slot& s, ChoiceEvent e) {
   // event never sees its sequence still running.
   s.done = true;
   counters_.running.fetch_sub(1);
+  if (!s.pending.tokens.empty()) {  // what --stream-interval held goes out first
+    append_event(s.pending, std::move(e));
+    e = std::move(s.pending);
+  }
   s.stream->push(std::move(e));
 }
 
@@ -336,6 +359,7 @@ void EngineLoop::step() {
   if (want_logits && logits_.size() < size_t(logit_rows) * V) logits_.resize(size_t(logit_rows) * V);
   const std::vector<float>& logits = logits_;
   std::vector<int32_t> next_ids(std::max(logit_rows, 1), -1);
+  const double t_step = now();
   try {
     ex_.step(seqs, want_logits ? logits_.data() : nullptr, next_ids.data(), rows);
   } catch (const std::exception& e) {
@@ -352,6 +376,11 @@ void EngineLoop::step() {
     return;
   }
   counters_.steps.fetch_add(1);
+  if (obs_.step) {
+    int fed = 0;
+    for (const Part& p : parts) fed += p.rows;
+    obs_.step(now() - t_step, fed);
+  }
   int decode_batch = 0;
   for (const Part& p : parts) decode_batch += p.slot->prefilling() ? 0 : 1;
   if (obs_.decode_batch && decode_batch > 0) obs_.decode_batch(decode_batch);
@@ -417,7 +446,11 @@ void EngineLoop::step() {
     } else {
       e.choice = s.choice;
       s.next = id;
-      s.stream->push(std::move(e));
+      append_event(s.pending, std::move(e));
+      if (s.generated == 1 || int(s.pending.tokens.size()) >= opt_.stream_interval) {
+        s.stream->push(std::move(s.pending));
+        s.pending = ChoiceEvent{};
+      }
     }
   }
   std::erase_if(slots_, [](const auto& s) { return s->done; });

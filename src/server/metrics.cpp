@@ -40,13 +40,19 @@ std::vector<double> latency_buckets() {
 Metrics::Metrics()
     : ttft(latency_buckets()),
       itl(latency_buckets()),
-      batch({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64}) {}
+      batch({1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64}),
+      step_time({0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1}),
+      step_rows({1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64}) {}
 
 EngineObserver Metrics::observer() {
   EngineObserver o;
   o.time_to_first_token = [this](double s) { ttft.observe(s); };
   o.inter_token_latency = [this](double s) { itl.observe(s); };
   o.decode_batch = [this](int b) { batch.observe(b); };
+  o.step = [this](double seconds, int rows) {
+    step_time.observe(seconds);
+    step_rows.observe(rows);
+  };
   o.request_finished = [this](const std::string& reason) {
     std::lock_guard<std::mutex> lk(mu_);
     ++finished_[reason];
@@ -90,6 +96,10 @@ std::string Metrics::render(const EngineCounters& e) const {
   out += itl.render("megadecode_inter_token_latency_seconds",
                     "time between consecutive tokens of a sequence");
   out += batch.render("megadecode_decode_batch_size", "decoding sequences per engine step");
+  // Their sum against wall time is the share of the engine thread spent inside the executor.
+  out += step_time.render("megadecode_engine_step_seconds", "wall time of each executor step");
+  out += step_rows.render("megadecode_engine_step_rows",
+                          "rows fed by each executor step (decode rows and prefill chunk rows)");
   return out;
 }
 

@@ -45,6 +45,10 @@ void register_serve(CLI::App& app) {
                 "prompt rows a sequence feeds per step (a long prompt delays running streams by "
                 "at most one chunk a step)")
       ->check(CLI::Range(1, 64));
+  c->add_option("--stream-interval", o->engine.stream_interval,
+                "tokens per streamed chunk after the first (1: every token at once; more: fewer "
+                "wake-ups of the HTTP threads and clients, for hosts short of CPU)")
+      ->check(CLI::Range(1, 1024));
   c->add_option("--executor", o->executor,
                 "megakernel or opbyop (the decode plan), or reference (Model::forward, one "
                 "sequence after another)")

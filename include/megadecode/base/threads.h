@@ -11,7 +11,8 @@ namespace md {
 
 class ThreadPool {
  public:
-  // n_threads <= 0 means one per online CPU. pin: bind worker i to CPU i (mod CPU count).
+  // n_threads <= 0 means one per online CPU. pin: bind worker i to CPU i (mod CPU count); the
+  // caller, worker 0, is bound to CPU 0 at the first run() it makes.
   explicit ThreadPool(int n_threads = 0, bool pin = true);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -30,6 +31,7 @@ class ThreadPool {
   void worker_main(int id);
 
   int n_;
+  bool pin_;
   std::vector<std::thread> threads_;
   const std::function<void(int, int)>* job_ = nullptr;
   std::atomic<uint64_t> generation_{0};

@@ -89,6 +89,8 @@ struct EngineObserver {
   std::function<void(double seconds)> time_to_first_token;
   std::function<void(double seconds)> inter_token_latency;
   std::function<void(int batch)> decode_batch;
+  // Every executor step: its wall time and the rows it fed (decode rows + prefill chunk rows).
+  std::function<void(double seconds, int rows)> step;
   std::function<void(const std::string& finish_reason)> request_finished;
 };
 
@@ -97,6 +99,9 @@ struct EngineOptions {
   int max_queue = 64;      // choices waiting for a slot; beyond: 503
   int prefill_chunk = 32;  // prompt rows a sequence feeds in one step (<= plan::kMaxRows)
   int max_model_len = 0;   // prompt + generated tokens of a sequence
+  // Tokens a choice's events carry (the first token and the last event go out at once): each
+  // event wakes a client's HTTP thread, so a larger interval trades smoothness for host CPU.
+  int stream_interval = 1;
 };
 
 class EngineLoop {

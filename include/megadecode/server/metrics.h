@@ -36,7 +36,7 @@ class Metrics {
   void count_response(int status);  // HTTP responses by status
   std::string render(const EngineCounters& engine) const;
 
-  Histogram ttft, itl, batch;
+  Histogram ttft, itl, batch, step_time, step_rows;
 
  private:
   mutable std::mutex mu_;
