@@ -174,6 +174,9 @@ def bench(args):
         rng = random.Random(args.seed + conc)
         bodies = [request_body(args, rng) for _ in range(n)]
         ttfts, gaps, tokens, errors = [], [], [0], []
+        if args.warmup:  # not counted: a fresh server's first steps touch its pages and buffers
+            drive(args.host, args.port, [request_body(args, rng) for _ in range(conc)], conc,
+                  on_done=lambda s, err: None)
 
         def done(s, err):
             try:
@@ -250,6 +253,8 @@ def main():
     ap.add_argument("--num-requests", type=int, default=32, help="per concurrency level")
     ap.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn from [1, vocab)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="bench: first run `concurrency` uncounted requests (0: none)")
     ap.add_argument("--soak", type=float, default=0, help="soak mode: seconds to run")
     ap.add_argument("--server-pid", type=int, default=0, help="soak: the server, for its RSS")
     args = ap.parse_args()
