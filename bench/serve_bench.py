@@ -5,6 +5,11 @@ bench mode: for each concurrency level, N requests of random token-id prompts of
 tokens, each generating exactly --output-len tokens (ignore_eos), streamed; prints request
 throughput, output tokens/s, time to first token and inter-token latency (p50/p99).
 
+prefill-probe mode (--prefill-probe LEN): --concurrency streams decode --output-len tokens; once
+all are streaming, a request with a LEN-token prompt (max_tokens 1) arrives; prints the running
+streams' inter-token latency p50/p99/max before it and while its prompt is prefilled, and its
+time to first token (the target: the p99 rises by at most one prefill chunk's time).
+
 soak mode (--soak SECONDS): --concurrency streaming clients loop for that long; prints errors
 (must be 0), requests served, and the server's RSS (--server-pid) at the start, after a tenth of
 the run (warm: buffers sized, pools filled) and at the end; fails if the end is more than 5% +
@@ -46,6 +51,7 @@ class Stream:
         self.ttft = None
         self.last = None
         self.gaps = []
+        self.arrivals = None        # every event's arrival time, when asked for (probe mode)
         self.tokens = 0
         self.done = False           # saw data: [DONE]
         self.error = None
@@ -95,6 +101,8 @@ class Stream:
             self.arrival(now)
 
     def arrival(self, now):
+        if self.arrivals is not None:
+            self.arrivals.append(now)
         if self.ttft is None:
             self.ttft = now - self.t0
         else:
@@ -175,8 +183,8 @@ def bench(args):
         bodies = [request_body(args, rng) for _ in range(n)]
         ttfts, gaps, tokens, errors = [], [], [0], []
         if args.warmup:  # not counted: a fresh server's first steps touch its pages and buffers
-            drive(args.host, args.port, [request_body(args, rng) for _ in range(conc)], conc,
-                  on_done=lambda s, err: None)
+            warm = [dict(request_body(args, rng), max_tokens=4) for _ in range(conc)]
+            drive(args.host, args.port, warm, conc, on_done=lambda s, err: None)
 
         def done(s, err):
             try:
@@ -196,6 +204,67 @@ def bench(args):
               f"{pct(ttfts, 50) * 1e3:>9.1f} {pct(ttfts, 99) * 1e3:>9.1f} "
               f"{pct(gaps, 50) * 1e3:>8.2f} {pct(gaps, 99) * 1e3:>8.2f}"
               + (f"  errors: {len(errors)} ({errors[0]})" if errors else ""), flush=True)
+    return 0
+
+
+def prefill_probe(args):
+    """The running streams' inter-token gaps before and during a long prompt's prefill."""
+    rng = random.Random(args.seed)
+    sel = selectors.DefaultSelector()
+    streams = []
+    for _ in range(args.concurrency_max):
+        s = Stream(args.host, args.port, request_body(args, rng))
+        s.arrivals = []
+        sel.register(s.sock, selectors.EVENT_READ, s)
+        streams.append(s)
+    probe, t_probe, t_first, open_n = None, None, None, len(streams)
+    while open_n:
+        now = time.perf_counter()
+        if probe is None and all(s.arrivals and now - s.arrivals[0] > args.probe_after
+                                 for s in streams):
+            body = request_body(args, rng)
+            body["prompt"] = [rng.randrange(1, args.vocab) for _ in range(args.prefill_probe)]
+            body["max_tokens"] = 1
+            probe = Stream(args.host, args.port, body)
+            t_probe = probe.t0
+            sel.register(probe.sock, selectors.EVENT_READ, probe)
+            open_n += 1
+        for key, _ in sel.select(timeout=600):
+            s = key.data
+            data = s.sock.recv(65536)
+            if data:
+                s.feed(data, time.perf_counter())
+                continue
+            sel.unregister(s.sock)
+            s.sock.close()
+            open_n -= 1
+            if s is probe:
+                probe.result()
+                t_first = probe.t0 + probe.ttft
+    if probe is None:
+        print("the streams ended before the probe was sent: raise --output-len")
+        return 1
+    for s in streams:
+        s.result()
+    before, during = [], []
+    for s in streams:
+        a = s.arrivals
+        for t0, t1 in zip(a, a[1:]):
+            if t1 <= t_probe:
+                before.append(t1 - t0)
+            elif t0 < t_first:  # a gap that overlaps the prefill
+                during.append(t1 - t0)
+    if not during:
+        print("no stream token overlapped the prefill: raise --output-len")
+        return 1
+    ms = lambda xs, p: pct(xs, p) * 1e3
+    print(f"{args.concurrency_max} streams; a {args.prefill_probe}-token prompt arrived, first "
+          f"token after {(t_first - t_probe) * 1e3:.1f} ms")
+    print(f"  inter-token ms before: p50 {ms(before, 50):.2f} p99 {ms(before, 99):.2f} "
+          f"max {max(before) * 1e3:.2f} ({len(before)} gaps)")
+    print(f"  inter-token ms during: p50 {ms(during, 50):.2f} p99 {ms(during, 99):.2f} "
+          f"max {max(during) * 1e3:.2f} ({len(during)} gaps)")
+    print(f"  p99 rise: {ms(during, 99) - ms(before, 99):.2f} ms")
     return 0
 
 
@@ -254,10 +323,17 @@ def main():
     ap.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn from [1, vocab)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=1,
-                    help="bench: first run `concurrency` uncounted requests (0: none)")
+                    help="bench: first run `concurrency` uncounted 4-token requests (0: none)")
     ap.add_argument("--soak", type=float, default=0, help="soak mode: seconds to run")
     ap.add_argument("--server-pid", type=int, default=0, help="soak: the server, for its RSS")
+    ap.add_argument("--prefill-probe", type=int, default=0,
+                    help="prefill-probe mode: the arriving prompt's length")
+    ap.add_argument("--probe-after", type=float, default=1.0,
+                    help="prefill-probe: seconds every stream has streamed before the probe")
     args = ap.parse_args()
+    args.concurrency_max = max(int(c) for c in args.concurrency.split(","))
+    if args.prefill_probe > 0:
+        sys.exit(prefill_probe(args))
     sys.exit(soak(args) if args.soak > 0 else bench(args))
 
 

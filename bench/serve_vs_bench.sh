@@ -8,6 +8,7 @@
 #
 # usage: bench/serve_vs_bench.sh BINARY MODEL_DIR [REPS] [LEVELS] [OUTPUT_LEN] [REQUESTS] [-- SERVE_FLAGS...]
 #   e.g. bench/serve_vs_bench.sh build/megadecode models/small 5 1,2,4,8 256 32
+# BENCH_REPS (default 5): the bench's interleaved repetitions per pair (fewer for a big model).
 set -euo pipefail
 bin=$1 model=$2 reps=${3:-5} levels=${4:-1,2,4,8} out_len=${5:-256} requests=${6:-32}
 shift $(( $# < 6 ? $# : 6 ))
@@ -23,7 +24,7 @@ trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; rm -f "$log" "$results"' EXIT
 for b in ${levels//,/ }; do
   for r in $(seq "$reps"); do
     line=$("$bin" bench --model "$model" --what decode --batch "$b" --executor megakernel \
-             --context "$in_len" --steps "$out_len" --reps 5 2>&1)
+             --context "$in_len" --steps "$out_len" --reps "${BENCH_REPS:-5}" 2>&1)
     bw=$(grep -o 'read bandwidth median [0-9.]*' <<<"$line" | awk '{print $4}')
     bench_tps=$(awk -v b="$b" '$1 == b && $2 == "megakernel" {print $4}' <<<"$line")
     "$bin" serve --model "$model" --port 0 --max-batch 8 "${serve_flags[@]}" 2>"$log" >/dev/null &

@@ -307,8 +307,9 @@ void EngineLoop::step() {
   if (slots_.empty()) return;
 
   // The step: every decoding sequence's last token, and prefill chunks. While anything decodes,
-  // one chunk of one prompt (the earliest admitted) joins the step, so running streams wait at
-  // most one chunk's time; with nothing decoding, every waiting prompt feeds a chunk.
+  // the step's prompt rows are at most one chunk (--prefill-chunk), taken from the earliest
+  // admitted prompts (several short ones may share it), so running streams wait at most one
+  // chunk's time a step; with nothing decoding, every waiting prompt feeds a chunk.
   bool decoding = false;
   for (auto& s : slots_) decoding = decoding || !s->prefilling();
   struct Part {
@@ -321,7 +322,7 @@ void EngineLoop::step() {
   std::vector<Part> parts;
   std::vector<StepSeq> seqs;
   std::vector<SampleRow> rows;
-  bool prefill_taken = false;
+  int prefill_budget = opt_.prefill_chunk;  // prompt rows left for this step while decoding
   int logit_rows = 0;
   for (auto& sp : slots_) {
     Slot& s = *sp;
@@ -332,10 +333,11 @@ void EngineLoop::step() {
       logit_rows += 1;
       continue;
     }
-    if (decoding && prefill_taken) continue;
-    prefill_taken = true;
+    if (decoding && prefill_budget == 0) continue;
     const size_t left = s.spec.prompt.size() - s.fed;
-    const int n = int(std::min<size_t>(left, size_t(opt_.prefill_chunk)));
+    const int n = int(std::min<size_t>(
+        left, size_t(decoding ? prefill_budget : opt_.prefill_chunk)));
+    if (decoding) prefill_budget -= n;
     const bool last = size_t(n) == left;
     const bool samples = last && s.spec.sampling.max_tokens > 0;
     const LogitRows lr = s.prompt_logprobs ? LogitRows::kAll

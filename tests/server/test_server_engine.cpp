@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <mutex>
 #include <thread>
 
 #include "megadecode/base/error.h"
@@ -144,6 +145,49 @@ TEST(ServerEngine, LongPromptIsInterleavedChunkByChunk) {
   EXPECT_LE(loop.counters().steps.load(), 1 + 100);
 }
 
+// While anything decodes, a step's prompt rows are at most one chunk, whichever prompts they
+// come from (short prompts arriving together share it), and every prompt row is fed once.
+TEST(ServerEngine, PromptRowsPerStepStayWithinOneChunk) {
+  test::ServedModel m(4);
+  EngineOptions o;
+  o.max_batch = 4;
+  o.prefill_chunk = 8;
+  o.max_model_len = 1024;
+  std::mutex mu;
+  std::vector<std::pair<int, int>> steps;  // (rows, decoding sequences)
+  server::EngineObserver obs;  // both on the engine thread: `step`, then `decode_batch` if any
+  obs.step = [&](double, int rows) {
+    std::lock_guard<std::mutex> lk(mu);
+    steps.emplace_back(rows, 0);
+  };
+  obs.decode_batch = [&](int b) {
+    std::lock_guard<std::mutex> lk(mu);
+    steps.back().second = b;
+  };
+  EngineLoop loop(*m.ex, *m.tok, o, obs);
+  auto a = loop.submit(greedy_request(m.tok->encode("hello", true), 60));
+  ChoiceEvent e;
+  int a_tokens = 0;
+  while (a_tokens < 2)
+    if (a->next(e, 5.0)) a_tokens += int(e.tokens.size());
+  std::vector<std::shared_ptr<server::RequestStream>> rest;
+  for (int len : {3, 3, 10}) {
+    std::vector<int32_t> p(static_cast<size_t>(len));
+    for (int i = 0; i < len; ++i) p[size_t(i)] = 1 + i;
+    rest.push_back(loop.submit(greedy_request(p, 2)));
+  }
+  for (auto& r : rest) EXPECT_EQ(collect(*r).finish, "length");
+  collect(*a);
+  std::lock_guard<std::mutex> lk(mu);
+  int prompt_rows_while_decoding = 0;
+  for (const auto& [rows, dec] : steps) {
+    if (dec == 0) continue;  // a's own prefill
+    EXPECT_LE(rows - dec, o.prefill_chunk) << "a step fed more than one chunk of prompt rows";
+    prompt_rows_while_decoding += rows - dec;
+  }
+  EXPECT_EQ(prompt_rows_while_decoding, 3 + 3 + 10);
+}
+
 // The reference path behind the Executor interface: served greedy tokens equal Generator's on
 // the reference path (one prefill call, then one forward a token), alone and beside others.
 TEST(ServerEngine, ReferenceExecutorServesTheReferenceTokens) {
@@ -205,6 +249,41 @@ TEST(ServerEngine, StopIdsStopStringsAndSampling) {
   EXPECT_EQ(g.generate(p, s.choices[0].sampling).tokens, a.tokens);
   EXPECT_NE(a.tokens, std::vector<int32_t>(free_run.tokens.begin(), free_run.tokens.begin() + 10))
       << "sampling stayed greedy: the test cannot tell";
+}
+
+// --stream-interval N: the first token goes out alone (time to first token), then events of N
+// tokens, the last event with what is left; the tokens and text are those of interval 1.
+TEST(ServerEngine, StreamIntervalGroupsTokensIntoFewerEvents) {
+  test::ServedModel m(2);
+  EngineOptions o;
+  o.max_batch = 2;
+  o.max_model_len = 256;
+  const auto p = m.tok->encode("Once upon a time", true);
+  Outcome one;
+  {
+    EngineLoop loop(*m.ex, *m.tok, o);
+    one = collect(*loop.submit(greedy_request(p, 11)));
+  }
+  ASSERT_EQ(one.tokens.size(), 11u);
+  o.stream_interval = 4;
+  EngineLoop loop(*m.ex, *m.tok, o);
+  auto s = loop.submit(greedy_request(p, 11));
+  std::vector<size_t> sizes;
+  Outcome grouped;
+  ChoiceEvent e;
+  while (!s->finished())
+    if (s->next(e, 5.0)) {
+      sizes.push_back(e.tokens.size());
+      grouped.tokens.insert(grouped.tokens.end(), e.tokens.begin(), e.tokens.end());
+      grouped.text += e.text;
+      if (e.finish_reason) grouped.finish = *e.finish_reason;
+    }
+  EXPECT_EQ(sizes, (std::vector<size_t>{1, 4, 4, 2}));
+  EXPECT_EQ(grouped.tokens, one.tokens);
+  EXPECT_EQ(grouped.text, one.text);
+  EXPECT_EQ(grouped.finish, "length");
+  o.stream_interval = 0;
+  EXPECT_THROW(EngineLoop(*m.ex, *m.tok, o), Error);
 }
 
 TEST(ServerEngine, CancelFreesTheSlotWithinOneStep) {
