@@ -106,6 +106,9 @@ EngineLoop::EngineLoop(Executor& executor, const Tokenizer& tokenizer, EngineOpt
            "serve: --prefill-chunk {} is outside 1..{}", opt_.prefill_chunk, plan::kMaxRows);
   MD_CHECK(opt_.max_queue >= 0, "serve: --max-queue must not be negative");
   MD_CHECK(opt_.max_model_len >= 2, "serve: --max-model-len must be at least 2");
+  for (int32_t id : opt_.test_forced_tokens)
+    MD_CHECK(id >= 0 && id < executor.model().config().vocab_size,
+             "test_forced_tokens: id {} is outside the vocabulary", id);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -378,7 +381,9 @@ void EngineLoop::step() {
         continue;
       }
     }
-    const int32_t id = next_ids[size_t(p.first_logit + p.logit_rows - 1)];
+    int32_t id = next_ids[size_t(p.first_logit + p.logit_rows - 1)];
+    if (size_t(s.generated) < opt_.test_forced_tokens.size())
+      id = opt_.test_forced_tokens[size_t(s.generated)];
     ChoiceEvent e;
     e.tokens.push_back(id);
     // The prompt's logprobs travel with the first token, so a stream can send them with it.

@@ -97,6 +97,10 @@ struct EngineOptions {
   int max_queue = 64;      // choices waiting for a slot; beyond: 503
   int prefill_chunk = 32;  // prompt rows a sequence feeds in one step (<= plan::kMaxRows)
   int max_model_len = 0;   // prompt + generated tokens of a sequence
+  // Tests only (never set by `serve`): every choice's first generated ids are these instead of
+  // the sampled ones (then sampling goes on), so a random checkpoint can "emit" given markup,
+  // e.g. a tool-call section. The rest of the step (stop ids, text, limits) treats them as sampled.
+  std::vector<int32_t> test_forced_tokens;
 };
 
 class EngineLoop {
