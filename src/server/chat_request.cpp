@@ -219,6 +219,7 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
   const ChatOptions options = parse_chat_options(j);
   const bool add_generation_prompt = get_bool(j, "add_generation_prompt", true);
   r.prompts.push_back(encode_chat(ctx, msgs, add_generation_prompt, options, tools));
+  r.chat_template = ctx.generator->template_kind();  // known: encode_chat rendered with it
   parse_length(j, ctx, r, /*def=*/0);  // chat: the rest of the context, as vLLM
   final_check(r);
   return r;

@@ -125,6 +125,9 @@ EngineLoop::EngineLoop(Executor& executor, const Tokenizer& tokenizer, EngineOpt
   MD_CHECK(opt_.max_queue >= 0, "serve: --max-queue must not be negative");
   MD_CHECK(opt_.max_model_len >= 2, "serve: --max-model-len must be at least 2");
   MD_CHECK(opt_.stream_interval >= 1, "serve: --stream-interval must be at least 1");
+  for (int32_t id : opt_.test_forced_tokens)
+    MD_CHECK(id >= 0 && id < executor.model().config().vocab_size,
+             "test_forced_tokens: id {} is outside the vocabulary", id);
   thread_ = std::thread([this] { run(); });
 }
 
@@ -409,7 +412,9 @@ void EngineLoop::step() {
         continue;
       }
     }
-    const int32_t id = next_ids[size_t(p.first_logit + p.logit_rows - 1)];
+    int32_t id = next_ids[size_t(p.first_logit + p.logit_rows - 1)];
+    if (size_t(s.generated) < opt_.test_forced_tokens.size())
+      id = opt_.test_forced_tokens[size_t(s.generated)];
     ChoiceEvent e;
     e.tokens.push_back(id);
     // The prompt's logprobs travel with the first token, so a stream can send them with it.

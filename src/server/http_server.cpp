@@ -1,17 +1,23 @@
 #include "megadecode/server/http_server.h"
 
 #include <fmt/format.h>
+#include <dirent.h>
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 
 #include "megadecode/base/error.h"
 #include "megadecode/base/util.h"
 #include "megadecode/server/request.h"
 #include "megadecode/server/responses.h"
+#include "megadecode/server/tool_calls.h"
 
 namespace md::server {
 
@@ -41,17 +47,81 @@ std::string random_id(const char* prefix) {
   return fmt::format("{}-{:016x}", prefix, x);
 }
 
+// ---- a client that left -------------------------------------------------------------------------
+//
+// httplib 0.11 tells a handler nothing about its connection: a write to a closed one fails (how
+// streams notice), but a non-streamed handler writes only at its end, and DataSink::is_writable
+// is a poll for POLLOUT, which a socket whose peer has closed (sent its FIN) still reports. So the
+// handler finds its connection's socket itself: the descriptor whose local and peer addresses are
+// the request's (a TCP connection's four addresses are unique, and the socket stays open while
+// its worker thread runs the handler). A client that closes its end makes the socket readable at
+// end of file; poll's POLLRDHUP (Linux) says so at once (a recv peek of 0 bytes where it is not
+// reported), and POLLHUP / POLLERR say the connection was reset. A client that half-closes after
+// its request counts as gone too, as uvicorn (vLLM's server) treats it.
+
+std::string numeric_address(const sockaddr_storage& a, socklen_t len, int& port) {
+  char host[NI_MAXHOST], serv[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host, sizeof host, serv, sizeof serv,
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return "";
+  port = std::atoi(serv);
+  return host;
+}
+
+// The socket of the connection `req` came on (httplib formats its addresses with getnameinfo's
+// NI_NUMERICHOST too); -1 when it cannot be found (no /proc), and then nothing is noticed.
+int connection_socket(const httplib::Request& req) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  int found = -1;
+  while (const dirent* e = readdir(d)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(d)) continue;
+    sockaddr_storage peer{}, local{};
+    socklen_t pl = sizeof peer, ll = sizeof local;
+    if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0 ||
+        getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0)
+      continue;  // not a connected socket
+    int pport = -1, lport = -1;
+    if (numeric_address(peer, pl, pport) == req.remote_addr && pport == req.remote_port &&
+        numeric_address(local, ll, lport) == req.local_addr && lport == req.local_port) {
+      found = int(fd);
+      break;
+    }
+  }
+  closedir(d);
+  return found;
+}
+
+bool peer_closed(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, short(POLLIN | POLLRDHUP), 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
+  if (p.revents & POLLIN) {  // data (a pipelined request) or end of file
+    char c;
+    const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+  }
+  return false;
+}
+
+// How often a waiting handler looks at its connection.
+constexpr double kPeerCheckSeconds = 0.05;
+
 // Per streamed response: the engine's events turned into SSE chunks.
 struct StreamState {
   std::shared_ptr<RequestStream> stream;
   CompletionRequest req;
   ResponseMeta meta;
   bool started = false, finished = false;
-  std::vector<size_t> text_offset;  // completions logprobs: text sent so far per choice
-  std::vector<std::string> held;    // chat with tools: the content, released at the end
-  std::vector<bool> echoed;         // completions echo: the prompt text has been sent
+  std::vector<size_t> text_offset;     // completions logprobs: text sent so far per choice
+  std::vector<ToolCallStream> tools;   // chat with tools: each choice's tool-call parser
+  std::vector<bool> echoed;            // completions echo: the prompt text has been sent
   int64_t prompt_tokens = 0, completion_tokens = 0;
   double last_write = now_seconds();
+  int socket = -1;  // the connection (connection_socket), to notice a client that left
 };
 
 }  // namespace
@@ -198,14 +268,14 @@ struct HttpServer::Impl {
       });
     });
     http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded(res, [&] { generate(parse_completion_request(req.body, ctx), res); });
+      guarded(res, [&] { generate(req, parse_completion_request(req.body, ctx), res); });
     });
     http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded(res, [&] { generate(parse_chat_request(req.body, ctx), res); });
+      guarded(res, [&] { generate(req, parse_chat_request(req.body, ctx), res); });
     });
   }
 
-  void generate(CompletionRequest r, httplib::Response& res) {
+  void generate(const httplib::Request& http_req, CompletionRequest r, httplib::Response& res) {
     EngineRequest er;
     for (const auto& p : r.prompts)
       for (int j = 0; j < r.n; ++j) {
@@ -224,14 +294,27 @@ struct HttpServer::Impl {
                 int64_t(std::time(nullptr)), r.model.empty() ? opt.model_names.front() : r.model};
     const size_t choices = r.prompts.size() * size_t(r.n);
     st->req = std::move(r);
+    st->socket = connection_socket(http_req);
     if (!st->req.stream) {
+      // Waits for the whole result, looking at the connection meanwhile: a client that left has
+      // its request cancelled, so its slots are free at the next step.
       std::vector<ChoiceResult> rs(choices);
       ChoiceEvent e;
-      while (!st->stream->finished())
-        if (st->stream->next(e, 1.0)) {
+      double checked = now_seconds();
+      bool client_left = false;
+      while (!st->stream->finished()) {
+        if (st->stream->next(e, kPeerCheckSeconds)) {
           if (t_log.first_token == 0 && !e.tokens.empty()) t_log.first_token = now_seconds();
           rs[size_t(e.choice)].add(std::move(e));
         }
+        if (!client_left && now_seconds() - checked >= kPeerCheckSeconds) {
+          checked = now_seconds();
+          client_left = peer_closed(st->socket);
+          if (client_left) st->stream->cancel();
+        }
+      }
+      if (client_left)  // nobody reads it; nginx's 499 in the access log and the metrics
+        throw ApiError(499, "the client closed the connection", "", "client_closed_request");
       int64_t completion = 0;
       for (const ChoiceResult& c : rs) {
         if (!c.error.empty()) throw ApiError(500, c.error, "", "engine_error");
@@ -245,7 +328,9 @@ struct HttpServer::Impl {
       return;
     }
     st->text_offset.assign(choices, 0);
-    st->held.assign(choices, "");
+    if (st->req.tools_given)
+      for (size_t i = 0; i < choices; ++i)
+        st->tools.emplace_back(st->req.chat_template, tool_call_id_prefix(st->meta, i));
     st->echoed.assign(choices, false);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
@@ -277,7 +362,9 @@ struct HttpServer::Impl {
       }
     }
     ChoiceEvent e;
-    const bool got = ok && st.stream->next(e, 0.05);
+    const bool got = ok && st.stream->next(e, kPeerCheckSeconds);
+    // Nothing came: a client that left is noticed now rather than at the next write.
+    if (ok && !got && peer_closed(st.socket)) ok = false;
     if (ok && !got && now_seconds() - st.last_write > 1.0) {
       // Nothing to send for a while (queued, or a long prompt prefilling): an SSE comment, which
       // clients ignore, finds out whether the client is still there.
@@ -296,20 +383,26 @@ struct HttpServer::Impl {
       } else if (chat) {
         json delta = json::object();
         std::string text = std::move(e.text);
-        if (r.tools_given) {  // tool-call markup is only recognisable once the text is whole
-          st.held[i] += text;
-          text.clear();
-        }
         if (!e.reasoning.empty()) delta["reasoning_content"] = e.reasoning;
         std::string finish = e.finish_reason.value_or("");
-        if (r.tools_given && e.finish_reason) {
-          ToolCallSplit split = split_tool_calls(st.held[i]);
-          text = split.content;
-          if (!split.calls.empty()) {
-            json calls = split.calls;
-            for (size_t k = 0; k < calls.size(); ++k) calls[k]["index"] = k;
-            delta["tool_calls"] = calls;
-            finish = "tool_calls";
+        if (r.tools_given) {
+          // Content goes out as it comes unless it may begin a tool-call section; each call goes
+          // out whole once complete (its index: its position in the choice's calls).
+          ToolCallStream& tc = st.tools[i];
+          const size_t first = tc.calls();
+          ToolCallDelta d = tc.feed(text);
+          if (e.finish_reason) {
+            ToolCallDelta rest = tc.finish();
+            d.content += rest.content;
+            for (auto& c : rest.calls) d.calls.push_back(std::move(c));
+            finish = tool_calls_finish_reason(finish, tc.calls());
+          }
+          text = std::move(d.content);
+          if (!d.calls.empty()) {
+            json calls = json::array();
+            for (size_t k = 0; k < d.calls.size(); ++k)
+              calls.push_back(tool_call_json(d.calls[k], first + k));
+            delta["tool_calls"] = std::move(calls);
           }
         }
         if (!text.empty()) delta["content"] = text;

@@ -22,47 +22,20 @@ void ChoiceResult::add(ChoiceEvent&& e) {
   }
 }
 
+std::string tool_calls_finish_reason(const std::string& finish_reason, size_t calls) {
+  return calls > 0 && finish_reason == "stop" ? "tool_calls" : finish_reason;
+}
+
 json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
           {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
-ToolCallSplit split_tool_calls(const std::string& text) {
-  static const std::string kBegin = "<|tool_calls_section_begin|>",
-                           kEnd = "<|tool_calls_section_end|>", kCall = "<|tool_call_begin|>",
-                           kArgs = "<|tool_call_argument_begin|>", kCallEnd = "<|tool_call_end|>";
-  ToolCallSplit out;
-  const size_t b = text.find(kBegin);
-  if (b == std::string::npos) {
-    out.content = text;
-    return out;
-  }
-  out.content = text.substr(0, b);
-  size_t end = text.find(kEnd, b);
-  if (end == std::string::npos) end = text.size();
-  size_t pos = b + kBegin.size();
-  for (int index = 0;; ++index) {
-    const size_t c = text.find(kCall, pos);
-    if (c == std::string::npos || c >= end) break;
-    const size_t a = text.find(kArgs, c);
-    if (a == std::string::npos || a >= end) break;
-    size_t ce = text.find(kCallEnd, a);
-    if (ce == std::string::npos || ce > end) ce = end;
-    std::string id = text.substr(c + kCall.size(), a - c - kCall.size());
-    while (!id.empty() && std::isspace(uint8_t(id.back()))) id.pop_back();
-    while (!id.empty() && std::isspace(uint8_t(id.front()))) id.erase(id.begin());
-    // Kimi's ids are "functions.NAME:INDEX".
-    std::string name = id;
-    if (name.rfind("functions.", 0) == 0) name = name.substr(10);
-    if (const size_t colon = name.rfind(':'); colon != std::string::npos) name.resize(colon);
-    const std::string args = text.substr(a + kArgs.size(), ce - a - kArgs.size());
-    out.calls.push_back({{"id", id.empty() ? "call_" + std::to_string(index) : id},
-                         {"type", "function"},
-                         {"function", {{"name", name}, {"arguments", args}}}});
-    pos = ce;
-  }
-  return out;
+std::string tool_call_id_prefix(const ResponseMeta& meta, size_t choice) {
+  const size_t dash = meta.id.rfind('-');
+  return "call_" + meta.id.substr(dash == std::string::npos ? 0 : dash + 1) + "_" +
+         std::to_string(choice) + "_";
 }
 
 namespace {
@@ -164,11 +137,16 @@ json chat_body(const CompletionRequest& req, const std::vector<ChoiceResult>& rs
     json msg = {{"role", "assistant"}, {"content", r.text}};
     std::string finish = r.finish_reason;
     if (req.tools_given) {
-      ToolCallSplit split = split_tool_calls(r.text);
+      const ToolCallSplit split =
+          split_tool_calls(req.chat_template, r.text, tool_call_id_prefix(meta, i));
+      // (An empty, closed section is markup too: the stream drops it, so the message does.)
+      msg["content"] = split.content;
       if (!split.calls.empty()) {
-        msg["content"] = split.content.empty() ? json(nullptr) : json(split.content);
-        msg["tool_calls"] = split.calls;
-        finish = "tool_calls";
+        if (split.content.empty()) msg["content"] = nullptr;
+        json calls = json::array();
+        for (const ParsedToolCall& c : split.calls) calls.push_back(tool_call_json(c));
+        msg["tool_calls"] = std::move(calls);
+        finish = tool_calls_finish_reason(finish, split.calls.size());
       }
     }
     if (!r.reasoning.empty()) msg["reasoning_content"] = r.reasoning;

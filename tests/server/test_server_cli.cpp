@@ -134,6 +134,23 @@ TEST(ServerCli, KimiK3ThinkChannelIsReasoningContent) {
   EXPECT_FALSE(think["reasoning_content"].get<std::string>().empty());
   EXPECT_FALSE(plain.contains("reasoning_content")) << plain.dump();
   EXPECT_FALSE(plain["content"].get<std::string>().empty()) << plain.dump();
+  // Streamed, the think channel comes as reasoning_content deltas adding up to the same text.
+  nlohmann::json sbody = {{"messages", {{{"role", "user"}, {"content", "hello"}}}},
+                          {"max_tokens", 12},
+                          {"temperature", 0},
+                          {"ignore_eos", true},
+                          {"stream", true}};
+  auto sr = c.Post("/v1/chat/completions", sbody.dump(), "application/json");
+  ASSERT_TRUE(sr);
+  std::string reasoning, content;
+  for (size_t pos = 0; (pos = sr->body.find("data: {", pos)) != std::string::npos; ++pos) {
+    const nlohmann::json delta = nlohmann::json::parse(
+        sr->body.substr(pos + 6, sr->body.find("\n\n", pos) - pos - 6))["choices"][0]["delta"];
+    if (delta.contains("reasoning_content")) reasoning += delta["reasoning_content"].get<std::string>();
+    if (delta.contains("content")) content += delta["content"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, think["reasoning_content"]);
+  EXPECT_EQ(content, think["content"]);
   double seconds = 0;
   EXPECT_EQ(p.stop(SIGTERM, &seconds), 0) << p.log();
 }

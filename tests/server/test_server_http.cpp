@@ -11,6 +11,7 @@
 
 #include <thread>
 
+#include "megadecode/base/util.h"
 #include "megadecode/server/http_server.h"
 #include "server/server_test_util.h"
 
@@ -28,7 +29,9 @@ struct TestServer {
   std::unique_ptr<server::HttpServer> http;
   std::thread thread;
   int port = 0;
-  explicit TestServer(int max_batch = 8, std::string api_key = "", size_t max_body = 1 << 20)
+  // `forced_output`: text every choice generates first (EngineOptions::test_forced_tokens).
+  explicit TestServer(int max_batch = 8, std::string api_key = "", size_t max_body = 1 << 20,
+                      const std::string& forced_output = "")
       : m(max_batch) {
     signal(SIGPIPE, SIG_IGN);
     server::EngineOptions eo;
@@ -36,6 +39,7 @@ struct TestServer {
     eo.max_queue = 32;
     eo.max_model_len = 4096;
     eo.prefill_chunk = 8;
+    if (!forced_output.empty()) eo.test_forced_tokens = m.tok->encode(forced_output, true);
     engine = std::make_unique<server::EngineLoop>(*m.ex, *m.tok, eo, metrics.observer());
     server::ServerOptions so;
     so.port = 0;
@@ -379,6 +383,150 @@ TEST_F(ServerHttp, DisconnectMidStreamFreesTheSlot) {
   ASSERT_TRUE(m);
   EXPECT_THAT(m->body, HasSubstr("megadecode_sequences_finished_total{finish_reason=\"abort\"}"));
   EXPECT_THAT(m->body, HasSubstr("megadecode_time_to_first_token_seconds_bucket"));
+}
+
+// Sends `body` as a POST of `path` on a raw socket (no response read); returns the socket.
+int raw_post(int port, const std::string& path, const std::string& body) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return -1;
+  }
+  const std::string req = "POST " + path +
+                          " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " +
+                          std::to_string(body.size()) + "\r\n\r\n" + body;
+  if (send(fd, req.data(), req.size(), 0) != ssize_t(req.size())) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A client that hangs up while its non-streamed completion runs: the handler sees the closed
+// connection (no write needed), the engine aborts the sequence at its next step, the slot is
+// free within a fraction of a second, and the access log / metrics record a 499.
+TEST_F(ServerHttp, DisconnectDuringNonStreamedCompletionFreesTheSlot) {
+  const auto& counters = server_->engine->counters();
+  const int64_t tokens_before = counters.generation_tokens.load();
+  const int fd = raw_post(server_->port, "/v1/completions",
+                          json{{"prompt", "go on"}, {"max_tokens", 4000}, {"ignore_eos", true}}
+                              .dump());
+  ASSERT_GE(fd, 0);
+  // Running, with a few tokens made.
+  for (int i = 0; i < 2000 && counters.generation_tokens.load() - tokens_before < 5; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(counters.running.load(), 1);
+  close(fd);
+  const double t0 = now_seconds();
+  while (counters.running.load() > 0 && now_seconds() - t0 < 20)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const double freed_after = now_seconds() - t0;
+  EXPECT_EQ(counters.running.load(), 0);
+  EXPECT_LT(freed_after, 2.0);
+  EXPECT_LT(counters.generation_tokens.load() - tokens_before, 4000);
+  auto c = server_->client();
+  // The metrics count the response once the handler has returned (it is logged after).
+  std::string metrics;
+  for (int i = 0; i < 200 && metrics.find("status=\"499\"") == std::string::npos; ++i) {
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    metrics = m->body;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_THAT(metrics, HasSubstr("megadecode_http_responses_total{status=\"499\"}"));
+  EXPECT_THAT(metrics, HasSubstr("megadecode_sequences_finished_total{finish_reason=\"abort\"}"));
+  // Errors found before generation still get their status.
+  auto bad = c.Post("/v1/completions", R"({"prompt":"a","max_tokens":-5})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+}
+
+// Tool calls end to end on the Kimi Linear format: the model's output is forced to a tool-call
+// section (a random checkpoint never writes one), which comes back as message.tool_calls with
+// finish_reason "tool_calls"; streamed, the content comes first as it is generated, each call in
+// one delta once complete, and the deltas add up to the whole message.
+TEST(ServerHttpToolCalls, KimiMarkupComesBackAsToolCalls) {
+  const std::string call0 =
+      "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": "
+      "\"Paris\"}<|tool_call_end|>";
+  const std::string call1 =
+      "<|tool_call_begin|>functions.time:1<|tool_call_argument_begin|>{}<|tool_call_end|>";
+  const std::string markup = "Let me check.<|tool_calls_section_begin|>" + call0 + call1 +
+                             "<|tool_calls_section_end|>";
+  TestServer s(2, "", 1 << 20, markup + "<|im_end|>");
+  const json tools = json::parse(
+      R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}},
+          {"type":"function","function":{"name":"time"}}])");
+  json body = {{"messages", {{{"role", "user"}, {"content", "weather?"}}}},
+               {"tools", tools},
+               {"max_tokens", 200},
+               {"temperature", 0}};
+  const json whole = post_json(s, "/v1/chat/completions", body);
+  const json& choice = whole["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  const json& msg = choice["message"];
+  EXPECT_EQ(msg["content"], "Let me check.");
+  ASSERT_EQ(msg["tool_calls"].size(), 2u) << whole.dump();
+  EXPECT_EQ(msg["tool_calls"][0],
+            json::parse(R"({"id":"functions.get_weather:0","type":"function",
+                            "function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}})"));
+  EXPECT_EQ(msg["tool_calls"][1]["function"]["name"], "time");
+  EXPECT_EQ(msg["tool_calls"][1]["function"]["arguments"], "{}");
+
+  body["stream"] = true;
+  auto c = s.client();
+  auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  std::string content, finish;
+  json calls = json::array();
+  int content_chunks_before_calls = 0;
+  for (const std::string& d : sse_data(r->body)) {
+    if (d == "[DONE]") break;
+    const json ch = json::parse(d)["choices"][0];
+    const json& delta = ch["delta"];
+    if (delta.contains("content")) {
+      content += delta["content"].get<std::string>();
+      if (calls.empty() && !delta["content"].get<std::string>().empty())
+        ++content_chunks_before_calls;
+    }
+    if (delta.contains("tool_calls"))
+      for (json tc : delta["tool_calls"]) {
+        EXPECT_EQ(tc["index"], calls.size());
+        tc.erase("index");
+        calls.push_back(tc);
+      }
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  EXPECT_EQ(content, msg["content"]);
+  EXPECT_EQ(calls, msg["tool_calls"]);
+  EXPECT_EQ(finish, "tool_calls");
+  EXPECT_GT(content_chunks_before_calls, 1);  // streamed token by token, not held to the end
+
+  // Without tools the markup is content; cut inside the second call (max_tokens), the first
+  // call is a call, the rest content, and the finish reason the sampler's.
+  json plain = body;
+  plain.erase("tools");
+  plain["stream"] = false;
+  const json p = post_json(s, "/v1/chat/completions", plain);
+  EXPECT_EQ(p["choices"][0]["message"]["content"], markup);
+  EXPECT_FALSE(p["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(p["choices"][0]["finish_reason"], "stop");
+  json cut = body;
+  cut["stream"] = false;
+  const std::string prefix = "Let me check.<|tool_calls_section_begin|>" + call0;
+  cut["max_tokens"] = s.m.tok->encode(prefix, true).size() + 4;
+  const json k = post_json(s, "/v1/chat/completions", cut);
+  EXPECT_EQ(k["choices"][0]["finish_reason"], "length");
+  ASSERT_EQ(k["choices"][0]["message"]["tool_calls"].size(), 1u);
+  EXPECT_THAT(k["choices"][0]["message"]["content"].get<std::string>(),
+              ::testing::StartsWith("Let me check.<|tool_call_begin|>"));
 }
 
 TEST(ServerHttpAuth, ApiKeyIsRequiredOnV1) {

@@ -243,31 +243,6 @@ TEST_F(ServerRequest, DeepNestingIsRefusedQuickly) {
 
 // Kimi's tool-call markup in generated text becomes OpenAI tool_calls; text without it is all
 // content.
-TEST(ServerResponses, KimiToolCallsAreSplitFromTheContent) {
-  const std::string text =
-      "Let me check.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
-      "<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|><|tool_call_begin|>"
-      "functions.time:1<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>";
-  const server::ToolCallSplit s = server::split_tool_calls(text);
-  EXPECT_EQ(s.content, "Let me check.");
-  ASSERT_EQ(s.calls.size(), 2u);
-  EXPECT_EQ(s.calls[0]["id"], "functions.get_weather:0");
-  EXPECT_EQ(s.calls[0]["type"], "function");
-  EXPECT_EQ(s.calls[0]["function"]["name"], "get_weather");
-  EXPECT_EQ(s.calls[0]["function"]["arguments"], "{\"city\": \"Paris\"}");
-  EXPECT_EQ(s.calls[1]["function"]["name"], "time");
-  const server::ToolCallSplit none = server::split_tool_calls("just text <|tool_call_begin|>");
-  EXPECT_EQ(none.content, "just text <|tool_call_begin|>");
-  EXPECT_TRUE(none.calls.empty());
-  // A section cut short (max_tokens) keeps the complete calls and drops the partial one.
-  const server::ToolCallSplit cut = server::split_tool_calls(
-      "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}"
-      "<|tool_call_end|><|tool_call_begin|>functions.g:1");
-  EXPECT_EQ(cut.content, "");
-  ASSERT_EQ(cut.calls.size(), 1u);
-  EXPECT_EQ(cut.calls[0]["function"]["name"], "f");
-}
-
 // Random mutations of valid bodies (byte edits, splices of hostile fragments, field values of
 // every JSON type) through both parsers: each case either parses into a request that respects
 // the limits or throws an ApiError with a 4xx status; anything else (another exception, a

@@ -102,6 +102,10 @@ struct EngineOptions {
   // Tokens a choice's events carry (the first token and the last event go out at once): each
   // event wakes a client's HTTP thread, so a larger interval trades smoothness for host CPU.
   int stream_interval = 1;
+  // Tests only (never set by `serve`): every choice's first generated ids are these instead of
+  // the sampled ones (then sampling goes on), so a random checkpoint can "emit" given markup,
+  // e.g. a tool-call section. The rest of the step (stop ids, text, limits) treats them as sampled.
+  std::vector<int32_t> test_forced_tokens;
 };
 
 class EngineLoop {

@@ -65,6 +65,7 @@ struct CompletionRequest {
   bool logprobs = false;
   int top_logprobs = 0;
   bool tools_given = false;  // the request declared tools: tool calls in the output are parsed
+  TemplateKind chat_template = TemplateKind::kKimi;  // chat: the markup the calls are parsed from
   bool skip_special_tokens = true;
 };
 

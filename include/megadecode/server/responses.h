@@ -8,6 +8,7 @@
 
 #include "megadecode/server/engine_loop.h"
 #include "megadecode/server/request.h"
+#include "megadecode/server/tool_calls.h"
 #include "megadecode/tokenizer/tokenizer.h"
 
 namespace md::server {
@@ -31,14 +32,12 @@ struct ChoiceResult {
 
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
 
-// Kimi tool calls in generated text: <|tool_calls_section_begin|> <|tool_call_begin|>ID
-// <|tool_call_argument_begin|>ARGS<|tool_call_end|> ... <|tool_calls_section_end|>. The content
-// is the text before the section; calls are OpenAI tool_call objects (empty: none found).
-struct ToolCallSplit {
-  std::string content;
-  nlohmann::json calls = nlohmann::json::array();
-};
-ToolCallSplit split_tool_calls(const std::string& text);
+// Ids of the tool calls a format does not carry (Kimi K3): "call_<the response id's hex>_<choice>_"
+// then the call's number in the choice, so they are unique in the response.
+std::string tool_call_id_prefix(const ResponseMeta& meta, size_t choice);
+// "tool_calls" when the output held complete tool calls and the model ended its turn ("stop");
+// otherwise the sampler's reason ("length": cut short, "abort"), with the calls still reported.
+std::string tool_calls_finish_reason(const std::string& finish_reason, size_t calls);
 
 // Completions "logprobs": {tokens, token_logprobs, top_logprobs, text_offset}; `leading_null`:
 // the first entry is a prompt's first token (no logprob). text_offset starts at `offset` and
