@@ -118,6 +118,24 @@ class Stream:
         return self.ttft or 0.0, self.gaps, self.tokens
 
 
+def pump(sel, timeout=600):
+    """Feeds the ready streams what arrived; returns those that ended (their sockets closed)."""
+    ended = []
+    for key, _ in sel.select(timeout=timeout):
+        s = key.data
+        try:
+            data = s.sock.recv(65536)
+        except OSError as e:
+            data, s.error = b"", s.error or f"recv: {e}"
+        if data:
+            s.feed(data, time.perf_counter())
+            continue
+        sel.unregister(s.sock)
+        s.sock.close()
+        ended.append(s)
+    return ended
+
+
 def drive(host, port, bodies, concurrency, deadline=None, on_done=None):
     """Runs the bodies with at most `concurrency` streams open; on_done(stream) after each. With a
     deadline, bodies() is a generator consulted until then."""
@@ -145,17 +163,7 @@ def drive(host, port, bodies, concurrency, deadline=None, on_done=None):
         if not start():
             break
     while open_streams:
-        for key, _ in sel.select(timeout=600):
-            s = key.data
-            try:
-                data = s.sock.recv(65536)
-            except OSError as e:
-                data, s.error = b"", s.error or f"recv: {e}"
-            if data:
-                s.feed(data, time.perf_counter())
-                continue
-            sel.unregister(s.sock)
-            s.sock.close()
+        for s in pump(sel):
             open_streams -= 1
             on_done(s, None)
             start()
@@ -229,14 +237,7 @@ def prefill_probe(args):
             t_probe = probe.t0
             sel.register(probe.sock, selectors.EVENT_READ, probe)
             open_n += 1
-        for key, _ in sel.select(timeout=600):
-            s = key.data
-            data = s.sock.recv(65536)
-            if data:
-                s.feed(data, time.perf_counter())
-                continue
-            sel.unregister(s.sock)
-            s.sock.close()
+        for s in pump(sel):
             open_n -= 1
             if s is probe:
                 probe.result()
