@@ -90,7 +90,8 @@ struct Model::Impl {
     }
   }
 
-  void forward(SequenceState& s, std::span<const int32_t> ids, float* logits, bool all) {
+  void forward(SequenceState& s, std::span<const int32_t> ids, float* logits, bool all,
+               const AuxCapture* aux) {
     const ModelConfig& c = m.cfg_;
     const int T = int(ids.size());
     const int64_t D = c.hidden_size;
@@ -101,6 +102,14 @@ struct Model::Impl {
     MD_CHECK(s.valid() && s.pool()->compatible(*m.states_),
              "forward: the sequence is not a state of this model (a pool of another model or "
              "cache type)");
+    if (aux) {
+      MD_CHECK(aux->out || aux->layers.empty(), "forward: aux capture without an output buffer");
+      for (int L : aux->layers)
+        MD_CHECK(L >= 1 && L <= c.num_layers - 1,
+                 "forward: aux layer id {} is out of range 1 .. {} (id L captures the residual "
+                 "stream entering layer L)",
+                 L, c.num_layers - 1);
+    }
     s.reserve(s.pos + T);  // the latent-cache rows this call writes (an error changes nothing)
     s.rowlog = {};
     const bool res = c.attn_res_block_size > 0;
@@ -116,8 +125,15 @@ struct Model::Impl {
       for (int t = 0; t < T; ++t)
         cpu::rmsnorm(src + t * D, wt.data(), D, eps, h.data() + t * D, f.rnd());
     };
+    const int64_t aux_width = aux ? int64_t(aux->layers.size()) * D : 0;
     for (int l = 0; l < c.num_layers; ++l) {
       const LayerWeights& L = m.w_.layers[l];
+      // The stream entering layer l: x after layer l - 1 (K3: the block's partial sum, before
+      // this layer's block bookkeeping).
+      for (size_t a = 0; aux && a < aux->layers.size(); ++a)
+        if (aux->layers[a] == l)
+          for (int t = 0; t < T; ++t)
+            std::copy_n(x.data() + t * D, D, aux->out + t * aux_width + int64_t(a) * D);
       if (res) {
         if (st.blocks.empty())
           std::copy(x.begin(), x.end(), in.begin());
@@ -225,9 +241,9 @@ SequenceState Model::new_sequence() const {
 }
 
 void Model::forward(SequenceState& seq, std::span<const int32_t> ids, float* logits,
-                    bool all_positions) {
+                    bool all_positions, const AuxCapture* aux) {
   require_host_weights("the reference path");
-  impl_->forward(seq, ids, logits, all_positions);
+  impl_->forward(seq, ids, logits, all_positions, aux);
 }
 
 }  // namespace md

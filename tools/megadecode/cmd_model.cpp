@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -13,6 +14,8 @@
 #include "megadecode/base/util.h"
 #include "megadecode/exec/executor.h"
 #include "megadecode/model/presets.h"
+#include "megadecode/model/safetensors.h"
+#include "megadecode/spec/draft_model.h"
 #include "megadecode/tokenizer/bpe_train.h"
 #include "megadecode/tokenizer/chat_template.h"
 
@@ -43,23 +46,61 @@ int64_t argmax(const float* v, int64_t n) {
 
 void register_make_model(CLI::App& app) {
   struct Opts {
-    std::string preset, out;
+    std::string preset, out, draft_for, aux_layers;
     uint64_t seed = 1;
-    int shards = 1;
+    int shards = 1, draft_layers = 0;
     bool force = false;
   };
   auto o = std::make_shared<Opts>();
-  auto* c = app.add_subcommand("make-model", "write a random-weight checkpoint of a preset");
-  c->add_option("--preset", o->preset,
-                "tiny | small | kl48-e32 | kl48 (Kimi Linear) | k3-tiny | k3-small | k3-slice "
-                "(Kimi K3)")
-      ->required();
+  auto* c = app.add_subcommand(
+      "make-model", "write a random-weight checkpoint of a preset, or a speculative draft for one");
+  auto* preset = c->add_option("--preset", o->preset,
+                               "tiny | small | kl48-e32 | kl48 (Kimi Linear) | k3-tiny | k3-small "
+                               "| k3-slice (Kimi K3)");
+  auto* draft_for = c->add_option(
+      "--draft-for", o->draft_for,
+      "instead of a preset: a random DSpark draft (docs/speculative.md) matched to the target "
+      "checkpoint in this directory, sized like the seed's draft for Kimi K3");
+  preset->excludes(draft_for);
+  auto* draft_layers = c->add_option("--draft-layers", o->draft_layers,
+                                     "with --draft-for: the draft's layers (default 5)");
+  draft_layers->check(CLI::Range(1, 64))->needs(draft_for);
+  c->add_option("--aux-layers", o->aux_layers,
+                "with --draft-for: comma-separated target layer ids whose input hidden states the "
+                "draft reads (default: the seed's 24,48,72,88,92 of 93 scaled to the target)")
+      ->needs(draft_for);
   c->add_option("--seed", o->seed, "random seed (same seed, same bytes)");
   c->add_option("--out", o->out, "output directory")->required();
   c->add_option("--shards", o->shards, "number of safetensors shards")->check(CLI::Range(1, 999));
   c->add_flag("--force", o->force, "overwrite an existing checkpoint in --out");
   c->callback([o] {
     namespace fs = std::filesystem;
+    MD_CHECK(!o->preset.empty() || !o->draft_for.empty(),
+             "make-model: give --preset or --draft-for");
+    if (!o->draft_for.empty()) {
+      const ModelConfig target =
+          load_config_file((fs::path(o->draft_for) / "config.json").string());
+      std::vector<int> aux;
+      if (!o->aux_layers.empty())
+        for (int32_t id : parse_ids(o->aux_layers)) aux.push_back(int(id));
+      const DraftConfig d = draft_config_for_target(target, o->draft_layers, aux);
+      MD_CHECK(o->force || !fs::exists(fs::path(o->out) / "config.json"),
+               "{} already holds a checkpoint (use --force to overwrite)", o->out);
+      ThreadPool pool(0, false);
+      make_random_draft(d, o->out, o->seed, pool);
+      int64_t params = 0;
+      for (const TensorSpec& t : expected_draft_tensors(d)) {
+        int64_t n = 1;
+        for (int64_t x : t.shape) n *= x;
+        params += n;
+      }
+      std::printf(
+          "wrote %s: DSpark draft for %s, seed %llu, %d layers, aux layers %s, %.3f B "
+          "parameters\n",
+          o->out.c_str(), o->draft_for.c_str(), (unsigned long long)o->seed, d.num_layers,
+          fmt::format("{}", fmt::join(d.aux_layer_ids, ",")).c_str(), double(params) / 1e9);
+      return;
+    }
     ModelConfig cfg = preset_config(o->preset);
     MD_CHECK(o->force || !fs::exists(fs::path(o->out) / "config.json"),
              "{} already holds a checkpoint (use --force to overwrite)", o->out);

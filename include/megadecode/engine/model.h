@@ -17,6 +17,17 @@
 
 namespace md {
 
+// What Model::forward can capture besides the logits: the residual stream entering each listed
+// layer, for every fed token (a speculative draft's context; spec/draft_model.h). Layer id L
+// (1 .. num_layers - 1) names the stream after layer L - 1: Kimi Linear's hidden state x, Kimi
+// K3's current block partial sum (the "prefix" of block attention residuals), as the seed's
+// aux_hidden_layers capture it. out receives [T][layers.size() * hidden], the layers of one token
+// concatenated in the order given.
+struct AuxCapture {
+  std::span<const int> layers;
+  float* out = nullptr;
+};
+
 class Model {
  public:
   Model(const std::string& dir, const ModelOptions& opt = {});
@@ -49,8 +60,10 @@ class Model {
 
   // Feeds ids to the sequence (T = ids.size() >= 1 tokens: T > 1 is a prefill, T == 1 a decode
   // step) and advances it. logits, when not null, receives [T][vocab] (all_positions) or the last
-  // position's [vocab]. Ids outside the vocabulary are an md::Error (the state is unchanged).
-  void forward(SequenceState& seq, std::span<const int32_t> ids, float* logits, bool all_positions);
+  // position's [vocab]. Ids outside the vocabulary are an md::Error (the state is unchanged), and
+  // so are aux layer ids out of range. aux, when not null, captures hidden states (AuxCapture).
+  void forward(SequenceState& seq, std::span<const int32_t> ids, float* logits, bool all_positions,
+               const AuxCapture* aux = nullptr);
 
  private:
   struct Impl;

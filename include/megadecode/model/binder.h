@@ -1,0 +1,64 @@
+// Binds checkpoint tensors to typed weights by name, shape and dtype, and records the expected
+// tensor specs when there is no checkpoint: one walk over an architecture's tensors serves both
+// the loader and make-model, so the two cannot disagree. Used by the target models
+// (model/weights.cpp) and the speculative draft (spec/draft_model.cpp).
+#pragma once
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "megadecode/base/dtype.h"
+#include "megadecode/model/weights.h"
+
+namespace md {
+
+class Checkpoint;
+struct TensorInfo;
+struct TensorSpec;
+
+class Binder {
+ public:
+  // With a checkpoint: bind and validate (a missing tensor or a wrong shape or dtype is an
+  // md::Error naming it). Without (ck == nullptr): append what would be read to *specs.
+  // language_prefix: tensors outside it are not the language model's (K3's vision tower): they are
+  // skipped, not reported as unexpected. Empty: every tensor must be used.
+  Binder(const Checkpoint* ck, std::vector<TensorSpec>* specs, std::string language_prefix = "")
+      : ck_(ck), specs_(specs), language_prefix_(std::move(language_prefix)) {}
+
+  // A [rows, cols] matrix used in place (BF16, or F32 where allowed).
+  Mat mat(const std::string& name, int64_t rows, int64_t cols, bool allow_f32 = false,
+          DType write_dtype = DType::BF16);
+  // An MXFP4 matrix [rows, cols]: `base`.weight_packed U8 [rows, cols/2] and `base`.weight_scale
+  // U8 [rows, cols/32] (compressed-tensors mxfp4-pack-quantized).
+  Mat mxfp4(const std::string& base, int64_t rows, int64_t cols);
+  // A vector of which only the first `n` entries are used, stored with any shape whose dimensions
+  // are all 1 but one of at least n (K3 ships A_log with more entries than heads); the specs
+  // record `write_shape`.
+  std::vector<float> vec_prefix(const std::string& name, int64_t n,
+                                std::vector<int64_t> write_shape, DType write_dtype);
+  // A small tensor read into fp32 (any float dtype); `shape` is the exact expected shape.
+  std::vector<float> vec(const std::string& name, std::vector<int64_t> shape,
+                         DType write_dtype = DType::BF16);
+  // An md::Error listing tensors the walk did not use (inside the language prefix); returns the
+  // number skipped as outside it.
+  int check_no_extra();
+  const std::string& first_skipped() const { return first_skipped_; }
+
+ private:
+  const TensorInfo* lookup(const std::string& name, const std::vector<int64_t>& shape,
+                           DType write_dtype, bool read_at_load = false);
+
+  const Checkpoint* ck_;
+  std::vector<TensorSpec>* specs_;
+  std::string language_prefix_;
+  std::set<std::string> used_;
+  std::string first_skipped_;
+};
+
+// A gated MLP p+g / p+u / p+d (".weight" appended for bf16; MXFP4 pairs otherwise): gate and up
+// [I, D], down [D, I].
+FfnWeights bind_ffn(Binder& b, const std::string& p, const char* g, const char* u, const char* d,
+                    int64_t D, int64_t I, bool mxfp4 = false);
+
+}  // namespace md

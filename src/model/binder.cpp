@@ -1,0 +1,158 @@
+// Binder: tensors by name, shape and dtype (model/binder.h).
+#include "megadecode/model/binder.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "megadecode/base/bf16.h"
+#include "megadecode/base/error.h"
+#include "megadecode/model/safetensors.h"
+
+namespace md {
+
+Mat Binder::mat(const std::string& name, int64_t rows, int64_t cols, bool allow_f32,
+                DType write_dtype) {
+  const TensorInfo* t = lookup(name, {rows, cols}, write_dtype);
+  Mat m;
+  m.rows = rows;
+  m.cols = cols;
+  if (!t) return m;
+  MD_CHECK(t->dtype == DType::BF16 || (allow_f32 && t->dtype == DType::F32),
+           "tensor {} in {}: dtype {} is not supported for this weight (expected BF16{})", name,
+           t->file, dtype_name(t->dtype), allow_f32 ? " or F32" : "");
+  m.data = t->data;
+  m.dtype = t->dtype;
+  return m;
+}
+
+// An MXFP4 matrix [rows, cols]: `base`.weight_packed U8 [rows, cols/2] and `base`.weight_scale
+// U8 [rows, cols/32] (compressed-tensors mxfp4-pack-quantized).
+Mat Binder::mxfp4(const std::string& base, int64_t rows, int64_t cols) {
+  Mat m;
+  m.rows = rows;
+  m.cols = cols;
+  m.dtype = DType::U8;
+  const TensorInfo* p = lookup(base + ".weight_packed", {rows, cols / 2}, DType::U8);
+  const TensorInfo* s = lookup(base + ".weight_scale", {rows, cols / 32}, DType::U8);
+  if (!p) return m;
+  for (const TensorInfo* t : {p, s})
+    MD_CHECK(t->dtype == DType::U8,
+             "tensor {} in {}: dtype {} is not supported for an MXFP4 expert weight (expected "
+             "U8)",
+             t->name, t->file, dtype_name(t->dtype));
+  // E8M0 255 is NaN (OCP MX): reject the checkpoint rather than compute NaNs. (Random scales
+  // generated on a device never are: random_init.h.)
+  const auto* sc = static_cast<const uint8_t*>(s->data);
+  const size_t checked = ck_->device_only(s->data) ? 0 : s->nbytes;
+  for (size_t i = 0; i < checked; ++i)
+    MD_CHECK(sc[i] != 255, "tensor {} in {}: scale byte {} is 255 (NaN in E8M0)", s->name, s->file,
+             i);
+  m.data = p->data;
+  m.scales = sc;
+  return m;
+}
+
+// A vector of which only the first `n` entries are used, stored with any shape whose dimensions
+// are all 1 but one of at least n (K3 ships A_log with more entries than heads); the specs
+// record `write_shape`.
+std::vector<float> Binder::vec_prefix(const std::string& name, int64_t n,
+                                      std::vector<int64_t> write_shape, DType write_dtype) {
+  if (!ck_) {
+    specs_->push_back(TensorSpec{name, write_dtype, write_shape, /*read_at_load=*/true});
+    return {};
+  }
+  const TensorInfo* t = ck_->find(name);
+  MD_CHECK(t, "checkpoint {}: missing tensor {} (expected at least {} entries)", ck_->dir(), name,
+           n);
+  int big = 0;
+  for (int64_t d : t->shape) big += d != 1;
+  MD_CHECK(big <= 1 && t->numel() >= n,
+           "tensor {} in {}: shape {} does not match the config (expected a vector of at least "
+           "{} entries)",
+           name, t->file, t->shape_str(), n);
+  std::vector<float> v = vec(name, t->shape, write_dtype);
+  v.resize(size_t(n));
+  return v;
+}
+
+// A small tensor read into fp32 (any float dtype); `shape` is the exact expected shape.
+std::vector<float> Binder::vec(const std::string& name, std::vector<int64_t> shape,
+                               DType write_dtype) {
+  const TensorInfo* t = lookup(name, shape, write_dtype, /*read_at_load=*/true);
+  if (!t) return {};
+  std::vector<float> out(static_cast<size_t>(t->numel()));
+  switch (t->dtype) {
+    case DType::F32: {
+      auto* p = static_cast<const float*>(t->data);
+      out.assign(p, p + out.size());
+      break;
+    }
+    case DType::BF16: {
+      auto* p = static_cast<const bf16*>(t->data);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_f32(p[i]);
+      break;
+    }
+    case DType::F16: {
+      auto* p = static_cast<const uint16_t*>(t->data);
+      for (size_t i = 0; i < out.size(); ++i) out[i] = f16_to_f32(p[i]);
+      break;
+    }
+    default:
+      fail("tensor {} in {}: dtype {} is not a floating-point type", name, t->file,
+           dtype_name(t->dtype));
+  }
+  return out;
+}
+
+// Returns the number of tensors skipped as outside the language model.
+int Binder::check_no_extra() {
+  if (!ck_) return 0;
+  std::vector<std::string> extra;
+  int skipped = 0;
+  for (const auto& [name, t] : ck_->tensors()) {
+    if (used_.count(name)) continue;
+    if (!language_prefix_.empty() && name.rfind(language_prefix_, 0) != 0) {
+      if (skipped++ == 0) first_skipped_ = name;
+      continue;
+    }
+    extra.push_back(name);
+  }
+  if (!extra.empty()) {
+    if (extra.size() > 5) extra.resize(5), extra.push_back("...");
+    fail("checkpoint {}: unexpected tensor(s) not used by the architecture: {}", ck_->dir(),
+         fmt::join(extra, ", "));
+  }
+  return skipped;
+}
+
+const TensorInfo* Binder::lookup(const std::string& name, const std::vector<int64_t>& shape,
+                                 DType write_dtype, bool read_at_load) {
+  if (!ck_) {
+    specs_->push_back(TensorSpec{name, write_dtype, shape, read_at_load});
+    return nullptr;
+  }
+  const TensorInfo* t = ck_->find(name);
+  MD_CHECK(t, "checkpoint {}: missing tensor {} (expected shape [{}])", ck_->dir(), name,
+           fmt::join(shape, ", "));
+  MD_CHECK(t->shape == shape, "tensor {} in {}: shape {} does not match the config (expected [{}])",
+           name, t->file, t->shape_str(), fmt::join(shape, ", "));
+  used_.insert(name);
+  return t;
+}
+
+FfnWeights bind_ffn(Binder& b, const std::string& p, const char* g, const char* u, const char* d,
+                    int64_t D, int64_t I, bool mxfp4) {
+  FfnWeights f;
+  if (mxfp4) {
+    f.gate = b.mxfp4(p + g, I, D);
+    f.up = b.mxfp4(p + u, I, D);
+    f.down = b.mxfp4(p + d, D, I);
+    return f;
+  }
+  f.gate = b.mat(p + g + ".weight", I, D);
+  f.up = b.mat(p + u + ".weight", I, D);
+  f.down = b.mat(p + d + ".weight", D, I);
+  return f;
+}
+
+}  // namespace md
