@@ -152,7 +152,7 @@ TEST(ServerEngine, PromptRowsPerStepStayWithinOneChunk) {
   EngineOptions o;
   o.max_batch = 4;
   o.prefill_chunk = 8;
-  o.max_model_len = 1024;
+  o.max_model_len = 4096;
   std::mutex mu;
   std::vector<std::pair<int, int>> steps;  // (rows, decoding sequences)
   server::EngineObserver obs;  // both on the engine thread: `step`, then `decode_batch` if any
@@ -165,7 +165,9 @@ TEST(ServerEngine, PromptRowsPerStepStayWithinOneChunk) {
     steps.back().second = b;
   };
   EngineLoop loop(*m.ex, *m.tok, o, obs);
-  auto a = loop.submit(greedy_request(m.tok->encode("hello", true), 60));
+  // `a` decodes until it is cancelled, so it is decoding whenever the others prefill, however
+  // late this thread gets to submit them.
+  auto a = loop.submit(greedy_request(m.tok->encode("hello", true), 4000));
   ChoiceEvent e;
   int a_tokens = 0;
   while (a_tokens < 2)
@@ -177,6 +179,7 @@ TEST(ServerEngine, PromptRowsPerStepStayWithinOneChunk) {
     rest.push_back(loop.submit(greedy_request(p, 2)));
   }
   for (auto& r : rest) EXPECT_EQ(collect(*r).finish, "length");
+  a->cancel();
   collect(*a);
   std::lock_guard<std::mutex> lk(mu);
   int prompt_rows_while_decoding = 0;
