@@ -50,11 +50,12 @@ test-asan: deps
 # streaming handlers: ~5 s; the parser mutation run is left out, it is single-threaded), and
 # the CUDA simulation (its runtime, two attention tiles, the megakernel's watchdog; a whole model
 # takes minutes under TSan) under
-# ThreadSanitizer: any data race or report fails the target.
+# ThreadSanitizer: any data race or report fails the target. Only the test directories those
+# suites live in are compiled (MEGADECODE_TEST_DIRS).
 test-tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DMEGADECODE_SANITIZE=thread -DMEGADECODE_BENCH=OFF -DMEGADECODE_CUDA=OFF $(SAN_FLAGS) \
-	  > /dev/null
+	  "-DMEGADECODE_TEST_DIRS=plan;exec;server;cuda" > /dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS)
 	@cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1 \
 	  ctest --output-on-failure -j $(JOBS) -R '^(Plan|Executor|ExecutorGolden|MultiRowErrors|CudaSimRuntime)\.|^Golden/MultiRow\.|^CudaAttention\.(KdaChainedRowsWithRowLog|MlaCoreBf16Cache)|^CudaSim\.Watchdog|^ServerEngine\.|^ServerHttp\.'
