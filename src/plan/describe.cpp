@@ -125,11 +125,12 @@ std::string operand_str(const Plan& p, const BufferDesc& b) {
       return fmt::format("arena+{}", b.offset);
     case BufKind::kWeight:
       if (b.offset >= p.weights.size()) return "weight?";
-      return fmt::format("{}{}{}", weight_kind_name(p.weights[b.offset].kind),
-                         layer_str(p.weights[b.offset].layer) == "--"
-                             ? std::string()
-                             : "@" + layer_str(p.weights[b.offset].layer),
-                         b.count > 1 ? fmt::format("[{}]", b.count) : std::string());
+      {
+        const std::string layer = layer_str(p.weights[b.offset].layer);
+        return fmt::format("{}{}{}{}", weight_kind_name(p.weights[b.offset].kind),
+                           layer == "--" ? "" : "@", layer == "--" ? "" : layer,
+                           b.count > 1 ? fmt::format("[{}]", b.count) : std::string());
+      }
     case BufKind::kState:
       return fmt::format("state{}@{}", int(b.sub), layer_str(b.layer));
     case BufKind::kTokens:

@@ -16,7 +16,10 @@ using ::testing::HasSubstr;
 
 std::string join(const nlohmann::json& a) {
   std::string s;
-  for (auto& v : a) s += (s.empty() ? "" : ",") + std::to_string(v.get<int>());
+  for (auto& v : a) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(v.get<int>());
+  }
   return s;
 }
 

@@ -234,7 +234,9 @@ TEST_F(ServerRequest, BadInputsNameTheField) {
 
 TEST_F(ServerRequest, DeepNestingIsRefusedQuickly) {
   // A million brackets: refused at the depth limit, without building (or recursing into) them.
-  const std::string body = "{\"prompt\":" + std::string(1 << 20, '[') + "}";
+  std::string body = "{\"prompt\":";
+  body.append(1 << 20, '[');
+  body += '}';
   const ApiError e = error_of([&] { completion(body); });
   EXPECT_EQ(e.status, 400);
   EXPECT_THAT(e.message, HasSubstr("nested deeper"));

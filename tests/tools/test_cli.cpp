@@ -215,7 +215,10 @@ TEST_F(Cli, TokenizeAndDetokenize) {
   auto ids = nlohmann::json::parse(r.out).get<std::vector<int>>();
   EXPECT_NE(std::find(ids.begin(), ids.end(), 1024 - 254), ids.end()) << "special token id";
   std::string list;
-  for (int id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
+  for (int id : ids) {
+    if (!list.empty()) list += ',';
+    list += std::to_string(id);
+  }
   r = test::run_cli("detokenize --model " + model() + " --ids " + list);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, "Hello <|im_end|> world\n");
