@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "megadecode/base/error.h"
+#include "step_layout.h"
 
 namespace md {
 
@@ -50,6 +51,7 @@ void ReferenceExecutor::run_step(std::span<const StepSeq> seqs, float* logits, i
     for (int32_t id : s.tokens)
       MD_CHECK(id >= 0 && id < V, "step: token id {} is outside the vocabulary [0, {})", id, V);
   }
+  exec::check_aux(model_.config(), options.aux);
   if (!logits && rows_out > 0) {  // only the drawn tokens are wanted
     all_logits_.resize(size_t(rows_out) * size_t(V));
     logits = all_logits_.data();
@@ -57,16 +59,24 @@ void ReferenceExecutor::run_step(std::span<const StepSeq> seqs, float* logits, i
   stats_ = StepStats();
   stats_.batch = int(seqs.size());
   float* out = logits;
+  // The aux rows of each sequence follow those of the sequences before it (step order), as
+  // Model::forward lays out its T rows.
+  const size_t aux_width = options.aux.layers.size() * size_t(model_.config().hidden_size);
+  size_t aux_row = 0;
   for (const StepSeq& s : seqs) {
     const int R = int(s.tokens.size());
     stats_.rows = std::max(stats_.rows, R);
     stats_.token_rows += R;
+    const AuxCapture aux{options.aux.layers,
+                         aux_width ? options.aux.out + aux_row * aux_width : nullptr};
+    const AuxCapture* ap = aux_width ? &aux : nullptr;
+    aux_row += size_t(R);
     if (s.logits == LogitRows::kNone) {
       scratch_logits_.resize(size_t(V));
-      model_.forward(*s.seq, s.tokens, scratch_logits_.data(), false);
+      model_.forward(*s.seq, s.tokens, scratch_logits_.data(), false, ap);
     } else {
       const bool all = s.logits == LogitRows::kAll;
-      model_.forward(*s.seq, s.tokens, out, all);
+      model_.forward(*s.seq, s.tokens, out, all, ap);
       out += size_t(all ? R : 1) * size_t(V);
     }
   }

@@ -1,6 +1,7 @@
 #include "step_layout.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "megadecode/base/error.h"
 #include "megadecode/kernels/cpu/expert_slots.h"
@@ -50,6 +51,7 @@ void check_inputs(const Model& model, const StatePool& pool, int max_batch,
            pool.options().cache_tokens);
   MD_CHECK(logits != nullptr || tokens_out || logit_row_count(seqs) == 0,
            "step: no logits buffer (and no next_ids: the step would return nothing)");
+  check_aux(c, so.aux);
 }
 
 }  // namespace
@@ -101,6 +103,29 @@ StepLayout layout_step(const Model& model, const StatePool& pool, int max_batch,
                r.penalties[i].id, c.vocab_size);
   }
   return L;
+}
+
+void check_aux(const ModelConfig& c, const AuxCapture& aux) {
+  MD_CHECK(aux.out || aux.layers.empty(), "step: aux capture of {} layers without an output buffer",
+           aux.layers.size());
+  for (int L : aux.layers)
+    MD_CHECK(L >= 1 && L <= c.num_layers - 1,
+             "step: aux layer id {} is out of range 1 .. {} (id L captures the residual stream "
+             "entering layer L)",
+             L, c.num_layers - 1);
+}
+
+void copy_aux_rows(const plan::Plan& p, const AuxCapture& aux, int n,
+                   const std::function<const uint8_t*(uint32_t)>& rows_of) {
+  const size_t D = size_t(p.cfg.hidden_size), width = aux.layers.size() * D;
+  for (size_t a = 0; a < aux.layers.size(); ++a) {
+    const uint32_t bi = p.residual_buffer[size_t(aux.layers[a])];
+    const uint8_t* src = rows_of(bi);
+    const uint64_t stride = p.buffers[bi].stride;
+    for (int t = 0; t < n; ++t)
+      std::memcpy(aux.out + size_t(t) * width + a * D, src + stride * uint64_t(t),
+                  D * sizeof(float));
+  }
 }
 
 int distinct_experts_of_step(const ModelConfig& c, int n, const std::vector<RouterIds>& per_layer) {

@@ -3,6 +3,7 @@
 // compact in sequence order, the logit rows compacted in row order).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -30,6 +31,17 @@ StepLayout layout_step(const Model& model, const StatePool& pool, int max_batch,
                        std::span<const StepSeq> seqs, const float* logits,
                        std::span<const SampleRow> sampling, const StepOptions& so,
                        bool tokens_out = false);
+
+// StepOptions::aux against the model: layer ids in 1 .. num_layers - 1 and an output buffer
+// when layers are listed (an md::Error naming the problem).
+void check_aux(const ModelConfig& c, const AuxCapture& aux);
+
+// StepOptions::aux out of a finished step: row t of the capture is, per listed layer, row t of
+// that layer's residual-stream buffer (plan::Plan::residual_buffer). rows_of(buffer index)
+// returns the host address of the buffer's row 0 (the arena itself on the CPU, a staging copy
+// of the buffer for a device); rows are the buffer's stride apart.
+void copy_aux_rows(const plan::Plan& p, const AuxCapture& aux, int n,
+                   const std::function<const uint8_t*(uint32_t)>& rows_of);
 
 // Distinct experts a step's rows chose, summed over the MoE layers (the step's bytes): ids(l)
 // returns layer l's router ids [N][k] (row stride in ints) or null where the layer has no router.

@@ -225,6 +225,37 @@ std::vector<std::string> validate_plan(const Plan& p) {
     if (b.kind == BufKind::kWeight && b.offset + b.count > p.weights.size())
       err("weight operand out of range");
   }
+  // The residual stream entering each layer (Plan::residual_buffer, the aux capture's rows): the
+  // very buffer its producer writes.
+  auto same_buffer = [](const BufferDesc& a, const BufferDesc& b) {
+    return a.kind == b.kind && a.offset == b.offset && a.stride == b.stride && a.count == b.count;
+  };
+  if (p.residual_buffer.size() != size_t(p.cfg.num_layers)) {
+    err(fmt::format("{} residual-stream buffers for {} layers", p.residual_buffer.size(),
+                    p.cfg.num_layers));
+  } else {
+    for (size_t l = 0; l < p.residual_buffer.size(); ++l) {
+      const uint32_t r = p.residual_buffer[l];
+      if (r >= p.buffers.size() || p.buffers[r].kind != BufKind::kArena ||
+          int64_t(p.buffers[r].count) != p.cfg.hidden_size) {
+        err(fmt::format("layer {}: the residual-stream buffer is not an arena buffer of {} values",
+                        l, p.cfg.hidden_size));
+        continue;
+      }
+      const Op producer = l == 0 ? Op::kEmbed : Op::kCombine;
+      const uint16_t layer = l == 0 ? kNoLayer : uint16_t(l - 1);
+      const uint32_t slot = l == 0 ? uint32_t(arg::Embed::x0) : uint32_t(arg::Combine::x_next);
+      int producers = 0;
+      for (const Instr& in : p.instrs) {
+        if (in.op != producer || in.layer != layer || in.nargs <= slot) continue;
+        ++producers;
+        if (!same_buffer(p.buffers[in.args + slot], p.buffers[r]))
+          err(fmt::format("layer {}: the residual-stream buffer is not what {} writes", l,
+                          describe_instr(p, in)));
+      }
+      if (producers == 0) err(fmt::format("layer {}: nothing writes the residual stream", l));
+    }
+  }
   // Queues: a partition of the program, each in increasing global order.
   std::vector<int> seen(n, 0);
   if (int(p.queues.size()) != p.workers || int(p.queue_ids.size()) != p.workers)

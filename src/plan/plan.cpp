@@ -22,6 +22,7 @@ void Builder::build() {
   const int64_t D = c.hidden_size;
   const int bs = c.attn_res_block_size;  // K3's block attention residuals (0: off)
   p_.router_ids_buffer.assign(size_t(L), kNone);
+  p_.residual_buffer.assign(size_t(L), kNone);
 
   // Residual stream and normed input of layer 0. With block attention residuals `x` is the
   // current block's partial sum (the reference's `prefix`) and blocks_ the completed block
@@ -39,6 +40,9 @@ void Builder::build() {
   }
 
   for (int l = 0; l < L; ++l) {
+    // The stream entering layer l, named for the executors' aux capture (an entry no instruction
+    // reads: the capture is a copy out of the arena after the step, see Plan::residual_buffer).
+    p_.residual_buffer[size_t(l)] = args({x}).first;
     // K3: every bs layers the partial sum becomes a block summary and a new partial sum starts
     // with this layer's attention output (the summary is the buffer itself: no copy).
     const bool new_block = bs > 0 && l % bs == 0;

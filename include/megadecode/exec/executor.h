@@ -93,6 +93,11 @@ struct StepOptions {
   // 4 B = 2 MiB of state per KDA layer, ~40 MiB a sequence). Needs rows <=
   // plan::kMaxChainedRows and <= the pool's commit rows.
   bool keep_for_commit = false;
+  // Captures, for every token row of the step, the residual stream entering each listed layer
+  // (the same rows Model::forward's AuxCapture gives, bit for bit): aux.out receives
+  // [token rows of the step][aux.layers.size() * hidden], rows in step order (sequences in order,
+  // each sequence's rows in order). Empty layers: nothing is captured.
+  AuxCapture aux;
 };
 
 // Logit rows of a step: the sum over its sequences of 0, 1 or R.
@@ -113,9 +118,12 @@ class Executor {
   // (logit_row_count: in sequence order, rows in order; bf16-valued in BF16 precision, as
   // Model::forward), next_ids (if not null) the token sampled for each logit row by sampling[j]
   // (one row per logit row, or empty: greedy). logits may be null when next_ids is not: then only
-  // the tokens come back (a CUDA executor's logits stay on the device). Each sequence advances by R. The batch may differ
+  // the tokens come back (a CUDA executor's logits stay on the device). options.aux (if it lists
+  // layers) receives the step's aux hidden states, copied out after the step from buffers the
+  // plan writes anyway (no instruction is added). Each sequence advances by R. The batch may differ
   // from step to step (1..max_batch distinct sequences of this model). Bad input (shape, token id,
-  // a foreign or repeated sequence) is an md::Error before anything changes; a step that fails
+  // a foreign or repeated sequence, an aux layer id outside 1 .. num_layers - 1, aux layers without
+  // an output buffer) is an md::Error before anything changes; a step that fails
   // while running (watchdog) leaves the batch's states undefined.
   void step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids = nullptr,
             std::span<const SampleRow> sampling = {}, const StepOptions& options = {}) {

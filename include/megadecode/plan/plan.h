@@ -285,6 +285,13 @@ struct Plan {
   std::vector<uint32_t> router_ids_buffer;  // per layer: buffer-table index
   // The sampled next token of each logit row (int32 [N], written by the kSample tiles).
   uint32_t next_ids_buffer = kNone;  // buffer-table index
+  // Per layer l, the residual stream entering it (fp32 [N][hidden]): layer 0's is the embedding
+  // (kEmbed's x0), layer l's the x_next of layer l - 1's kCombine (Kimi K3: the current block's
+  // partial sum, the reference's prefix). Like every arena buffer it is written once per step
+  // and never overwritten in it, so after a step it holds the stream of every token row: what
+  // StepOptions::aux copies out (docs/speculative.md "Aux capture in the plan executors").
+  // Each is an entry of its own in the buffer table, which no instruction names.
+  std::vector<uint32_t> residual_buffer;  // per layer: buffer-table index
 };
 
 // The schedulers' cost of one tile in bytes-equivalent (estimated bytes, scaled up for
@@ -304,7 +311,9 @@ Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const Pl
 //  * every queue is strictly increasing in global order and the queues partition instrs;
 //  * every phase's waits are on counters signalled only in earlier phases;
 //  * operands are in range, their count and kinds are those of the op table (plan/ops.h), and
-//    flags are the op's own; the arena fits.
+//    flags are the op's own; the arena fits;
+//  * residual_buffer names, per layer, the buffer kEmbed writes as x0 (layer 0) or the previous
+//    layer's kCombine writes as x_next.
 std::vector<std::string> validate_plan(const Plan& p);
 
 // Summary figures.

@@ -599,6 +599,13 @@ struct CpuExecutor::Impl {
     }
     const double t_run = now_seconds() - t_start;
     ++rt.epoch;
+    // The aux capture reads the residual-stream buffers the step has just written (each once, so
+    // every row is still there): a copy of the rows asked for, no instruction, nothing when no
+    // layer is listed.
+    if (!so.aux.layers.empty())
+      exec::copy_aux_rows(rt.plan, so.aux, N, [&](uint32_t bi) -> const uint8_t* {
+        return arena.get() + rt.plan.buffers[bi].offset;
+      });
     if (next_ids) {
       const plan::BufferDesc& d = rt.plan.buffers[rt.plan.next_ids_buffer];
       for (int j = 0; j < n_logits; ++j)

@@ -485,9 +485,23 @@ struct CudaExecutor::Impl {
       ids.resize(size_t(lay.n_logits) * id_stride);
       dev->copy(ids.data(), arena.as<uint8_t>() + d.offset, size_t(lay.n_logits) * d.stride);
     }
-    dev->sync();  // both copies
+    // The aux capture: each listed layer's residual-stream buffer (its N rows are contiguous in
+    // the device arena, written once by the step) in one copy, laid out on the host below.
+    std::map<uint32_t, std::vector<uint8_t>> aux_rows;  // by buffer-table index
+    for (int l : so.aux.layers) {
+      const uint32_t bi = p.residual_buffer[size_t(l)];
+      std::vector<uint8_t>& v = aux_rows[bi];
+      if (!v.empty()) continue;  // (a layer listed twice)
+      const plan::BufferDesc& d = p.buffers[bi];
+      v.resize(size_t(N) * d.stride);
+      dev->copy(v.data(), arena.as<uint8_t>() + d.offset, v.size());
+    }
+    dev->sync();  // all the copies
     if (want_ids)
       for (int j = 0; j < lay.n_logits; ++j) next_ids[j] = ids[size_t(j) * id_stride];
+    if (!so.aux.layers.empty())
+      exec::copy_aux_rows(p, so.aux, N,
+                          [&](uint32_t bi) -> const uint8_t* { return aux_rows.at(bi).data(); });
     for (int b = 0; b < B; ++b) seqs[size_t(b)].seq->pos += lay.rows[size_t(b)];
     // The step's bytes need the experts its rows chose: read from the device only when
     // last_step_stats() is called, before the next step (one copy per MoE layer, kept out of the
