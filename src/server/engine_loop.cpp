@@ -416,51 +416,65 @@ void EngineLoop::step() {
     if (size_t(s.generated) < opt_.test_forced_tokens.size())
       id = opt_.test_forced_tokens[size_t(s.generated)];
     ChoiceEvent e;
-    e.tokens.push_back(id);
-    // The prompt's logprobs travel with the first token, so a stream can send them with it.
-    if (s.prompt_logprobs && s.generated == 0) e.prompt_logprobs = std::move(s.prompt_lp);
-    if (s.top_logprobs >= 0)
-      e.logprobs.push_back(token_logprob(row(p.logit_rows - 1), id, s.top_logprobs));
-    s.history.push_back(id);
-    ++s.generated;
-    counters_.generation_tokens.fetch_add(1);
-    if (s.generated == 1) {
-      if (obs_.time_to_first_token) obs_.time_to_first_token(t - s.stream->submitted_at);
-    } else if (obs_.inter_token_latency) {
-      obs_.inter_token_latency(t - s.t_last);
-    }
+    const bool first = s.generated == 0;
+    const double gap = t - s.t_last;
     s.t_last = t;
-    const auto& stop_ids = s.spec.sampling.stop_token_ids;
-    if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
-      finish(s, "stop", std::move(e));
-      continue;
-    }
-    TextDelta d;
-    try {
-      d = s.text->push(id);
-    } catch (const Error& err) {  // an id the tokenizer lacks (a model vocabulary beyond it)
-      e.error = err.what();
-      retire(s, std::move(e));
-      continue;
-    }
-    e.text = std::move(d.text);
-    e.reasoning = std::move(d.reasoning);
-    if (d.stopped) {
-      finish(s, "stop", std::move(e));
-    } else if (s.generated >= s.spec.sampling.max_tokens ||
-               int64_t(s.history.size()) >= opt_.max_model_len) {
-      finish(s, "length", std::move(e));
-    } else {
-      e.choice = s.choice;
-      s.next = id;
-      append_event(s.pending, std::move(e));
-      if (s.generated == 1 || int(s.pending.tokens.size()) >= opt_.stream_interval) {
-        s.stream->push(std::move(s.pending));
-        s.pending = ChoiceEvent{};
-      }
-    }
+    if (take_token(s, id, s.top_logprobs >= 0 ? row(p.logit_rows - 1) : std::span<const float>(),
+                   t, gap, e))
+      send_tokens(s, std::move(e), first);
   }
   std::erase_if(slots_, [](const auto& s) { return s->done; });
+}
+
+bool EngineLoop::take_token(Slot& s, int32_t id, std::span<const float> row, double t,
+                            double gap, ChoiceEvent& e) {
+  e.tokens.push_back(id);
+  // The prompt's logprobs travel with the first token, so a stream can send them with it.
+  if (s.prompt_logprobs && s.generated == 0) e.prompt_logprobs = std::move(s.prompt_lp);
+  if (s.top_logprobs >= 0) e.logprobs.push_back(token_logprob(row, id, s.top_logprobs));
+  s.history.push_back(id);
+  ++s.generated;
+  counters_.generation_tokens.fetch_add(1);
+  if (s.generated == 1) {
+    if (obs_.time_to_first_token) obs_.time_to_first_token(t - s.stream->submitted_at);
+  } else if (obs_.inter_token_latency) {
+    obs_.inter_token_latency(gap);
+  }
+  const auto& stop_ids = s.spec.sampling.stop_token_ids;
+  if (std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) {
+    finish(s, "stop", std::move(e));
+    return false;
+  }
+  TextDelta d;
+  try {
+    d = s.text->push(id);
+  } catch (const Error& err) {  // an id the tokenizer lacks (a model vocabulary beyond it)
+    e.error = err.what();
+    retire(s, std::move(e));
+    return false;
+  }
+  e.text += d.text;
+  e.reasoning += d.reasoning;
+  if (d.stopped) {
+    finish(s, "stop", std::move(e));
+    return false;
+  }
+  if (s.generated >= s.spec.sampling.max_tokens ||
+      int64_t(s.history.size()) >= opt_.max_model_len) {
+    finish(s, "length", std::move(e));
+    return false;
+  }
+  s.next = id;
+  return true;
+}
+
+void EngineLoop::send_tokens(Slot& s, ChoiceEvent e, bool first) {
+  e.choice = s.choice;
+  append_event(s.pending, std::move(e));
+  if (first || int(s.pending.tokens.size()) >= opt_.stream_interval) {
+    s.stream->push(std::move(s.pending));
+    s.pending = ChoiceEvent{};
+  }
 }
 
 }  // namespace md::server

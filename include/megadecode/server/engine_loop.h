@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -136,6 +137,14 @@ class EngineLoop {
   void step();
   void finish(Slot& s, const std::string& reason, ChoiceEvent e);
   void retire(Slot& s, ChoiceEvent e);  // the slot's last event: it leaves after this step
+  // One generated token of a slot (its history, counters, latency observations, stop ids, text
+  // and limits), added to e, the slot's event of this step (row: its logit row, for logprobs;
+  // gap: its inter-token latency). False when the slot finished: e went out as its last event.
+  bool take_token(Slot& s, int32_t id, std::span<const float> row, double t, double gap,
+                  ChoiceEvent& e);
+  // Queues a running slot's event of this step; it goes out now if it holds the first token or
+  // --stream-interval tokens are held.
+  void send_tokens(Slot& s, ChoiceEvent e, bool first);
 
   Executor& ex_;
   const Tokenizer& tok_;
