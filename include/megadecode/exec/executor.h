@@ -93,6 +93,7 @@ struct StepOptions {
   // 4 B = 2 MiB of state per KDA layer, ~40 MiB a sequence). Needs rows <=
   // plan::kMaxChainedRows and <= the pool's commit rows.
   bool keep_for_commit = false;
+  AuxCapture aux;  // captured residual rows, see executor.h
 };
 
 // Logit rows of a step: the sum over its sequences of 0, 1 or R.
