@@ -36,7 +36,7 @@ SpeculativeBenchResult run_speculative(Model& m, Drafter& drafter,
   std::vector<double> bw;
   const double total = double(o.reps) * double(o.executors.size()) * double(fixed.size());
   double done = 0;
-  std::vector<float> logits(size_t(V));
+  std::vector<float> logits(static_cast<size_t>(V));
   for (const std::string& n : o.executors) {
     ExecutorOptions eo;
     eo.workers = W;

@@ -68,7 +68,9 @@ TEST(SampleDistribution, SampleRowDrawsFromIt) {
       EXPECT_EQ(t, draw_from(d, row.uniform)) << variant;
       EXPECT_GT(d.probability(t), 0.0);
       const int32_t r = draw_from(d, row.uniform, t);
-      if (d.support.size() > 1) EXPECT_NE(r, t);
+      if (d.support.size() > 1) {
+        EXPECT_NE(r, t);
+      }
     }
   }
 }

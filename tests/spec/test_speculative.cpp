@@ -77,7 +77,7 @@ class RandomDrafter : public Drafter {
   Xoshiro256 rng_;
 };
 
-struct Run {
+struct Decoded {
   std::vector<int32_t> tokens;  // generated
   SequenceState state;          // has consumed the prompt and all tokens but the last
   SpeculativeStats stats;
@@ -91,8 +91,8 @@ int32_t argmax(const std::vector<float>& l) {
 }
 
 // Plain greedy decoding through the plan: one row a step, the plan's in-step argmax.
-Run plain_greedy(Executor& ex, const std::vector<int32_t>& prompt, int n) {
-  Run r;
+Decoded plain_greedy(Executor& ex, const std::vector<int32_t>& prompt, int n) {
+  Decoded r;
   r.state = ex.new_sequence();
   std::vector<float> logits(size_t(ex.model().config().vocab_size));
   ex.prefill(r.state, prompt, logits.data());
@@ -106,9 +106,9 @@ Run plain_greedy(Executor& ex, const std::vector<int32_t>& prompt, int n) {
   return r;
 }
 
-Run speculative_greedy(Executor& ex, Drafter& d, const SpeculativeOptions& o,
+Decoded speculative_greedy(Executor& ex, Drafter& d, const SpeculativeOptions& o,
                        const std::vector<int32_t>& prompt, int n) {
-  Run r;
+  Decoded r;
   r.state = ex.new_sequence();
   SpeculativeDecoder dec(ex, d, o);
   dec.reset();
@@ -145,9 +145,9 @@ TEST_P(SpeculativeGreedy, EmitsPlainGreedyTokensForAnyDraft) {
   CpuExecutor ex(m, 1, 2, c.kind);
   const std::vector<int32_t> prompt = prompt_of(m, 11, 3);
   const int n = 37;  // not a multiple of any K + 1 below: the last step is cut short
-  const Run plain = plain_greedy(ex, prompt, n + 16);
+  const Decoded plain = plain_greedy(ex, prompt, n + 16);
   const std::vector<int32_t> want(plain.tokens.begin(), plain.tokens.begin() + n);
-  Run plain_n = plain_greedy(ex, prompt, n);
+  Decoded plain_n = plain_greedy(ex, prompt, n);
   std::vector<int32_t> truth = prompt;
   truth.insert(truth.end(), plain.tokens.begin(), plain.tokens.end());
   for (int K : {1, 3, 7, 15}) {
@@ -158,7 +158,7 @@ TEST_P(SpeculativeGreedy, EmitsPlainGreedyTokensForAnyDraft) {
     NgramDrafter ngram;
     for (Drafter* d : std::vector<Drafter*>{&agree, &disagree, &random, &ngram}) {
       SCOPED_TRACE(std::string(d->name()) + " K=" + std::to_string(K));
-      const Run r = speculative_greedy(ex, *d, o, prompt, n);
+      const Decoded r = speculative_greedy(ex, *d, o, prompt, n);
       EXPECT_EQ(r.tokens, want);
       expect_same_state(r.state, plain_n.state, "after speculative decoding");
       EXPECT_EQ(r.stats.drafted, r.stats.steps * K);
@@ -204,7 +204,7 @@ TEST(Speculative, FixedAcceptanceLengthForcesTheCount) {
     o.num_draft_tokens = 5;
     o.fixed_acceptance_length = N;
     RandomDrafter d(V, 7);
-    const Run r = speculative_greedy(ex, d, o, prompt, 1 + 4 * (N + 1));
+    const Decoded r = speculative_greedy(ex, d, o, prompt, 1 + 4 * (N + 1));
     EXPECT_EQ(r.stats.steps, 4);
     EXPECT_EQ(r.stats.accepted, 4 * N);
     EXPECT_EQ(r.stats.emitted, 4 * (N + 1));
@@ -213,10 +213,12 @@ TEST(Speculative, FixedAcceptanceLengthForcesTheCount) {
     // (Token by token: the reference's one-call prefill differs from the plan's chunks in fp32
     // order.)
     SequenceState ref = m.new_sequence();
-    std::vector<float> logits(size_t(V));
+    std::vector<float> logits(static_cast<size_t>(V));
     for (const int32_t& t : prompt) m.forward(ref, std::span(&t, 1), logits.data(), false);
     for (size_t i = 0; i + 1 < r.tokens.size(); ++i) {
-      if (i % size_t(N + 1) == 0 && i > 0) EXPECT_EQ(r.tokens[i], argmax(logits)) << i;
+      if (i % size_t(N + 1) == 0 && i > 0) {
+        EXPECT_EQ(r.tokens[i], argmax(logits)) << i;
+      }
       m.forward(ref, std::span(&r.tokens[i], 1), logits.data(), false);
     }
     EXPECT_EQ(r.tokens.back(), argmax(logits));
@@ -294,11 +296,11 @@ TEST(Speculative, DSparkDraftGreedyIsExact) {
     CpuExecutor ex(m, 1, 2, ExecutorKind::kMegakernel);
     const std::vector<int32_t> prompt = prompt_of(m, 21, 5);  // two prefill chunks
     const int n = 30;
-    Run plain = plain_greedy(ex, prompt, n);
+    Decoded plain = plain_greedy(ex, prompt, n);
     DSparkDrafter d(draft);
     SpeculativeOptions o;
     o.num_draft_tokens = 7;
-    const Run r = speculative_greedy(ex, d, o, prompt, n);
+    const Decoded r = speculative_greedy(ex, d, o, prompt, n);
     EXPECT_EQ(r.tokens, plain.tokens);
     expect_same_state(r.state, plain.state, "after DSpark speculative decoding");
     // The ring holds one context row per consumed position.
@@ -335,7 +337,7 @@ TEST(Speculative, DSparkContextComesFromTheVerifiedRows) {
   DSparkDrafter d(draft);
   SpeculativeOptions o;
   o.num_draft_tokens = 4;
-  const Run r = speculative_greedy(ex, d, o, prompt, 25);
+  const Decoded r = speculative_greedy(ex, d, o, prompt, 25);
   // The reference: every consumed token through Model::forward with aux capture.
   std::vector<int32_t> consumed = prompt;
   consumed.insert(consumed.end(), r.tokens.begin(), r.tokens.end() - 1);

@@ -60,30 +60,58 @@ std::map<int32_t, double> distribution(const SamplingParams& sp, int64_t V, size
   return p;
 }
 
-void check_two_token_distribution(const SamplingParams& sp, int runs) {
+// repeat_draft: pick the anchor and first draft d1 so that, had row 1's penalties left d1 out,
+// d1 would keep a large probability there (a model about to repeat itself): then a loop that
+// counted the penalties over the history without the drafts would emit d1 twice far too often.
+void check_two_token_distribution(const SamplingParams& sp, int runs, bool repeat_draft) {
   Model m(test::data_dir() + "/data/golden/tiny", test::opts(Precision::BF16));
   const int64_t V = m.config().vocab_size;
   CpuExecutor ex(m, 1, 2, ExecutorKind::kMegakernel);
   const std::vector<int32_t> prompt = {11, 200, 37, 512, 9, 77, 300, 5};
-  std::vector<float> logits(size_t(V));
+  std::vector<float> logits(static_cast<size_t>(V));
   SequenceState base = ex.new_sequence();
   ex.prefill(base, prompt, logits.data());
-  const int32_t anchor = 40;
+  SequenceState s0 = ex.new_sequence(), s1 = ex.new_sequence();
+  auto feed = [&](SequenceState& s, int32_t t) {
+    SequenceState* p = &s;
+    ex.step(std::span(&p, 1), std::span(&t, 1), logits.data());
+  };
+
+  int32_t anchor = 40, d1 = -1;
+  std::map<int32_t, double> p0;
+  for (int32_t a = 40; a < 400 && d1 < 0; ++a) {
+    anchor = a;
+    s0.copy_from(base);
+    feed(s0, a);
+    std::vector<int32_t> h0 = prompt;
+    h0.push_back(a);
+    p0 = distribution(sp, V, prompt.size(), h0, logits);
+    if (!repeat_draft) {
+      d1 = mode(p0);
+      break;
+    }
+    for (const auto& [t, q] : p0) {
+      if (q < 0.15) continue;
+      s1.copy_from(s0);
+      feed(s1, t);
+      // Row 1's distribution with d1 = t left out of the penalty counts.
+      const std::map<int32_t, double> wrong = distribution(sp, V, prompt.size(), h0, logits);
+      if (wrong.count(t) && wrong.at(t) >= 0.15) {
+        d1 = t;
+        break;
+      }
+    }
+  }
+  ASSERT_GE(d1, 0) << "no anchor found whose likely draft would repeat";
   std::vector<int32_t> h0 = prompt;
   h0.push_back(anchor);
 
   // The exact plain-sampling probabilities of (t1, t2) after the anchor.
-  SequenceState s0 = ex.new_sequence(), s1 = ex.new_sequence();
-  s0.copy_from(base);
-  SequenceState* p0s = &s0;
-  ex.step(std::span(&p0s, 1), std::span(&anchor, 1), logits.data());
-  const std::map<int32_t, double> p0 = distribution(sp, V, prompt.size(), h0, logits);
   std::map<int32_t, std::map<int32_t, double>> p1;
   std::map<Pair, double> joint;
   for (const auto& [t1, q1] : p0) {
     s1.copy_from(s0);
-    SequenceState* p1s = &s1;
-    ex.step(std::span(&p1s, 1), std::span(&t1, 1), logits.data());
+    feed(s1, t1);
     std::vector<int32_t> h1 = h0;
     h1.push_back(t1);
     p1[t1] = distribution(sp, V, prompt.size(), h1, logits);
@@ -91,7 +119,6 @@ void check_two_token_distribution(const SamplingParams& sp, int runs) {
   }
 
   TableDrafter d;
-  const int32_t d1 = mode(p0);
   d.table[{h0.size(), anchor}] = {d1, mode(p1[d1])};
   for (const auto& [t1, q] : p1) d.table[{h0.size() + 1, t1}] = {mode(q), mode(q)};
   SpeculativeOptions o;
@@ -117,11 +144,12 @@ void check_two_token_distribution(const SamplingParams& sp, int runs) {
   }
   const SpeculativeStats& st = dec.stats();
   // Both paths carry mass: some drafts accepted, some rejected.
-  EXPECT_GT(st.accepted, st.drafted / 10);
+  EXPECT_GT(st.accepted, st.drafted / 20);
   EXPECT_LT(st.accepted, st.drafted * 9 / 10);
   const test::FitResult f = test::g_test(seen, joint);
   EXPECT_GT(f.p_value, 1e-6) << "G " << f.g << " df " << f.df << " " << f.problem
-                             << "; acceptance " << st.acceptance_rate();
+                             << "; acceptance " << st.acceptance_rate() << "; anchor " << anchor
+                             << " d1 " << d1;
 }
 
 TEST(SpeculativeSampling, TwoTokenDistributionEqualsPlainSampling) {
@@ -129,7 +157,7 @@ TEST(SpeculativeSampling, TwoTokenDistributionEqualsPlainSampling) {
   sp.temperature = 0.9f;
   sp.top_k = 5;
   sp.top_p = 0.95f;
-  check_two_token_distribution(sp, 12000);
+  check_two_token_distribution(sp, 8000, false);
 }
 
 TEST(SpeculativeSampling, TwoTokenDistributionEqualsPlainSamplingWithPenalties) {
@@ -139,7 +167,7 @@ TEST(SpeculativeSampling, TwoTokenDistributionEqualsPlainSamplingWithPenalties) 
   sp.repetition_penalty = 1.6f;
   sp.presence_penalty = 1.0f;
   sp.frequency_penalty = 0.5f;
-  check_two_token_distribution(sp, 12000);
+  check_two_token_distribution(sp, 8000, true);
 }
 
 class SpeculativeGenerator : public ::testing::Test {
