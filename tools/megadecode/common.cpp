@@ -96,10 +96,10 @@ void SpeculativeFlags::add(CLI::App* app) {
   app->add_option("--draft", draft,
                   "speculative decoding with the DSpark draft checkpoint in this directory "
                   "(make-model --draft-for)");
-  app->add_option("--num-draft-tokens", num_draft_tokens,
+  k_opt = app->add_option("--num-draft-tokens", num_draft_tokens,
                   "speculative: tokens drafted per step, 1..15 (default: 7 with a draft model, "
                   "4 with ngram)");
-  app->add_option("--fixed-acceptance-length", fixed_acceptance_length,
+  fixed_opt = app->add_option("--fixed-acceptance-length", fixed_acceptance_length,
                   "speculative benchmark mode: every step accepts exactly N drafts (0..K) "
                   "whatever the target says, to measure the step's cost; the output is then "
                   "not the model's");
@@ -115,10 +115,11 @@ std::string SpeculativeFlags::draft_dir() const {
 void SpeculativeFlags::validate() const {
   MD_CHECK(speculative.empty() || draft.empty(),
            "--speculative and --draft exclude each other (give one drafter)");
+  const bool k_given = num_draft_tokens != 0 || (k_opt && k_opt->count() > 0);
+  const bool fixed_given = fixed_acceptance_length != -1 || (fixed_opt && fixed_opt->count() > 0);
   if (!enabled()) {
-    MD_CHECK(num_draft_tokens == 0, "--num-draft-tokens needs --speculative or --draft");
-    MD_CHECK(fixed_acceptance_length == -1,
-             "--fixed-acceptance-length needs --speculative or --draft");
+    MD_CHECK(!k_given, "--num-draft-tokens needs --speculative or --draft");
+    MD_CHECK(!fixed_given, "--fixed-acceptance-length needs --speculative or --draft");
     return;
   }
   const std::string dir = draft_dir();
@@ -128,11 +129,12 @@ void SpeculativeFlags::validate() const {
   if (!dir.empty())
     MD_CHECK(std::filesystem::exists(std::filesystem::path(dir) / "config.json"),
              "--draft {}: no config.json there (make one with make-model --draft-for)", dir);
-  MD_CHECK(num_draft_tokens == 0 || (num_draft_tokens >= 1 && num_draft_tokens <= kMaxDraftTokens),
+  MD_CHECK(!k_given || (num_draft_tokens >= 1 && num_draft_tokens <= kMaxDraftTokens),
            "--num-draft-tokens {} is not in 1..{}", num_draft_tokens, kMaxDraftTokens);
   MD_CHECK(ngram_max >= 1 && ngram_max <= 16, "--ngram-max {} is not in 1..16", ngram_max);
   const SpeculativeOptions o = options();
-  MD_CHECK(fixed_acceptance_length >= -1 && fixed_acceptance_length <= o.num_draft_tokens,
+  MD_CHECK(!fixed_given ||
+               (fixed_acceptance_length >= 0 && fixed_acceptance_length <= o.num_draft_tokens),
            "--fixed-acceptance-length {} is not in 0..{} (--num-draft-tokens)",
            fixed_acceptance_length, o.num_draft_tokens);
 }

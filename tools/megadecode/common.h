@@ -48,6 +48,7 @@ struct SpeculativeFlags {
                              // n-gram 4)
   int fixed_acceptance_length = -1;
   int ngram_max = 3;
+  CLI::Option *k_opt = nullptr, *fixed_opt = nullptr;  // given on the command line?
   void add(CLI::App* app);
   bool enabled() const { return !speculative.empty() || !draft.empty(); }
   // The draft directory (--draft, or --speculative naming one), empty for n-gram drafting.
