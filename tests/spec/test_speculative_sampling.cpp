@@ -3,8 +3,8 @@
 // of the first two emitted tokens over many seeds is G-tested against the exact plain-sampling
 // probabilities p(t1) p(t2 | t1), computed from the plan's decode steps with the same
 // sample_distribution, with and without penalties (whose counts must include the drafts). The
-// drafts are the most likely tokens (accepted about half the time), so both the acceptance and
-// the correction paths carry mass. False-failure probability below 1e-6 per case (the seeds are
+// drafts are likely tokens (accepted about a third of the time), so both the acceptance and the
+// correction paths carry mass. False-failure probability below 1e-6 per case (the seeds are
 // fixed, so every run is the same run). And the Generator: greedy speculative generation equals
 // plain generation (with penalties too), sampled speculative generation is reproducible.
 #include <gtest/gtest.h>
