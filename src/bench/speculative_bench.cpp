@@ -76,7 +76,8 @@ SpeculativeBenchResult run_speculative(Model& m, Drafter& drafter,
         history.push_back(first_token());
         dec.reset_stats();
         const double t0 = now_seconds();
-        for (int i = 0; i < o.steps; ++i) dec.step(s, history, nullptr, [](int32_t) { return true; });
+        for (int i = 0; i < o.steps; ++i)
+          dec.step(s, history, nullptr, [](int32_t) { return true; });
         const double t = now_seconds() - t0;
         *st = dec.stats();
         return t;
@@ -88,8 +89,8 @@ SpeculativeBenchResult run_speculative(Model& m, Drafter& drafter,
       double accepted = 0, emitted = 0, steps = 0;
       for (int rep = 0; rep < o.reps; ++rep) {
         if (o.progress)
-          o.progress(done / total, fmt::format("speculative {} fixed {} rep {}/{}", n, f,
-                                               rep + 1, o.reps));
+          o.progress(done / total,
+                     fmt::format("speculative {} fixed {} rep {}/{}", n, f, rep + 1, o.reps));
         if (o.device == DeviceKind::kCpu)
           bw.push_back(cpu::measure_read_bandwidth_gbps(m.pool(), size_t(1) << 29, 1));
         std::this_thread::sleep_for(std::chrono::milliseconds(3));

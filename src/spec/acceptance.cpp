@@ -23,8 +23,7 @@ Acceptance accept_greedy(std::span<const int32_t> drafts, std::span<const int32_
 
 Acceptance accept_sampled(std::span<const int32_t> drafts, std::span<const float> logits,
                           const std::function<SampleRow(int)>& row,
-                          const std::function<double()>& uniform, SampleScratch& sc,
-                          int forced) {
+                          const std::function<double()>& uniform, SampleScratch& sc, int forced) {
   const int K = int(drafts.size());
   MD_CHECK(K >= 0 && logits.size() % size_t(K + 1) == 0 && !logits.empty(),
            "acceptance: {} logits for {} verify rows", logits.size(), K + 1);

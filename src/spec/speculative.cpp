@@ -79,10 +79,10 @@ bool SpeculativeDecoder::step(SequenceState& seq, std::vector<int32_t>& history,
 
   // Greedy without penalties is decided inside the step (the plan's argmax of every row: no
   // logits leave the executor); anything else needs each row's distribution on the host.
-  const bool in_step = !sampler || (sampler->params().greedy() &&
-                                    sampler->params().repetition_penalty == 1.0f &&
-                                    sampler->params().presence_penalty == 0.0f &&
-                                    sampler->params().frequency_penalty == 0.0f);
+  const bool in_step =
+      !sampler ||
+      (sampler->params().greedy() && sampler->params().repetition_penalty == 1.0f &&
+       sampler->params().presence_penalty == 0.0f && sampler->params().frequency_penalty == 0.0f);
   const StepSeq q{&seq, rows_, LogitRows::kAll};
   StepOptions so;
   so.keep_for_commit = true;
@@ -113,8 +113,9 @@ bool SpeculativeDecoder::step(SequenceState& seq, std::vector<int32_t>& history,
       while (have < size_t(i)) hist_.push_back(drafts[have++]);
       return sampler->prepare_without_draw(hist_);
     };
-    a = accept_sampled(drafts, logits_, row, [&] { return sampler->uniform(); }, scratch_,
-                       o_.fixed_acceptance_length);
+    a = accept_sampled(
+        drafts, logits_, row, [&] { return sampler->uniform(); }, scratch_,
+        o_.fixed_acceptance_length);
   }
   const double t3 = now_seconds();
 
@@ -132,9 +133,9 @@ bool SpeculativeDecoder::step(SequenceState& seq, std::vector<int32_t>& history,
   ex_.commit(seq, emitted);
   const double t5 = now_seconds();
   drafter_.observe(std::span<const int32_t>(rows_).first(size_t(emitted)), pos0,
-                   aux_width_ > 0 ? std::span<const float>(aux_).first(size_t(emitted) *
-                                                                       size_t(aux_width_))
-                                  : std::span<const float>());
+                   aux_width_ > 0
+                       ? std::span<const float>(aux_).first(size_t(emitted) * size_t(aux_width_))
+                       : std::span<const float>());
   const double t6 = now_seconds();
 
   ++stats_.steps;

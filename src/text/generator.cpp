@@ -193,13 +193,8 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
   if (spec_) {
     const SpeculativeStats before = spec_->stats();
     r.speculative = true;
-    // Greedy without penalties needs no host sampler (the plan decides each row).
-    Sampler* s = params.greedy() && params.repetition_penalty == 1.0f &&
-                         params.presence_penalty == 0.0f && params.frequency_penalty == 0.0f
-                     ? nullptr
-                     : &sampler;
     if (take(history.back()))
-      while (spec_->step(seq_, history, s, take)) {
+      while (spec_->step(seq_, history, &sampler, take)) {
       }
     const SpeculativeStats& after = spec_->stats();
     SpeculativeStats& d = r.speculative_stats;

@@ -107,7 +107,7 @@ Decoded plain_greedy(Executor& ex, const std::vector<int32_t>& prompt, int n) {
 }
 
 Decoded speculative_greedy(Executor& ex, Drafter& d, const SpeculativeOptions& o,
-                       const std::vector<int32_t>& prompt, int n) {
+                           const std::vector<int32_t>& prompt, int n) {
   Decoded r;
   r.state = ex.new_sequence();
   SpeculativeDecoder dec(ex, d, o);
@@ -312,47 +312,50 @@ TEST(Speculative, DSparkDraftGreedyIsExact) {
 // Model::forward's aux capture of the same tokens fed one at a time. Needs the executors' aux
 // capture (StepOptions::aux).
 TEST(Speculative, DSparkContextComesFromTheVerifiedRows) {
-  Model m(model_dir("tiny"), test::opts(Precision::BF16));
-  test::TempDir dir("spec_draft_ctx");
-  {
-    ThreadPool pool(2, false);
-    make_random_draft(draft_config_for_target(m.config()), dir.path(), 4, pool);
+  for (const char* name : {"tiny", "k3-tiny"}) {
+    SCOPED_TRACE(name);
+    Model m(model_dir(name), test::opts(Precision::BF16));
+    test::TempDir dir("spec_draft_ctx");
+    {
+      ThreadPool pool(2, false);
+      make_random_draft(draft_config_for_target(m.config()), dir.path(), 4, pool);
+    }
+    DraftModel draft(dir.path(), m.config(), test::opts(Precision::BF16));
+    CpuExecutor ex(m, 1, 2, ExecutorKind::kMegakernel);
+    {
+      // Does this executor capture aux rows yet?
+      SequenceState s = ex.new_sequence();
+      const std::vector<int32_t> one = {1};
+      std::vector<float> aux(size_t(draft.config().context_width()), 0.0f);
+      StepOptions so;
+      so.aux = AuxCapture{draft.config().aux_layer_ids, aux.data()};
+      const StepSeq q{&s, one, LogitRows::kNone};
+      ex.step(std::span(&q, 1), nullptr, nullptr, {}, so);
+      bool any = false;
+      for (float v : aux) any |= v != 0.0f;
+      if (!any) GTEST_SKIP() << "the CPU executor does not fill StepOptions::aux yet";
+    }
+    const std::vector<int32_t> prompt = prompt_of(m, 19, 6);
+    DSparkDrafter d(draft);
+    SpeculativeOptions o;
+    o.num_draft_tokens = 4;
+    const Decoded r = speculative_greedy(ex, d, o, prompt, 25);
+    // The reference: every consumed token through Model::forward with aux capture.
+    std::vector<int32_t> consumed = prompt;
+    consumed.insert(consumed.end(), r.tokens.begin(), r.tokens.end() - 1);
+    DraftState want = draft.new_state();
+    SequenceState ref = m.new_sequence();
+    std::vector<float> aux(size_t(draft.config().context_width()));
+    for (size_t t = 0; t < consumed.size(); ++t) {
+      const AuxCapture cap{draft.config().aux_layer_ids, aux.data()};
+      m.forward(ref, std::span(&consumed[t], 1), nullptr, false, &cap);
+      const int32_t pos = int32_t(t);
+      draft.update_context(want, aux, std::span(&pos, 1));
+    }
+    EXPECT_EQ(d.state().positions, want.positions);
+    EXPECT_TRUE(test::same_bits(d.state().keys.data(), want.keys.data(), want.keys.size()));
+    EXPECT_TRUE(test::same_bits(d.state().values.data(), want.values.data(), want.values.size()));
   }
-  DraftModel draft(dir.path(), m.config(), test::opts(Precision::BF16));
-  CpuExecutor ex(m, 1, 2, ExecutorKind::kMegakernel);
-  {
-    // Does this executor capture aux rows yet?
-    SequenceState s = ex.new_sequence();
-    const std::vector<int32_t> one = {1};
-    std::vector<float> aux(size_t(draft.config().context_width()), 0.0f);
-    StepOptions so;
-    so.aux = AuxCapture{draft.config().aux_layer_ids, aux.data()};
-    const StepSeq q{&s, one, LogitRows::kNone};
-    ex.step(std::span(&q, 1), nullptr, nullptr, {}, so);
-    bool any = false;
-    for (float v : aux) any |= v != 0.0f;
-    if (!any) GTEST_SKIP() << "the CPU executor does not fill StepOptions::aux yet";
-  }
-  const std::vector<int32_t> prompt = prompt_of(m, 19, 6);
-  DSparkDrafter d(draft);
-  SpeculativeOptions o;
-  o.num_draft_tokens = 4;
-  const Decoded r = speculative_greedy(ex, d, o, prompt, 25);
-  // The reference: every consumed token through Model::forward with aux capture.
-  std::vector<int32_t> consumed = prompt;
-  consumed.insert(consumed.end(), r.tokens.begin(), r.tokens.end() - 1);
-  DraftState want = draft.new_state();
-  SequenceState ref = m.new_sequence();
-  std::vector<float> aux(size_t(draft.config().context_width()));
-  for (size_t t = 0; t < consumed.size(); ++t) {
-    const AuxCapture cap{draft.config().aux_layer_ids, aux.data()};
-    m.forward(ref, std::span(&consumed[t], 1), nullptr, false, &cap);
-    const int32_t pos = int32_t(t);
-    draft.update_context(want, aux, std::span(&pos, 1));
-  }
-  EXPECT_EQ(d.state().positions, want.positions);
-  EXPECT_TRUE(test::same_bits(d.state().keys.data(), want.keys.data(), want.keys.size()));
-  EXPECT_TRUE(test::same_bits(d.state().values.data(), want.values.data(), want.values.size()));
 }
 
 }  // namespace

@@ -147,9 +147,8 @@ void check_two_token_distribution(const SamplingParams& sp, int runs, bool repea
   EXPECT_GT(st.accepted, st.drafted / 20);
   EXPECT_LT(st.accepted, st.drafted * 9 / 10);
   const test::FitResult f = test::g_test(seen, joint);
-  EXPECT_GT(f.p_value, 1e-6) << "G " << f.g << " df " << f.df << " " << f.problem
-                             << "; acceptance " << st.acceptance_rate() << "; anchor " << anchor
-                             << " d1 " << d1;
+  EXPECT_GT(f.p_value, 1e-6) << "G " << f.g << " df " << f.df << " " << f.problem << "; acceptance "
+                             << st.acceptance_rate() << "; anchor " << anchor << " d1 " << d1;
 }
 
 TEST(SpeculativeSampling, TwoTokenDistributionEqualsPlainSampling) {

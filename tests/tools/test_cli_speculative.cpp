@@ -32,8 +32,10 @@ TEST_F(CliSpeculative, GenerateEqualsPlainGreedy) {
   auto plain = test::run_cli(base + " --executor megakernel");
   ASSERT_EQ(plain.status, 0) << plain.err;
   for (const std::string& flags :
-       {std::string(" --speculative ngram"), std::string(" --speculative ngram --num-draft-tokens 1"),
-        std::string(" --speculative ngram --num-draft-tokens 15 --executor opbyop --ngram-max 2")}) {
+       {std::string(" --speculative ngram"),
+        std::string(" --speculative ngram --num-draft-tokens 1"),
+        std::string(
+            " --speculative ngram --num-draft-tokens 15 --executor opbyop --ngram-max 2")}) {
     auto r = test::run_cli(base + flags);
     ASSERT_EQ(r.status, 0) << flags << ": " << r.err;
     EXPECT_EQ(r.out, plain.out) << flags;
@@ -53,7 +55,8 @@ TEST_F(CliSpeculative, GenerateEqualsPlainGreedy) {
 }
 
 TEST_F(CliSpeculative, RunGreedyEqualsPlainAndReportsStatistics) {
-  const std::string base = "run --model " + model() + " --prompt 'one two one two one' -n 20 -t 0 "
+  const std::string base = "run --model " + model() +
+                           " --prompt 'one two one two one' -n 20 -t 0 "
                            "--raw --json --ignore-eos";
   // Plain decoding through the same plan (the reference path's one-call prefill differs from the
   // plan's chunks in fp32 order, which can flip a near tie).
@@ -66,7 +69,8 @@ TEST_F(CliSpeculative, RunGreedyEqualsPlainAndReportsStatistics) {
   EXPECT_TRUE(a["speculative"].is_null());
   EXPECT_EQ(b["speculative"]["drafted"].get<int>(), 3 * b["speculative"]["steps"].get<int>());
   // Streaming: the statistics line.
-  auto s = test::run_cli("run --model " + model() + " --prompt 'hello' -n 10 --seed 3 --ignore-eos "
+  auto s = test::run_cli("run --model " + model() +
+                         " --prompt 'hello' -n 10 --seed 3 --ignore-eos "
                          "--speculative ngram --fixed-acceptance-length 2 --num-draft-tokens 2");
   ASSERT_EQ(s.status, 0) << s.err;
   EXPECT_THAT(s.err, HasSubstr("[speculative: "));
@@ -94,10 +98,10 @@ TEST_F(CliSpeculative, BadValuesAreOneLineErrors) {
                         "--speculative and --draft exclude each other");
   expect_one_line_error(test::run_cli(run + " --speculative ngram --executor reference"),
                         "needs a plan executor");
-  expect_one_line_error(
-      test::run_cli("generate --model " + model() + " --ids 1,2 --speculative ngram "
-                    "--executor reference"),
-      "needs a plan executor");
+  expect_one_line_error(test::run_cli("generate --model " + model() +
+                                      " --ids 1,2 --speculative ngram "
+                                      "--executor reference"),
+                        "needs a plan executor");
   // A draft made for another target.
   test::TempDir other("cli_other"), d("cli_draft_other");
   ASSERT_EQ(test::run_cli("make-model --preset small --out " + other.path()).status, 0);
@@ -107,7 +111,8 @@ TEST_F(CliSpeculative, BadValuesAreOneLineErrors) {
 }
 
 TEST_F(CliSpeculative, BenchReportsStepsAgainstPlainDecode) {
-  auto r = test::run_cli("bench --model " + model() + " --speculative ngram --num-draft-tokens 3 "
+  auto r = test::run_cli("bench --model " + model() +
+                         " --speculative ngram --num-draft-tokens 3 "
                          "--fixed-acceptance-length 0,3 --steps 4 --reps 1 --executor megakernel");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("== speculative: ngram drafter, K = 3"));

@@ -44,7 +44,9 @@ struct SpeculativeStats {
   double acceptance_rate() const { return drafted ? double(accepted) / double(drafted) : 0; }
   double accepted_per_step() const { return steps ? double(accepted) / double(steps) : 0; }
   double tokens_per_step() const { return steps ? double(emitted) / double(steps) : 0; }
-  double seconds() const { return draft_seconds + verify_seconds + accept_seconds + commit_seconds; }
+  double seconds() const {
+    return draft_seconds + verify_seconds + accept_seconds + commit_seconds;
+  }
 };
 
 class SpeculativeDecoder {
