@@ -148,7 +148,11 @@ int32_t argmax(std::span<const float> logits) {
   return best;
 }
 
-int32_t draw(const SampleRow& row, std::span<const float> logits, SampleScratch& sc) {
+// Steps 3-6 on penalised logits: the support and weights the draw walks (see
+// SampleDistribution). Weights are exp(x - max x), so the most likely token has w = 1 and min-p is
+// simply w >= min_p.
+SampleDistribution truncated_distribution(const SampleRow& row, std::span<const float> logits,
+                                          SampleScratch& sc) {
   using Cand = SampleScratch::Cand;
   const size_t V = logits.size();
   const float inv_t = 1.0f / row.temperature;
@@ -162,34 +166,26 @@ int32_t draw(const SampleRow& row, std::span<const float> logits, SampleScratch&
   }
   MD_CHECK(mx > -INFINITY, "sampler: every logit is -inf");
 
+  std::vector<Cand>& cands = sc.cands;
+  cands.clear();
   const size_t k = row.top_k > 0 && size_t(row.top_k) < V ? size_t(row.top_k) : V;
   if (k == V && top_p >= 1.0) {
-    // No truncation by rank: one pass in id order, no sorting. Weights are relative to the
-    // largest (w_max = 1), so min-p is simply w >= min_p.
-    sc.weights.resize(V);
+    // No truncation by rank: one pass in id order, no selection.
+    cands.reserve(V);
     double total = 0;
     for (size_t i = 0; i < V; ++i) {
-      float w = std::exp(logits[i] * inv_t - mx);
-      sc.weights[i] = w;
-      if (w >= min_p) total += w;
-    }
-    double u = row.uniform * total;
-    int32_t last = 0;
-    for (size_t i = 0; i < V; ++i) {
-      float w = sc.weights[i];
+      const float x = logits[i] * inv_t;
+      const float w = std::exp(x - mx);
       if (w < min_p) continue;
-      last = int32_t(i);
-      u -= w;
-      if (u < 0) return last;
+      cands.push_back(Cand{int32_t(i), x, w});
+      total += w;
     }
-    return last;  // rounding left u a hair above zero
+    return SampleDistribution{cands, total};
   }
 
   // Candidate set: the k best tokens (unsorted; order within the set does not change the
   // distribution, and the selection is deterministic).
   Better better;
-  std::vector<Cand>& cands = sc.cands;
-  cands.clear();
   if (k < V && k <= size_t(kHeapTopK)) {
     cands.reserve(k);
     for (size_t i = 0; i < V; ++i) {
@@ -245,22 +241,61 @@ int32_t draw(const SampleRow& row, std::span<const float> logits, SampleScratch&
     }
   }
 
-  // Min-p: weights are relative to the overall maximum (w = 1), which is always kept.
+  // Min-p: weights are relative to the overall maximum (w = 1), which is always kept. The kept
+  // prefix is compacted in place (order preserved), so the support is one contiguous span.
   double total = 0;
+  size_t n = 0;
   for (size_t i = 0; i < keep; ++i)
-    if (cands[i].w >= min_p) total += cands[i].w;
-  double u = row.uniform * total;
-  int32_t last = cands[0].id;
-  for (size_t i = 0; i < keep; ++i) {
-    if (cands[i].w < min_p) continue;
-    last = cands[i].id;
-    u -= cands[i].w;
-    if (u < 0) break;
-  }
-  return last;
+    if (cands[i].w >= min_p) {
+      total += cands[i].w;
+      cands[n++] = cands[i];
+    }
+  cands.resize(n);
+  return SampleDistribution{cands, total};
 }
 
 }  // namespace
+
+double SampleDistribution::probability(int32_t id) const {
+  for (const SampleScratch::Cand& c : support)
+    if (c.id == id) return double(c.w) / total;
+  return 0.0;
+}
+
+SampleDistribution sample_distribution(const SampleRow& row, std::span<const float> logits,
+                                       SampleScratch& sc) {
+  std::span<const float> l = logits;
+  if (row.has_penalties() && row.num_penalties > 0) {
+    sc.work.assign(logits.begin(), logits.end());
+    apply_penalties(row, sc.work);
+    l = sc.work;
+  }
+  if (!row.greedy()) return truncated_distribution(row, l, sc);
+  sc.cands.assign(1, SampleScratch::Cand{argmax(l), 0.0f, 1.0f});
+  return SampleDistribution{sc.cands, 1.0};
+}
+
+int32_t draw_from(const SampleDistribution& d, double uniform, int32_t excluded) {
+  MD_CHECK(!d.support.empty(), "sampler: empty distribution");
+  double total = d.total;
+  if (excluded >= 0) {
+    // The residual's mass summed afresh (not total - w): exact when the excluded token held
+    // almost all of it.
+    total = 0;
+    for (const SampleScratch::Cand& c : d.support)
+      if (c.id != excluded) total += c.w;
+    if (!(total > 0)) return excluded;
+  }
+  double u = uniform * total;
+  int32_t last = -1;
+  for (const SampleScratch::Cand& c : d.support) {
+    if (c.id == excluded) continue;
+    last = c.id;
+    u -= c.w;
+    if (u < 0) return last;
+  }
+  return last;  // rounding left u a hair above zero
+}
 
 void apply_penalties(const SampleRow& row, std::span<float> logits) {
   if (!row.has_penalties()) return;
@@ -277,13 +312,7 @@ void apply_penalties(const SampleRow& row, std::span<float> logits) {
 }
 
 int32_t sample_row(const SampleRow& row, std::span<const float> logits, SampleScratch& sc) {
-  std::span<const float> l = logits;
-  if (row.has_penalties() && row.num_penalties > 0) {
-    sc.work.assign(logits.begin(), logits.end());
-    apply_penalties(row, sc.work);
-    l = sc.work;
-  }
-  return row.greedy() ? argmax(l) : draw(row, l, sc);
+  return draw_from(sample_distribution(row, logits, sc), row.uniform);
 }
 
 StopMatcher::StopMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {

@@ -105,10 +105,21 @@ std::vector<int32_t> Generator::encode_chat(const std::vector<ChatMessage>& mess
   return ids;
 }
 
+void Generator::set_speculative(Drafter* drafter, const SpeculativeOptions& options) {
+  spec_.reset();
+  if (!drafter) return;
+  MD_CHECK(executor_, "speculative decoding needs a plan executor (megakernel or opbyop)");
+  SpeculativeOptions o = options;
+  o.prefill_chunk = prefill_chunk_;
+  spec_ = std::make_unique<SpeculativeDecoder>(*executor_, *drafter, o);
+  reset();
+}
+
 void Generator::reset() {
   seq_ = SequenceState();  // the old slot back to its pool first
   seq_ = executor_ ? executor_->new_sequence() : model_.new_sequence();
   fed_.clear();
+  if (spec_) spec_->reset();
 }
 
 GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
@@ -131,7 +142,9 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
   std::vector<int32_t> todo(prompt.begin() + std::ptrdiff_t(fed_.size()), prompt.end());
   std::vector<float> logits(size_t(V), 0.0f);
   double t0 = now_seconds();
-  if (executor_)
+  if (spec_)
+    spec_->prefill(seq_, todo, logits.data());
+  else if (executor_)
     executor_->prefill(seq_, todo, logits.data(), prefill_chunk_);
   else
     model_.forward(seq_, todo, logits.data(), false);
@@ -154,38 +167,62 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
     return keep_going;
   };
   r.finish_reason = "length";
-  int32_t planned = -1;  // the next id the executor's plan sampled, if any
-  for (int i = 0; i < params.max_tokens; ++i) {
-    const int32_t next = planned >= 0 ? planned : sampler.sample(logits, history);
-    planned = -1;
+  // Takes the next generated token (already appended to history); false ends the generation.
+  auto take = [&](int32_t next) {
     r.tokens.push_back(next);
-    history.push_back(next);
     if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), next) !=
         params.stop_token_ids.end()) {
       r.finish_reason = "stop";
-      break;
+      return false;
     }
     const TextDelta d = out.push(next);
     const bool keep_going = deliver(d);
     if (d.stopped) {
       r.finish_reason = "stop";
-      break;
+      return false;
     }
     if (!keep_going) {
       r.finish_reason = "cancelled";
-      break;
+      return false;
     }
-    if (i + 1 == params.max_tokens) break;
-    if (executor_) {
-      SequenceState* sp = &seq_;
-      const SampleRow spec = sampler.prepare(history);  // plain data the plan samples with
-      executor_->step(std::span(&sp, 1), std::span(&next, 1), logits.data(), &planned,
-                      std::span(&spec, 1));
-    } else {
-      model_.forward(seq_, std::span(&next, 1), logits.data(), false);
+    return int(r.tokens.size()) < params.max_tokens;
+  };
+  // The first token comes from the prompt's logits; the sequence has consumed all of history but
+  // its last token from then on.
+  history.push_back(sampler.sample(logits, history));
+  if (spec_) {
+    const SpeculativeStats before = spec_->stats();
+    r.speculative = true;
+    if (take(history.back()))
+      while (spec_->step(seq_, history, &sampler, take)) {
+      }
+    const SpeculativeStats& after = spec_->stats();
+    SpeculativeStats& d = r.speculative_stats;
+    d.steps = after.steps - before.steps;
+    d.drafted = after.drafted - before.drafted;
+    d.accepted = after.accepted - before.accepted;
+    d.emitted = after.emitted - before.emitted;
+    d.draft_seconds = after.draft_seconds - before.draft_seconds;
+    d.verify_seconds = after.verify_seconds - before.verify_seconds;
+    d.accept_seconds = after.accept_seconds - before.accept_seconds;
+    d.commit_seconds = after.commit_seconds - before.commit_seconds;
+  } else {
+    int32_t planned = -1;  // the next id the executor's plan sampled, if any
+    while (take(history.back())) {
+      const int32_t next = history.back();
+      if (executor_) {
+        SequenceState* sp = &seq_;
+        const SampleRow spec = sampler.prepare(history);  // plain data the plan samples with
+        executor_->step(std::span(&sp, 1), std::span(&next, 1), logits.data(), &planned,
+                        std::span(&spec, 1));
+      } else {
+        model_.forward(seq_, std::span(&next, 1), logits.data(), false);
+      }
+      history.push_back(planned >= 0 ? planned : sampler.sample(logits, history));
+      planned = -1;
     }
-    fed_.push_back(next);
   }
+  fed_.assign(history.begin(), history.end() - 1);
   if (r.finish_reason != "cancelled") {
     // Release what was held back: an incomplete character at the end, or text that could still
     // have begun a stop string.

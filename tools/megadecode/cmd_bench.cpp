@@ -26,6 +26,7 @@
 #include "megadecode/kernels/cpu/kda.h"
 #include "megadecode/kernels/cpu/matmul.h"
 #include "megadecode/model/presets.h"
+#include "megadecode/spec/speculative.h"
 #include "plot_svg.h"
 
 namespace md::cli {
@@ -129,6 +130,8 @@ void register_bench(CLI::App& app) {
     int prompt = 512, verify_rows = 8, mixed_chunk = 16;
     std::string chunks = "8,16,32,64";
     std::string json, plot;
+    std::string speculative, fixed_lengths;
+    int num_draft_tokens = 0, ngram_max = 3;
   };
   auto o = std::make_shared<Opts>();
   auto* c = app.add_subcommand(
@@ -141,7 +144,7 @@ void register_bench(CLI::App& app) {
                 "directory (deleted after), or, for a decode bench of only CUDA executors "
                 "(--device cuda or cuda-sim, no reference), generated in device memory");
   c->add_option("--seed", o->seed, "seed of the --preset checkpoint");
-  c->add_option("--what", o->what,
+  auto* what_opt = c->add_option("--what", o->what,
                 "comma-separated: decode (batch sizes x executors), prefill (a --prompt-token "
                 "prompt through the plan in --chunks rows per step vs the reference prefill), "
                 "verify (a --verify-rows step of one sequence vs a decode step), mixed (each "
@@ -164,11 +167,39 @@ void register_bench(CLI::App& app) {
       ->check(CLI::Range(2, 16));
   c->add_option("--mixed-chunk", o->mixed_chunk, "mixed: prefill rows beside the decode rows")
       ->check(CLI::Range(1, 64));
+  c->add_option("--speculative", o->speculative,
+                "speculative decoding bench (instead of decode, unless --what is given): ngram or "
+                "a DSpark draft checkpoint directory; greedy speculative steps of one sequence "
+                "against plain batch-1 decode steps of the same executors, interleaved");
+  c->add_option("--num-draft-tokens", o->num_draft_tokens,
+                "speculative: tokens drafted a step, 1..15 (default: 7 with a draft model, 4 "
+                "with ngram)")
+      ->check(CLI::Range(1, kMaxDraftTokens));
+  c->add_option("--fixed-acceptance-length", o->fixed_lengths,
+                "speculative: comma-separated fixed acceptance lengths (drafts accepted a step, "
+                "0..K), one row each; default: the model's own acceptance");
+  c->add_option("--ngram-max", o->ngram_max, "speculative ngram: longest n-gram looked up")
+      ->check(CLI::Range(1, 16));
   c->add_option("--json", o->json, "also write the results as JSON to this file");
   c->add_option("--plot", o->plot, "also write an SVG plot of decode tokens/s vs batch size");
-  c->callback([o] {
+  c->callback([o, what_opt] {
     MD_CHECK(o->f.model.empty() != o->preset.empty(),
              "bench: give exactly one of --model or --preset");
+    const bool speculative = !o->speculative.empty();
+    MD_CHECK(speculative || (o->num_draft_tokens == 0 && o->fixed_lengths.empty()),
+             "bench: --num-draft-tokens and --fixed-acceptance-length need --speculative");
+    if (speculative) {
+      MD_CHECK(o->speculative == "ngram" || std::filesystem::is_directory(o->speculative),
+               "--speculative '{}': expected ngram or a draft checkpoint directory",
+               o->speculative);
+      if (what_opt->count() == 0) o->what.clear();
+    }
+    const int K = o->num_draft_tokens > 0 ? o->num_draft_tokens
+                  : o->speculative == "ngram" ? 4
+                                              : 7;
+    const std::vector<int> fixed_lengths =
+        o->fixed_lengths.empty() ? std::vector<int>{}
+                                 : parse_ints("--fixed-acceptance-length", o->fixed_lengths, 0, K);
     const std::vector<int> batches = parse_ints("--batch", o->batches, 1, 1024);
     const std::vector<int> chunks = parse_ints("--chunks", o->chunks, 1, 64);
     std::vector<std::string> names = split(o->executors, ',');
@@ -179,7 +210,7 @@ void register_bench(CLI::App& app) {
     for (const std::string& n : names)
       if (n != "reference") plan_names.push_back(n);
     bool decode = false, prefill = false, verify = false, mixed = false;
-    for (const std::string& w : split(o->what, ',')) {
+    for (const std::string& w : o->what.empty() ? std::vector<std::string>{} : split(o->what, ',')) {
       MD_CHECK(w == "decode" || w == "prefill" || w == "verify" || w == "mixed",
                "--what: unknown benchmark '{}' (decode, prefill, verify, mixed)", w);
       decode |= w == "decode";
@@ -187,14 +218,16 @@ void register_bench(CLI::App& app) {
       verify |= w == "verify";
       mixed |= w == "mixed";
     }
-    MD_CHECK(!(prefill || verify || mixed) || !plan_names.empty(),
-             "bench: prefill, verify and mixed need a plan executor (megakernel or opbyop)");
+    MD_CHECK(!(prefill || verify || mixed || speculative) || !plan_names.empty(),
+             "bench: prefill, verify, mixed and speculative need a plan executor (megakernel or "
+             "opbyop)");
     // A preset decoded only by CUDA executors gets its random weights generated on the device
     // (nothing written or uploaded: the ~100 GB geometries load in seconds); otherwise make-model
     // writes its checkpoint for the host paths.
     const bool device_weights =
         !o->preset.empty() && o->f.device_kind() != DeviceKind::kCpu && !prefill && !verify &&
-        !mixed && std::find(names.begin(), names.end(), "reference") == names.end();
+        !mixed && !speculative &&
+        std::find(names.begin(), names.end(), "reference") == names.end();
     TempCheckpoint tmp;
     std::string dir = o->f.model;
     if (!o->preset.empty() && !device_weights) {
@@ -420,6 +453,60 @@ void register_bench(CLI::App& app) {
         }
       }
       j["mixed"] = {{"context", o->context}, {"results", all}};
+    }
+    if (speculative) {
+      SpeculativeFlags sf;
+      sf.speculative = o->speculative;
+      sf.num_draft_tokens = K;
+      sf.ngram_max = o->ngram_max;
+      LoadedDrafter ld = load_drafter(sf, m);
+      bench::SpeculativeBenchOptions x;
+      x.num_draft_tokens = K;
+      x.fixed_lengths = fixed_lengths;
+      x.steps = o->steps;
+      x.reps = o->reps;
+      x.context = o->context;
+      x.workers = W;
+      x.executors = plan_names;
+      x.device = o->f.device_kind();
+      x.progress = on_progress;
+      const bench::SpeculativeBenchResult r = bench::run_speculative(m, *ld.drafter, x);
+      progress.done();
+      std::printf(
+          "\n== speculative: %s drafter, K = %d drafts (verify steps of %d rows), greedy, one "
+          "sequence from position %d; %d steps x %d reps (medians); plain = batch-1 decode "
+          "steps of the same executor in the same reps; read bandwidth median %.1f GB/s\n\n",
+          r.drafter.c_str(), r.num_draft_tokens, r.num_draft_tokens + 1, o->context, o->steps,
+          o->reps, r.bandwidth_gbps);
+      std::printf("%-11s %6s %9s %9s %9s %9s %9s %10s %9s %10s %8s\n", "executor", "fixed",
+                  "ms/step", "draft ms", "verify ms", "acc/step", "tok/step", "tok/s",
+                  "plain ms", "plain tok/s", "speedup");
+      nlohmann::json cells = nlohmann::json::array();
+      for (const bench::SpeculativeCell& cl : r.cells) {
+        std::printf("%-11s %6s %9.3f %9.3f %9.3f %9.2f %9.2f %10.1f %9.3f %10.1f %7.2fx\n",
+                    cl.executor.c_str(), cl.fixed < 0 ? "-" : std::to_string(cl.fixed).c_str(),
+                    cl.step_ms, cl.draft_ms, cl.verify_ms, cl.accepted_per_step,
+                    cl.tokens_per_step, cl.tokens_per_s, cl.plain_ms, cl.plain_tokens_per_s,
+                    cl.speedup);
+        cells.push_back({{"executor", cl.executor},
+                         {"fixed_acceptance_length", cl.fixed},
+                         {"ms_per_step", cl.step_ms},
+                         {"draft_ms_per_step", cl.draft_ms},
+                         {"verify_ms_per_step", cl.verify_ms},
+                         {"accepted_per_step", cl.accepted_per_step},
+                         {"tokens_per_step", cl.tokens_per_step},
+                         {"tokens_per_s", cl.tokens_per_s},
+                         {"plain_ms_per_step", cl.plain_ms},
+                         {"plain_tokens_per_s", cl.plain_tokens_per_s},
+                         {"speedup_over_plain", cl.speedup}});
+      }
+      j["speculative"] = {{"drafter", r.drafter},
+                          {"num_draft_tokens", r.num_draft_tokens},
+                          {"context", o->context},
+                          {"steps", o->steps},
+                          {"reps", o->reps},
+                          {"read_bandwidth_gbps", r.bandwidth_gbps},
+                          {"results", cells}};
     }
     if (!o->json.empty()) {
       std::ofstream f(o->json);

@@ -266,6 +266,7 @@ void register_run_commands(CLI::App& app) {
   {
     struct Opts {
       RunFlags f;
+      SpeculativeFlags spec;
       std::string ids, executor = "reference";
       int max_tokens = 16, workers = 0, prefill_chunk = 16;
       bool ignore_eos = false;
@@ -277,17 +278,27 @@ void register_run_commands(CLI::App& app) {
     c->add_option("--max-tokens", o->max_tokens, "tokens to generate")
         ->check(CLI::Range(0, 1 << 24));
     c->add_flag("--ignore-eos", o->ignore_eos, "keep generating after an end-of-sequence id");
-    c->add_option("--executor", o->executor,
-                  "what runs: reference (Model::forward) or megakernel / opbyop (the plan: the "
-                  "prompt in chunks of --prefill-chunk rows, then greedy decode steps)")
-        ->check(CLI::IsMember({"reference", "megakernel", "opbyop"}));
+    auto* exec_opt =
+        c->add_option("--executor", o->executor,
+                      "what runs: reference (Model::forward) or megakernel / opbyop (the plan: the "
+                      "prompt in chunks of --prefill-chunk rows, then greedy decode steps); "
+                      "speculative decoding runs on a plan executor (default megakernel)")
+            ->check(CLI::IsMember({"reference", "megakernel", "opbyop"}));
+    o->spec.add(c);
     c->add_option("--workers", o->workers, "executor workers (0: one per CPU)")
         ->check(CLI::Range(0, 4096));
     c->add_option("--prefill-chunk", o->prefill_chunk, "token rows per plan step of the prompt")
         ->check(CLI::Range(1, 64));
-    c->callback([o] {
+    c->callback([o, exec_opt] {
       std::vector<int32_t> ids = parse_ids(o->ids);
       MD_CHECK(!ids.empty(), "generate: --ids is empty");
+      o->spec.validate();
+      if (o->spec.enabled()) {
+        MD_CHECK(!(exec_opt->count() > 0 && o->executor == "reference"),
+                 "speculative decoding (--speculative / --draft) needs a plan executor: "
+                 "--executor megakernel or opbyop");
+        if (o->executor == "reference") o->executor = "megakernel";
+      }
       Model m(o->f.model, o->f.options());
       if (!m.weights().note.empty()) std::fprintf(stderr, "%s\n", m.weights().note.c_str());
       const ModelConfig& cfg = m.config();
@@ -304,6 +315,48 @@ void register_run_commands(CLI::App& app) {
       }
       SequenceState s = ex ? ex->new_sequence() : m.new_sequence();
       std::vector<float> logits(size_t(cfg.vocab_size));
+      if (o->spec.enabled()) {
+        // Greedy speculative decoding: the same ids as the plain loop below.
+        LoadedDrafter d = load_drafter(o->spec, m);
+        d.options.prefill_chunk = o->prefill_chunk;
+        SpeculativeDecoder dec(*ex, *d.drafter, d.options);
+        const double t0 = now_seconds();
+        dec.prefill(s, ids, logits.data());
+        const double t1 = now_seconds();
+        std::vector<int32_t> history = ids;
+        int n = 0;
+        auto emit = [&](int32_t next) {
+          std::printf("%s%d", n++ ? " " : "", next);
+          std::fflush(stdout);
+          const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(),
+                                     next) != cfg.eos_token_ids.end();
+          return !(eos && !o->ignore_eos) && n < o->max_tokens;
+        };
+        if (o->max_tokens > 0) {
+          history.push_back(int32_t(argmax(logits.data(), cfg.vocab_size)));
+          try {
+            if (emit(history.back()))
+              while (dec.step(s, history, nullptr, emit)) {
+              }
+          } catch (const Error&) {
+            std::printf("\n");
+            std::fflush(stdout);
+            throw;
+          }
+        }
+        const double t2 = now_seconds();
+        std::printf("\n");
+        std::fflush(stdout);
+        const SpeculativeStats& st = dec.stats();
+        std::fprintf(stderr,
+                     "prefill %zu tokens: %.1f ms; decode %d tokens: %.2f tok/s; speculative "
+                     "(%s, K=%d): %lld steps, %lld of %lld drafts accepted, %.2f tokens a step\n",
+                     ids.size(), (t1 - t0) * 1e3, n, n > 1 ? double(n - 1) / (t2 - t1) : 0.0,
+                     std::string(d.drafter->name()).c_str(), d.options.num_draft_tokens,
+                     (long long)st.steps, (long long)st.accepted, (long long)st.drafted,
+                     st.tokens_per_step());
+        return;
+      }
       double t0 = now_seconds();
       if (ex)
         ex->prefill(s, ids, logits.data(), o->prefill_chunk);

@@ -86,26 +86,46 @@ struct DecoderFlags {
   std::string executor = "reference";
   int workers = 0;
   int prefill_chunk = 16;
+  SpeculativeFlags spec;
+  CLI::Option* executor_opt = nullptr;
   void add(CLI::App* app) {
-    app->add_option("--executor", executor,
-                    "what runs: reference (Model::forward), megakernel or opbyop (the decode "
-                    "plan: the prompt in chunks of rows, sampling inside the step)")
-        ->check(CLI::IsMember({"reference", "megakernel", "opbyop"}));
+    executor_opt =
+        app->add_option("--executor", executor,
+                        "what runs: reference (Model::forward), megakernel or opbyop (the decode "
+                        "plan: the prompt in chunks of rows, sampling inside the step); "
+                        "speculative decoding runs on a plan executor (default megakernel)")
+            ->check(CLI::IsMember({"reference", "megakernel", "opbyop"}));
+    spec.add(app);
     app->add_option("--workers", workers, "plan executor workers (0: one per CPU)")
         ->check(CLI::Range(0, 4096));
     app->add_option("--prefill-chunk", prefill_chunk,
                     "token rows per plan step when the prompt goes through the plan")
         ->check(CLI::Range(1, 64));
   }
-  // The executor (null for the reference path), attached to the generator.
-  std::unique_ptr<Executor> attach(Model& m, Generator& g, DeviceKind device) const {
-    if (executor == "reference") return nullptr;
+  // The executor (null for the reference path), attached to the generator, and with
+  // --speculative / --draft the drafter (in `drafter`, which must outlive the generator's use).
+  std::unique_ptr<Executor> attach(Model& m, Generator& g, DeviceKind device,
+                                   LoadedDrafter& drafter) const {
+    spec.validate();
+    std::string kind = executor;
+    if (spec.enabled()) {
+      MD_CHECK(!(executor_opt && executor_opt->count() > 0 && executor == "reference"),
+               "speculative decoding (--speculative / --draft) needs a plan executor: "
+               "--executor megakernel or opbyop (the reference path cannot commit a verify "
+               "step to a prefix)");
+      if (kind == "reference") kind = "megakernel";
+    }
+    if (kind == "reference") return nullptr;
     ExecutorOptions eo;
     eo.device = device;
     eo.workers = workers;
     eo.states = m.options().states;
-    auto ex = make_executor(m, parse_executor_kind(executor), 1, eo);
+    auto ex = make_executor(m, parse_executor_kind(kind), 1, eo);
     g.set_executor(ex.get(), prefill_chunk);
+    if (spec.enabled()) {
+      drafter = load_drafter(spec, m);
+      g.set_speculative(drafter.drafter.get(), drafter.options);
+    }
     return ex;
   }
 };
@@ -145,6 +165,26 @@ void print_stats(const GenerationResult& r) {
   std::fprintf(stderr, "\n[%zu prompt tokens (%d run) in %.0f ms; %zu tokens at %.2f tok/s; %s]\n",
                r.prompt_ids.size(), r.prefilled, r.prefill_seconds * 1e3, r.tokens.size(),
                r.decode_tokens_per_second(), r.finish_reason.c_str());
+  if (r.speculative) {
+    const SpeculativeStats& s = r.speculative_stats;
+    std::fprintf(stderr,
+                 "[speculative: %lld steps, %lld of %lld drafts accepted (%.1f%%), %.2f tokens "
+                 "a step, %.2f ms a step]\n",
+                 (long long)s.steps, (long long)s.accepted, (long long)s.drafted,
+                 100.0 * s.acceptance_rate(), s.tokens_per_step(),
+                 s.steps ? 1e3 * s.seconds() / double(s.steps) : 0.0);
+  }
+}
+
+nlohmann::json speculative_json(const GenerationResult& r) {
+  if (!r.speculative) return nullptr;
+  const SpeculativeStats& s = r.speculative_stats;
+  return {{"steps", s.steps},
+          {"drafted", s.drafted},
+          {"accepted", s.accepted},
+          {"emitted", s.emitted},
+          {"acceptance_rate", s.acceptance_rate()},
+          {"tokens_per_step", s.tokens_per_step()}};
 }
 
 }  // namespace
@@ -178,11 +218,13 @@ void register_text_commands(CLI::App& app) {
       MD_CHECK((po->count() > 0) != (pf->count() > 0),
                "give exactly one of --prompt and --prompt-file");
       std::string text = o->prompt_file.empty() ? o->prompt : read_file(o->prompt_file);
+      o->d.spec.validate();  // bad flags fail before the model loads
       LoadedModel lm = load_model(o->f);
       // The executor outlives the generator, whose sequence lives in the executor's pool.
       std::unique_ptr<Executor> executor;
+      LoadedDrafter drafter;
       Generator g(*lm.model, *lm.tokenizer, o->chat_template);
-      executor = o->d.attach(*lm.model, g, o->f.device_kind());
+      executor = o->d.attach(*lm.model, g, o->f.device_kind(), drafter);
       std::vector<int32_t> ids;
       if (o->raw) {
         ids = g.encode(text);
@@ -204,7 +246,8 @@ void register_text_commands(CLI::App& app) {
                             {"prompt_tokens", r.prompt_ids.size()},
                             {"completion_tokens", r.tokens.size()},
                             {"prefill_ms", r.prefill_seconds * 1e3},
-                            {"decode_tokens_per_s", r.decode_tokens_per_second()}};
+                            {"decode_tokens_per_s", r.decode_tokens_per_second()},
+                            {"speculative", speculative_json(r)}};
         std::printf("%s\n",
                     j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
         return;
@@ -233,11 +276,13 @@ void register_text_commands(CLI::App& app) {
     c->add_option("--chat-template", o->chat_template,
                   "template kind overriding the checkpoint's (kimi, kimi-k3)");
     c->callback([o] {
+      o->d.spec.validate();  // bad flags fail before the model loads
       LoadedModel lm = load_model(o->f);
       // The executor outlives the generator, whose sequence lives in the executor's pool.
       std::unique_ptr<Executor> executor;
+      LoadedDrafter drafter;
       Generator g(*lm.model, *lm.tokenizer, o->chat_template);
-      executor = o->d.attach(*lm.model, g, o->f.device_kind());
+      executor = o->d.attach(*lm.model, g, o->f.device_kind(), drafter);
       const ChatOptions chat_options = o->t.options();
       g.render({{"user", "", "", "", {}, ""}}, true, chat_options);  // fail early: bad template
       SamplingParams p = o->s.params(g);

@@ -5,8 +5,12 @@
 #include <charconv>
 #include <cstdio>
 
+#include <filesystem>
+
 #include "megadecode/base/error.h"
 #include "megadecode/base/util.h"
+#include "megadecode/spec/dspark_drafter.h"
+#include "megadecode/spec/ngram_drafter.h"
 
 namespace md::cli {
 
@@ -83,6 +87,78 @@ LoadedModel load_model(const RunFlags& f, bool with_tokenizer) {
     std::fprintf(stderr, " (%.1f s)\n", now_seconds() - t0);
   }
   return lm;
+}
+
+void SpeculativeFlags::add(CLI::App* app) {
+  app->add_option("--speculative", speculative,
+                  "speculative decoding: ngram (prompt lookup: the continuation of the longest "
+                  "recent n-gram match) or a DSpark draft checkpoint directory (as --draft)");
+  app->add_option("--draft", draft,
+                  "speculative decoding with the DSpark draft checkpoint in this directory "
+                  "(make-model --draft-for)");
+  k_opt = app->add_option("--num-draft-tokens", num_draft_tokens,
+                  "speculative: tokens drafted per step, 1..15 (default: 7 with a draft model, "
+                  "4 with ngram)");
+  fixed_opt = app->add_option("--fixed-acceptance-length", fixed_acceptance_length,
+                  "speculative benchmark mode: every step accepts exactly N drafts (0..K) "
+                  "whatever the target says, to measure the step's cost; the output is then "
+                  "not the model's");
+  app->add_option("--ngram-max", ngram_max,
+                  "speculative ngram: the longest suffix n-gram looked up, 1..16");
+}
+
+std::string SpeculativeFlags::draft_dir() const {
+  if (!draft.empty()) return draft;
+  return speculative == "ngram" ? std::string() : speculative;
+}
+
+void SpeculativeFlags::validate() const {
+  MD_CHECK(speculative.empty() || draft.empty(),
+           "--speculative and --draft exclude each other (give one drafter)");
+  const bool k_given = num_draft_tokens != 0 || (k_opt && k_opt->count() > 0);
+  const bool fixed_given = fixed_acceptance_length != -1 || (fixed_opt && fixed_opt->count() > 0);
+  if (!enabled()) {
+    MD_CHECK(!k_given, "--num-draft-tokens needs --speculative or --draft");
+    MD_CHECK(!fixed_given, "--fixed-acceptance-length needs --speculative or --draft");
+    return;
+  }
+  const std::string dir = draft_dir();
+  if (!speculative.empty() && speculative != "ngram")
+    MD_CHECK(std::filesystem::is_directory(speculative),
+             "--speculative '{}': expected ngram or a draft checkpoint directory", speculative);
+  if (!dir.empty())
+    MD_CHECK(std::filesystem::exists(std::filesystem::path(dir) / "config.json"),
+             "--draft {}: no config.json there (make one with make-model --draft-for)", dir);
+  MD_CHECK(!k_given || (num_draft_tokens >= 1 && num_draft_tokens <= kMaxDraftTokens),
+           "--num-draft-tokens {} is not in 1..{}", num_draft_tokens, kMaxDraftTokens);
+  MD_CHECK(ngram_max >= 1 && ngram_max <= 16, "--ngram-max {} is not in 1..16", ngram_max);
+  const SpeculativeOptions o = options();
+  MD_CHECK(!fixed_given ||
+               (fixed_acceptance_length >= 0 && fixed_acceptance_length <= o.num_draft_tokens),
+           "--fixed-acceptance-length {} is not in 0..{} (--num-draft-tokens)",
+           fixed_acceptance_length, o.num_draft_tokens);
+}
+
+SpeculativeOptions SpeculativeFlags::options() const {
+  SpeculativeOptions o;
+  o.num_draft_tokens = num_draft_tokens > 0 ? num_draft_tokens : draft_dir().empty() ? 4 : 7;
+  o.fixed_acceptance_length = fixed_acceptance_length;
+  return o;
+}
+
+LoadedDrafter load_drafter(const SpeculativeFlags& f, Model& target) {
+  f.validate();
+  LoadedDrafter d;
+  d.options = f.options();
+  validate(d.options);
+  const std::string dir = f.draft_dir();
+  if (dir.empty()) {
+    d.drafter = std::make_unique<NgramDrafter>(NgramOptions{f.ngram_max});
+  } else {
+    d.model = std::make_unique<DraftModel>(dir, target.config(), target.options(), &target.pool());
+    d.drafter = std::make_unique<DSparkDrafter>(*d.model);
+  }
+  return d;
 }
 
 }  // namespace md::cli

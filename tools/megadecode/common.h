@@ -9,6 +9,9 @@
 #include <memory>
 
 #include "megadecode/engine/model.h"
+#include "megadecode/spec/draft_model.h"
+#include "megadecode/spec/drafter.h"
+#include "megadecode/spec/speculative.h"
 #include "megadecode/tokenizer/tokenizer.h"
 
 namespace md::cli {
@@ -36,6 +39,34 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;
 };
 LoadedModel load_model(const RunFlags& f, bool with_tokenizer = true);
+
+// Speculative decoding flags (run, chat, generate, bench): --speculative ngram (or a draft
+// directory), --draft DIR, --num-draft-tokens, --fixed-acceptance-length, --ngram-max.
+struct SpeculativeFlags {
+  std::string speculative, draft;
+  int num_draft_tokens = 0;  // 0: the drafter's default (DSpark 7, as the seed's 8-row verify;
+                             // n-gram 4)
+  int fixed_acceptance_length = -1;
+  int ngram_max = 3;
+  CLI::Option *k_opt = nullptr, *fixed_opt = nullptr;  // given on the command line?
+  void add(CLI::App* app);
+  bool enabled() const { return !speculative.empty() || !draft.empty(); }
+  // The draft directory (--draft, or --speculative naming one), empty for n-gram drafting.
+  std::string draft_dir() const;
+  // Checked options (an md::Error naming the flag otherwise); call only when enabled().
+  SpeculativeOptions options() const;
+  // Checks the flags' combination (values, one drafter, options that need a drafter).
+  void validate() const;
+};
+
+// A drafter made from the flags, for a target model (the DSpark draft loaded and checked
+// against it, on the target's threads).
+struct LoadedDrafter {
+  std::unique_ptr<DraftModel> model;
+  std::unique_ptr<Drafter> drafter;
+  SpeculativeOptions options;
+};
+LoadedDrafter load_drafter(const SpeculativeFlags& f, Model& target);
 
 void register_make_model(CLI::App& app);
 void register_text_commands(CLI::App& app);  // run, chat, tokenize, detokenize

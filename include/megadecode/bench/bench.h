@@ -14,6 +14,7 @@
 
 #include "megadecode/engine/model.h"
 #include "megadecode/exec/executor.h"
+#include "megadecode/spec/drafter.h"
 
 namespace md::bench {
 
@@ -139,5 +140,44 @@ struct MixedResult {
   double bandwidth_gbps = 0;
 };
 MixedResult run_mixed(Model& m, const MixedOptions& o);
+
+// ---- speculative ----------------------------------------------------------------------------
+
+// Greedy speculative decoding of one sequence (spec/speculative.h) against plain batch-1 greedy
+// decode steps of the same executor, interleaved rep by rep: each block prefills `context`
+// random tokens, then runs `steps` plain decode steps or `steps` speculative steps. One cell per
+// executor and acceptance mode: the model's own acceptance (fixed = -1) or each fixed acceptance
+// length (benchmark mode: exactly that many drafts accepted a step, so the step's cost is
+// measured at a known verify length whatever the weights).
+struct SpeculativeBenchOptions {
+  int num_draft_tokens = 7;          // K: every verify step has K + 1 rows
+  std::vector<int> fixed_lengths;    // empty: {-1} (the model's acceptance)
+  int steps = 16, reps = 5, context = 16, workers = 0;
+  std::vector<std::string> executors{"megakernel"};
+  DeviceKind device = DeviceKind::kCpu;
+  Progress progress;
+};
+
+struct SpeculativeCell {
+  std::string executor;
+  int fixed = -1;                // the fixed acceptance length, -1: the model's
+  double step_ms = 0;            // one speculative step: draft + verify + accept + commit (median)
+  double draft_ms = 0, verify_ms = 0;  // of which drafting (and context update), verify step
+  double accepted_per_step = 0;  // drafts accepted a step (mean over all reps)
+  double tokens_per_step = 0;    // tokens emitted a step (accepted + 1)
+  double tokens_per_s = 0;       // speculative (median of reps)
+  double plain_ms = 0;           // one plain decode step at batch 1 (median)
+  double plain_tokens_per_s = 0;
+  double speedup = 0;            // median of per-rep speculative / plain tokens/s
+};
+
+struct SpeculativeBenchResult {
+  std::string drafter;
+  int num_draft_tokens = 0;
+  std::vector<SpeculativeCell> cells;
+  double bandwidth_gbps = 0;
+};
+SpeculativeBenchResult run_speculative(Model& m, Drafter& drafter,
+                                       const SpeculativeBenchOptions& o);
 
 }  // namespace md::bench

@@ -67,13 +67,36 @@ struct SampleScratch {
     float x;  // logit / temperature
     float w;  // exp(x - max x)
   };
-  std::vector<float> work, weights;
+  std::vector<float> work;
   std::vector<Cand> cands;
   std::vector<double> bucket_mass;
 };
 
-// The sampling math of one row on plain data (steps 1-7 above), the same for the host Sampler
-// and a plan's sample tile. NaN logits or all -inf are an md::Error.
+// The distribution one row's token is drawn from: steps 1-6 above applied to the row's logits.
+// Token support[i].id has probability support[i].w / total; every other id has probability 0.
+// The support is listed in the order the draw walks it (ids ascending without top-k / top-p,
+// otherwise the kept candidates). A greedy row's distribution is its argmax with weight 1. It
+// points into the scratch it was made with (valid until that scratch is used again).
+struct SampleDistribution {
+  std::span<const SampleScratch::Cand> support;
+  double total = 0;  // sum of the support's weights (> 0)
+  // w / total of `id`, 0 outside the support.
+  double probability(int32_t id) const;
+};
+
+// Steps 1-6 of one row on plain data: what sample_row draws from, and what a speculative verifier
+// accepts or rejects a drafted token against (spec/acceptance.h). NaN logits or all -inf are an
+// md::Error.
+SampleDistribution sample_distribution(const SampleRow& row, std::span<const float> logits,
+                                       SampleScratch& scratch);
+// Step 7: the token of `uniform` in [0, 1): the first support entry at which the running weight
+// sum passes uniform * total. With `excluded` >= 0 that token is taken out and the rest
+// renormalised (a rejected draft's residual distribution); if nothing else is left, `excluded`.
+int32_t draw_from(const SampleDistribution& d, double uniform, int32_t excluded = -1);
+
+// The sampling math of one row on plain data (steps 1-7 above: draw_from(sample_distribution,
+// row.uniform)), the same for the host Sampler and a plan's sample tile. NaN logits or all -inf
+// are an md::Error.
 int32_t sample_row(const SampleRow& row, std::span<const float> logits, SampleScratch& scratch);
 // Steps 1-2 in place.
 void apply_penalties(const SampleRow& row, std::span<float> logits);
@@ -94,6 +117,14 @@ class Sampler {
   // prepare advances the stream as a sample does). Its penalties point into this sampler and
   // stay valid until the next prepare/sample.
   SampleRow prepare(std::span<const int32_t> history);
+  // prepare without taking a uniform (the row's `uniform` is 0): the parameters and penalty
+  // counts a speculative verifier needs for each drafted position, whose draws it takes itself
+  // with uniform().
+  SampleRow prepare_without_draw(std::span<const int32_t> history) {
+    return row_without_draw(history);
+  }
+  // The next uniform in [0, 1) of this sequence's RNG stream.
+  double uniform() { return rng_.uniform(); }
 
   // Marks history[0, n) as the prompt (resets the penalty counts).
   void set_prompt_length(size_t n);

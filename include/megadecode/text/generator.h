@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -13,6 +14,7 @@
 #include "megadecode/engine/model.h"
 #include "megadecode/engine/sampler.h"
 #include "megadecode/exec/executor.h"
+#include "megadecode/spec/speculative.h"
 #include "megadecode/tokenizer/chat_template.h"
 #include "megadecode/tokenizer/tokenizer.h"
 
@@ -26,6 +28,8 @@ struct GenerationResult {
   std::string reasoning;        // Kimi K3: the think channel's text (not in `text`)
   std::string finish_reason;    // "stop" (stop token or string), "length" or "cancelled"
   int prefilled = 0;            // prompt tokens actually run (the rest were reused)
+  bool speculative = false;     // decoded by speculative steps (set_speculative)
+  SpeculativeStats speculative_stats;  // this generation's steps
   double prefill_seconds = 0, decode_seconds = 0;
   double decode_tokens_per_second() const;
 };
@@ -91,10 +95,22 @@ class Generator {
   // reference path computes one token at a time, bit for bit; the reference's one-call prefill
   // differs from that in fp32 order only, so the tokens can differ only where two logits
   // are within rounding of each other. The sequence starts over in the executor's state pool.
+  // Drops a speculative decoder set before (it ran on the old executor).
   void set_executor(Executor* executor, int prefill_chunk = 16) {
+    spec_.reset();
     executor_ = executor;
     prefill_chunk_ = prefill_chunk;
     reset();
+  }
+
+  // Decode by speculative steps (spec/speculative.h) with this drafter on the executor set by
+  // set_executor (required); null: plain decode steps again. The emitted tokens are those plain
+  // decoding gives (greedy: the same ids; sampling: the same distribution, another draw of it).
+  // The drafter outlives its use here.
+  void set_speculative(Drafter* drafter, const SpeculativeOptions& options = {});
+  // Totals over every generation since set_speculative (null when not speculative).
+  const SpeculativeStats* speculative_stats() const {
+    return spec_ ? &spec_->stats() : nullptr;
   }
 
   void reset();  // forget the sequence
@@ -110,6 +126,7 @@ class Generator {
   std::vector<int32_t> fed_;  // ids the sequence state has consumed
   Executor* executor_ = nullptr;
   int prefill_chunk_ = 16;
+  std::unique_ptr<SpeculativeDecoder> spec_;
 };
 
 }  // namespace md

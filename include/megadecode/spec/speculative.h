@@ -1,0 +1,89 @@
+// The speculative decoding loop over a plan executor (docs/speculative.md "The loop"). One step
+// for a sequence whose history ends in the anchor (the latest decided token, not yet consumed):
+//   1. the drafter proposes K tokens d_1..d_K;
+//   2. one verify step of K + 1 rows [anchor, d_1..d_K], logits (or in-step greedy choices) for
+//      every row, kept for a commit, the drafter's aux rows captured;
+//   3. acceptance (spec/acceptance.h): a leading drafts accepted, plus the bonus / correction;
+//   4. commit(seq, a + 1): the sequence has consumed the anchor and the accepted drafts;
+//   5. the drafter observes the committed rows; d_1..d_a and the new token are emitted and the
+//      new token is the next anchor.
+// Emitted tokens are those plain decoding gives (greedy: identical; sampling: the same
+// distribution), whatever the drafter proposes.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "megadecode/engine/sampler.h"
+#include "megadecode/exec/executor.h"
+#include "megadecode/spec/drafter.h"
+
+namespace md {
+
+inline constexpr int kMaxDraftTokens = 15;  // K + 1 verify rows within a commit's row log (16)
+
+struct SpeculativeOptions {
+  int num_draft_tokens = 4;  // K, 1 .. kMaxDraftTokens
+  // >= 0: benchmark mode, every step accepts exactly this many drafts (<= K) whatever the target
+  // says (the seed's fixed acceptance length; the emitted tokens are not the model's).
+  int fixed_acceptance_length = -1;
+  int prefill_chunk = 16;  // token rows per prefill step (<= plan::kMaxChainedRows with aux)
+};
+// Throws an md::Error naming the bad option.
+void validate(const SpeculativeOptions& o);
+
+// Counters since construction (or reset_stats): what the CLI, the bench and a server report.
+struct SpeculativeStats {
+  int64_t steps = 0;     // verify steps
+  int64_t drafted = 0;   // drafted tokens verified (K a step)
+  int64_t accepted = 0;  // drafts accepted
+  int64_t emitted = 0;   // tokens the steps emitted (accepted + 1 a step, fewer where a stop
+                         // or the token budget cut a step short)
+  double draft_seconds = 0, verify_seconds = 0, accept_seconds = 0, commit_seconds = 0;
+  double acceptance_rate() const { return drafted ? double(accepted) / double(drafted) : 0; }
+  double accepted_per_step() const { return steps ? double(accepted) / double(steps) : 0; }
+  double tokens_per_step() const { return steps ? double(emitted) / double(steps) : 0; }
+  double seconds() const {
+    return draft_seconds + verify_seconds + accept_seconds + commit_seconds;
+  }
+};
+
+class SpeculativeDecoder {
+ public:
+  // The executor and drafter outlive the decoder. Sequences are the executor's (batch 1).
+  SpeculativeDecoder(Executor& executor, Drafter& drafter, const SpeculativeOptions& o);
+
+  // A new sequence starts (the drafter forgets the old one).
+  void reset() { drafter_.reset(); }
+
+  // Feeds `ids` to `seq` through the plan in chunks (capturing the drafter's aux rows, which it
+  // observes); logits (if not null) receives the last row's [vocab].
+  void prefill(SequenceState& seq, std::span<const int32_t> ids, float* logits);
+
+  // One speculative step. history: every token of the sequence, the last being the anchor;
+  // seq has consumed all but that one (seq.pos == history.size() - 1). sampler: the sequence's
+  // (its parameters, penalty counts and RNG stream; history[0, prompt) set as its prompt), or
+  // null for greedy without penalties. Each emitted token is appended to history and handed to
+  // emit; when emit returns false the step ends there (the sequence is committed to match:
+  // it has consumed all of history but the last token). Returns false when emit stopped it.
+  bool step(SequenceState& seq, std::vector<int32_t>& history, Sampler* sampler,
+            const std::function<bool(int32_t)>& emit);
+
+  const SpeculativeStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+  const SpeculativeOptions& options() const { return o_; }
+  Drafter& drafter() { return drafter_; }
+
+ private:
+  Executor& ex_;
+  Drafter& drafter_;
+  SpeculativeOptions o_;
+  SpeculativeStats stats_;
+  int64_t aux_width_ = 0;  // aux floats a token row
+  std::vector<int32_t> rows_, choices_, hist_;
+  std::vector<float> logits_, aux_;
+  SampleScratch scratch_;
+};
+
+}  // namespace md
