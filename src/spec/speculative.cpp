@@ -24,22 +24,29 @@ void validate(const SpeculativeOptions& o) {
 
 SpeculativeDecoder::SpeculativeDecoder(Executor& executor, Drafter& drafter,
                                        const SpeculativeOptions& o)
-    : ex_(executor), drafter_(drafter), o_(o) {
+    : SpeculativeDecoder(executor, drafter.aux_layers(), o) {
+  drafter_ = &drafter;
+}
+
+SpeculativeDecoder::SpeculativeDecoder(Executor& executor, std::span<const int> aux_layers,
+                                       const SpeculativeOptions& o)
+    : ex_(executor), o_(o), aux_layers_(aux_layers.begin(), aux_layers.end()) {
   validate(o_);
   const int commit_rows = ex_.states().options().commit_rows;
   MD_CHECK(o_.num_draft_tokens + 1 <= commit_rows,
            "speculative decoding: a verify step of {} rows needs a state pool whose row log holds "
            "that many rows (it holds {})",
            o_.num_draft_tokens + 1, commit_rows);
-  aux_width_ = int64_t(drafter_.aux_layers().size()) * ex_.model().config().hidden_size;
+  aux_width_ = int64_t(aux_layers_.size()) * ex_.model().config().hidden_size;
 }
 
 void SpeculativeDecoder::prefill(SequenceState& seq, std::span<const int32_t> ids, float* logits) {
   MD_CHECK(!ids.empty(), "speculative prefill: no tokens given");
+  MD_CHECK(drafter_, "speculative prefill: this decoder has no drafter of its own");
   if (aux_width_ == 0) {
     const int64_t pos = seq.pos;
     ex_.prefill(seq, ids, logits, o_.prefill_chunk);
-    drafter_.observe(ids, pos, {});
+    drafter_->observe(ids, pos, {});
     return;
   }
   // The executor's own prefill has no aux capture: the same chunks, each step capturing the
@@ -51,102 +58,149 @@ void SpeculativeDecoder::prefill(SequenceState& seq, std::span<const int32_t> id
     const StepSeq q{&seq, ids.subspan(i, n), last && logits ? LogitRows::kLast : LogitRows::kNone};
     aux_.assign(n * size_t(aux_width_), 0.0f);
     StepOptions so;
-    so.aux = AuxCapture{drafter_.aux_layers(), aux_.data()};
+    so.aux = AuxCapture{drafter_->aux_layers(), aux_.data()};
     const int64_t pos = seq.pos;
     ex_.step(std::span(&q, 1), last ? logits : nullptr, nullptr, {}, so);
-    drafter_.observe(ids.subspan(i, n), pos, aux_);
+    drafter_->observe(ids.subspan(i, n), pos, aux_);
   }
 }
 
 bool SpeculativeDecoder::step(SequenceState& seq, std::vector<int32_t>& history, Sampler* sampler,
                               const std::function<bool(int32_t)>& emit) {
-  const int K = o_.num_draft_tokens;
-  const int64_t V = ex_.model().config().vocab_size;
-  MD_CHECK(!history.empty() && seq.pos == int64_t(history.size()) - 1,
-           "speculative step: the sequence has consumed {} tokens but the history holds {} (it "
-           "must hold those and the anchor)",
-           seq.pos, history.size());
-  rows_.assign(size_t(K) + 1, 0);
-  rows_[0] = history.back();
-  const std::span<int32_t> drafts(rows_.data() + 1, size_t(K));
+  MD_CHECK(drafter_, "speculative step: this decoder has no drafter of its own (step_batch)");
+  bool go = true;
+  SpecSeq q;
+  q.seq = &seq;
+  q.history = &history;
+  q.sampler = sampler;
+  q.drafter = drafter_;
+  q.emit = [&](int32_t t, std::span<const float>) { return go = emit(t); };
+  step_batch(std::span(&q, 1));
+  return go;
+}
 
+namespace {
+// Greedy without penalties is decided inside the step (the plan's argmax of every row: no logits
+// leave the executor); anything else needs each row's distribution on the host.
+bool decided_in_step(const Sampler* sampler) {
+  if (!sampler) return true;
+  const SamplingParams& p = sampler->params();
+  return p.greedy() && p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f;
+}
+}  // namespace
+
+void SpeculativeDecoder::step_batch(std::span<SpecSeq> seqs) {
+  const int K = o_.num_draft_tokens;
+  const size_t R = size_t(K) + 1;
+  const int64_t V = ex_.model().config().vocab_size;
+  const size_t B = seqs.size();
+  MD_CHECK(B >= 1, "speculative step: no sequences");
+  rows_.assign(B * R, 0);
   const double t0 = now_seconds();
-  drafter_.propose(history, drafts);
-  for (int32_t d : drafts)
-    MD_CHECK(d >= 0 && d < V, "speculative step: the {} drafter proposed id {} outside [0, {})",
-             drafter_.name(), d, V);
+  bool host_rows = false;  // some sequence needs the logits on the host
+  for (size_t b = 0; b < B; ++b) {
+    SpecSeq& q = seqs[b];
+    MD_CHECK(q.seq && q.history && q.drafter && q.emit,
+             "speculative step: sequence {} lacks its state, history, drafter or emit", b);
+    MD_CHECK(q.drafter->aux_layers().size() * size_t(ex_.model().config().hidden_size) ==
+                 size_t(aux_width_),
+             "speculative step: sequence {}'s drafter wants other aux rows than the decoder's", b);
+    MD_CHECK(!q.history->empty() && q.seq->pos == int64_t(q.history->size()) - 1,
+             "speculative step: the sequence has consumed {} tokens but the history holds {} (it "
+             "must hold those and the anchor)",
+             q.seq->pos, q.history->size());
+    int32_t* r = rows_.data() + b * R;
+    r[0] = q.history->back();
+    q.drafter->propose(*q.history, std::span<int32_t>(r + 1, size_t(K)));
+    for (int k = 1; k <= K; ++k)
+      MD_CHECK(r[k] >= 0 && r[k] < V,
+               "speculative step: the {} drafter proposed id {} outside [0, {})",
+               q.drafter->name(), r[k], V);
+    host_rows = host_rows || q.logits || !decided_in_step(q.sampler);
+  }
   const double t1 = now_seconds();
 
-  // Greedy without penalties is decided inside the step (the plan's argmax of every row: no
-  // logits leave the executor); anything else needs each row's distribution on the host.
-  const bool in_step =
-      !sampler ||
-      (sampler->params().greedy() && sampler->params().repetition_penalty == 1.0f &&
-       sampler->params().presence_penalty == 0.0f && sampler->params().frequency_penalty == 0.0f);
-  const StepSeq q{&seq, rows_, LogitRows::kAll};
+  steps_.clear();
+  pos0_.clear();
+  for (size_t b = 0; b < B; ++b) {
+    steps_.push_back({seqs[b].seq, std::span<const int32_t>(rows_.data() + b * R, R),
+                      LogitRows::kAll});
+    pos0_.push_back(seqs[b].seq->pos);
+  }
   StepOptions so;
   so.keep_for_commit = true;
   if (aux_width_ > 0) {
-    aux_.assign(size_t(K + 1) * size_t(aux_width_), 0.0f);
-    so.aux = AuxCapture{drafter_.aux_layers(), aux_.data()};
+    aux_.assign(B * R * size_t(aux_width_), 0.0f);
+    so.aux = AuxCapture{aux_layers_, aux_.data()};
   }
-  const int64_t pos0 = seq.pos;
-  if (in_step) {
-    choices_.assign(size_t(K) + 1, -1);
-    ex_.step(std::span(&q, 1), nullptr, choices_.data(), {}, so);
-  } else {
-    logits_.resize(size_t(K + 1) * size_t(V));
-    ex_.step(std::span(&q, 1), logits_.data(), nullptr, {}, so);
-  }
+  // The in-step choices (greedy) always come back; the logits only when a sequence needs them.
+  choices_.assign(B * R, -1);
+  if (host_rows) logits_.resize(B * R * size_t(V));
+  ex_.step(steps_, host_rows ? logits_.data() : nullptr, choices_.data(), {}, so);
   const double t2 = now_seconds();
 
-  Acceptance a;
-  if (in_step) {
-    a = accept_greedy(drafts, choices_, o_.fixed_acceptance_length);
-  } else {
-    // Row i's penalties count the history and drafts[0, i). The sampler's counts follow a history
-    // that only grows; rows are asked in order and the emitted tokens extend the longest prefix
-    // asked, so hist_ stays a prefix of the history to come.
-    hist_.assign(history.begin(), history.end());
-    size_t have = 0;
-    auto row = [&](int i) {
-      while (have < size_t(i)) hist_.push_back(drafts[have++]);
-      return sampler->prepare_without_draw(hist_);
-    };
-    a = accept_sampled(
-        drafts, logits_, row, [&] { return sampler->uniform(); }, scratch_,
-        o_.fixed_acceptance_length);
-  }
-  const double t3 = now_seconds();
-
-  int emitted = 0;
-  bool go = true;
-  for (int j = 0; j <= a.accepted && go; ++j) {
-    const int32_t t = j < a.accepted ? drafts[size_t(j)] : a.token;
-    history.push_back(t);
-    ++emitted;
-    go = emit(t);
-  }
-  // The sequence consumes the anchor and every emitted token but the last (the next anchor):
-  // `emitted` rows, a + 1 unless emit stopped early.
-  const double t4 = now_seconds();
-  ex_.commit(seq, emitted);
-  const double t5 = now_seconds();
-  drafter_.observe(std::span<const int32_t>(rows_).first(size_t(emitted)), pos0,
-                   aux_width_ > 0
-                       ? std::span<const float>(aux_).first(size_t(emitted) * size_t(aux_width_))
+  double accept_s = 0, commit_s = 0, observe_s = 0;
+  for (size_t b = 0; b < B; ++b) {
+    SpecSeq& q = seqs[b];
+    const double ta = now_seconds();
+    const std::span<const int32_t> drafts(rows_.data() + b * R + 1, size_t(K));
+    const std::span<const float> logits =
+        host_rows ? std::span<const float>(logits_).subspan(b * R * size_t(V), R * size_t(V))
+                  : std::span<const float>();
+    Acceptance a;
+    if (decided_in_step(q.sampler)) {
+      a = accept_greedy(drafts, std::span<const int32_t>(choices_).subspan(b * R, R),
+                        o_.fixed_acceptance_length);
+    } else {
+      // Row i's penalties count the history and drafts[0, i). The sampler's counts follow a
+      // history that only grows; rows are asked in order and the emitted tokens extend the
+      // longest prefix asked, so hist_ stays a prefix of the history to come.
+      hist_.assign(q.history->begin(), q.history->end());
+      size_t have = 0;
+      auto row = [&](int i) {
+        while (have < size_t(i)) hist_.push_back(drafts[have++]);
+        return q.sampler->prepare_without_draw(hist_);
+      };
+      a = accept_sampled(
+          drafts, logits, row, [&] { return q.sampler->uniform(); }, scratch_,
+          o_.fixed_acceptance_length);
+    }
+    const double tb = now_seconds();
+    int emitted = 0;
+    bool go = true;
+    for (int j = 0; j <= a.accepted && go; ++j) {
+      const int32_t t = j < a.accepted ? drafts[size_t(j)] : a.token;
+      q.history->push_back(t);
+      ++emitted;
+      go = q.emit(t, q.logits ? logits.subspan(size_t(j) * size_t(V), size_t(V))
+                              : std::span<const float>());
+    }
+    // The sequence consumes the anchor and every emitted token but the last (the next anchor):
+    // `emitted` rows, a + 1 unless emit stopped early.
+    const double tc = now_seconds();
+    ex_.commit(*q.seq, emitted);
+    const double td = now_seconds();
+    q.drafter->observe(
+        std::span<const int32_t>(rows_).subspan(b * R, size_t(emitted)), pos0_[b],
+        aux_width_ > 0 ? std::span<const float>(aux_).subspan(b * R * size_t(aux_width_),
+                                                              size_t(emitted) * size_t(aux_width_))
                        : std::span<const float>());
-  const double t6 = now_seconds();
-
-  ++stats_.steps;
-  stats_.drafted += K;
-  stats_.accepted += a.accepted;
-  stats_.emitted += emitted;
-  stats_.draft_seconds += (t1 - t0) + (t6 - t5);  // proposing, and the drafter's context update
+    const double te = now_seconds();
+    ++stats_.steps;
+    stats_.drafted += K;
+    stats_.accepted += a.accepted;
+    stats_.emitted += emitted;
+    for (int k = 0; k < a.accepted; ++k) ++stats_.accepted_at[size_t(k)];
+    accept_s += (tb - ta) + (tc - tb);
+    commit_s += td - tc;
+    observe_s += te - td;
+  }
+  ++stats_.batches;
+  stats_.draft_seconds += (t1 - t0) + observe_s;  // proposing, and the drafters' context update
   stats_.verify_seconds += t2 - t1;
-  stats_.accept_seconds += t3 - t2;
-  stats_.commit_seconds += t5 - t4;
-  return go;
+  stats_.accept_seconds += accept_s;
+  stats_.commit_seconds += commit_s;
 }
 
 }  // namespace md

@@ -192,6 +192,85 @@ INSTANTIATE_TEST_SUITE_P(
       return n;
     });
 
+// A batched step (step_batch, what the server runs): four sequences at different positions, each
+// with its own drafter (agreeing, never agreeing, random, n-gram) and token budget, verified
+// together until each has its tokens; every one emits plain greedy decoding's tokens and ends in
+// its state, and a sequence that stops leaves the batch without disturbing the others.
+TEST(Speculative, BatchedStepsEmitEachSequencesPlainGreedyTokens) {
+  for (const char* name : {"tiny", "k3-tiny"}) {
+    SCOPED_TRACE(name);
+    Model m(model_dir(name), test::opts(Precision::BF16));
+    const int64_t V = m.config().vocab_size;
+    CpuExecutor ex(m, 4, 2, ExecutorKind::kMegakernel);
+    const int lens[4] = {7, 13, 21, 30};
+    struct Seq {
+      std::vector<int32_t> prompt, want, history;
+      std::unique_ptr<Drafter> drafter;
+      Decoded plain;
+      SequenceState state;
+      int n = 0;
+    };
+    std::vector<Seq> seqs(4);
+    for (int b = 0; b < 4; ++b) {
+      Seq& q = seqs[size_t(b)];
+      q.prompt = prompt_of(m, 5 + 3 * b, 11 + b);
+      q.n = lens[b];
+      q.plain = plain_greedy(ex, q.prompt, q.n + 16);
+      std::vector<int32_t> truth = q.prompt;
+      truth.insert(truth.end(), q.plain.tokens.begin(), q.plain.tokens.end());
+      q.want.assign(q.plain.tokens.begin(), q.plain.tokens.begin() + q.n);
+      if (b == 0) q.drafter = std::make_unique<TruthDrafter>(truth, V, true);
+      if (b == 1) q.drafter = std::make_unique<TruthDrafter>(truth, V, false);
+      if (b == 2) q.drafter = std::make_unique<RandomDrafter>(V, 99);
+      if (b == 3) q.drafter = std::make_unique<NgramDrafter>();
+    }
+    SpeculativeOptions o;
+    o.num_draft_tokens = 4;
+    SpeculativeDecoder dec(ex, std::span<const int>(), o);
+    std::vector<float> logits(static_cast<size_t>(V));
+    for (Seq& q : seqs) {
+      q.state = ex.new_sequence();
+      ex.prefill(q.state, q.prompt, logits.data());
+      q.history = q.prompt;
+      q.history.push_back(argmax(logits));
+    }
+    auto generated = [](const Seq& q) { return int(q.history.size() - q.prompt.size()); };
+    for (int round = 0; round < 64; ++round) {
+      std::vector<SpecSeq> batch;
+      for (Seq& q : seqs) {
+        if (generated(q) >= q.n) continue;
+        SpecSeq s;
+        s.seq = &q.state;
+        s.history = &q.history;
+        s.drafter = q.drafter.get();
+        s.emit = [&q, &generated](int32_t, std::span<const float> l) {
+          EXPECT_TRUE(l.empty());
+          return generated(q) < q.n;
+        };
+        batch.push_back(std::move(s));
+      }
+      if (batch.empty()) break;
+      dec.step_batch(batch);
+    }
+    for (int b = 0; b < 4; ++b) {
+      Seq& q = seqs[size_t(b)];
+      SCOPED_TRACE(b);
+      EXPECT_EQ(std::vector<int32_t>(q.history.begin() + std::ptrdiff_t(q.prompt.size()),
+                                     q.history.end()),
+                q.want);
+      const Decoded plain_n = plain_greedy(ex, q.prompt, q.n);
+      expect_same_state(q.state, plain_n.state, "after batched speculative decoding");
+    }
+    const SpeculativeStats& st = dec.stats();
+    EXPECT_GT(st.steps, st.batches);  // several sequences a step
+    EXPECT_EQ(st.drafted, st.steps * 4);
+    EXPECT_GE(st.accepted_at[0], st.accepted_at[3]);
+    int64_t at = 0;
+    for (int64_t a : st.accepted_at) at += a;
+    EXPECT_EQ(at, st.accepted);
+  }
+}
+
 // Benchmark mode: every step accepts exactly N drafts and emits N + 1 tokens (the drafts and the
 // target's choice after them), and the sequence has consumed exactly what was emitted.
 TEST(Speculative, FixedAcceptanceLengthForcesTheCount) {

@@ -10,6 +10,7 @@
 // Emitted tokens are those plain decoding gives (greedy: identical; sampling: the same
 // distribution), whatever the drafter proposes.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -40,6 +41,10 @@ struct SpeculativeStats {
   int64_t accepted = 0;  // drafts accepted
   int64_t emitted = 0;   // tokens the steps emitted (accepted + 1 a step, fewer where a stop
                          // or the token budget cut a step short)
+  int64_t batches = 0;   // executor steps (a batched step verifies several sequences: steps
+                         // counts each sequence's)
+  // accepted_at[k]: steps whose draft k + 1 was accepted (so accepted_at[0] >= accepted_at[1]..)
+  std::array<int64_t, kMaxDraftTokens> accepted_at{};
   double draft_seconds = 0, verify_seconds = 0, accept_seconds = 0, commit_seconds = 0;
   double acceptance_rate() const { return drafted ? double(accepted) / double(drafted) : 0; }
   double accepted_per_step() const { return steps ? double(accepted) / double(steps) : 0; }
@@ -49,13 +54,31 @@ struct SpeculativeStats {
   }
 };
 
+// One sequence of a batched speculative step (SpeculativeDecoder::step_batch).
+struct SpecSeq {
+  SequenceState* seq = nullptr;
+  std::vector<int32_t>* history = nullptr;  // as step(): every token, the last the anchor
+  Sampler* sampler = nullptr;               // as step(); null: greedy without penalties
+  Drafter* drafter = nullptr;               // this sequence's (it holds the sequence's context)
+  bool logits = false;                      // emit receives each token's verify-row logits
+  // Each emitted token (already appended to history) and, with `logits`, the [vocab] logits of
+  // the verify row that chose it (else empty). False ends this sequence's step there.
+  std::function<bool(int32_t, std::span<const float>)> emit;
+};
+
 class SpeculativeDecoder {
  public:
   // The executor and drafter outlive the decoder. Sequences are the executor's (batch 1).
   SpeculativeDecoder(Executor& executor, Drafter& drafter, const SpeculativeOptions& o);
+  // Without a drafter of its own, for step_batch only: every sequence brings its drafter, whose
+  // aux_layers() must be these.
+  SpeculativeDecoder(Executor& executor, std::span<const int> aux_layers,
+                     const SpeculativeOptions& o);
 
   // A new sequence starts (the drafter forgets the old one).
-  void reset() { drafter_.reset(); }
+  void reset() {
+    if (drafter_) drafter_->reset();
+  }
 
   // Feeds `ids` to `seq` through the plan in chunks (capturing the drafter's aux rows, which it
   // observes); logits (if not null) receives the last row's [vocab].
@@ -70,18 +93,27 @@ class SpeculativeDecoder {
   bool step(SequenceState& seq, std::vector<int32_t>& history, Sampler* sampler,
             const std::function<bool(int32_t)>& emit);
 
+  // The same step for several sequences at once (each with its own drafter, sampler and emit):
+  // one verify step of K + 1 rows per sequence, then per sequence acceptance, emits, commit and
+  // the drafter's observe, as step() does for one. An md::Error before anything changes for a
+  // malformed sequence.
+  void step_batch(std::span<SpecSeq> seqs);
+
   const SpeculativeStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
   const SpeculativeOptions& options() const { return o_; }
-  Drafter& drafter() { return drafter_; }
+  Drafter& drafter() { return *drafter_; }
 
  private:
   Executor& ex_;
-  Drafter& drafter_;
+  Drafter* drafter_ = nullptr;  // step() and prefill()'s
   SpeculativeOptions o_;
+  std::vector<int> aux_layers_;
   SpeculativeStats stats_;
   int64_t aux_width_ = 0;  // aux floats a token row
   std::vector<int32_t> rows_, choices_, hist_;
+  std::vector<StepSeq> steps_;
+  std::vector<int64_t> pos0_;
   std::vector<float> logits_, aux_;
   SampleScratch scratch_;
 };
