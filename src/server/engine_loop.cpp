@@ -93,7 +93,8 @@ struct EngineLoop::Slot {
   double t_last = 0;
   bool done = false;
   std::vector<TokenLogprob> prompt_lp;
-  ChoiceEvent pending;  // tokens held for --stream-interval
+  ChoiceEvent pending;               // tokens held for --stream-interval
+  std::unique_ptr<Drafter> drafter;  // speculative decoding: this sequence's
   bool prefilling() const { return fed < spec.prompt.size(); }
 };
 
@@ -128,6 +129,15 @@ EngineLoop::EngineLoop(Executor& executor, const Tokenizer& tokenizer, EngineOpt
   for (int32_t id : opt_.test_forced_tokens)
     MD_CHECK(id >= 0 && id < executor.model().config().vocab_size,
              "test_forced_tokens: id {} is outside the vocabulary", id);
+  if (opt_.make_drafter) {
+    // Forced tokens would differ from the drafts the sequence consumed.
+    MD_CHECK(opt_.test_forced_tokens.empty(), "test_forced_tokens exclude speculative decoding");
+    const std::unique_ptr<Drafter> probe = opt_.make_drafter();
+    MD_CHECK(probe, "serve: the speculative drafter factory gave no drafter");
+    aux_layers_.assign(probe->aux_layers().begin(), probe->aux_layers().end());
+    spec_ = std::make_unique<SpeculativeDecoder>(executor, aux_layers_, opt_.speculative);
+    counters_.speculative = true;
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -252,6 +262,10 @@ bool EngineLoop::admit() {
       s->sampler = std::make_unique<Sampler>(sp, ex_.model().config().vocab_size);
       s->sampler->set_prompt_length(s->spec.prompt.size());
       s->text = std::make_unique<TokenTextStream>(tok_, sp.stop_strings, s->spec.prompt);
+      if (opt_.make_drafter) {
+        s->drafter = opt_.make_drafter();
+        s->drafter->reset();
+      }
     } catch (const std::exception& e) {  // a pool budget, parameters the engine refuses
       ChoiceEvent ev;
       ev.choice = s->choice;
@@ -313,14 +327,19 @@ void EngineLoop::step() {
   // the step's prompt rows are at most one chunk (--prefill-chunk), taken from the earliest
   // admitted prompts (several short ones may share it), so running streams wait at most one
   // chunk's time a step; with nothing decoding, every waiting prompt feeds a chunk.
-  bool decoding = false;
-  for (auto& s : slots_) decoding = decoding || !s->prefilling();
+  bool decoding = false, prefilling = false;
+  for (auto& s : slots_) {
+    decoding = decoding || !s->prefilling();
+    prefilling = prefilling || s->prefilling();
+  }
+  if (spec_ && !prefilling) return speculative_step();
   struct Part {
     Slot* slot;
     int rows;         // tokens fed
     int logit_rows;   // logit rows it returns
     int first_logit;  // its first logit row in the step's output
     bool samples;     // its last logit row samples the next token
+    int64_t pos;      // the sequence's position before the step
   };
   std::vector<Part> parts;
   std::vector<StepSeq> seqs;
@@ -330,7 +349,7 @@ void EngineLoop::step() {
   for (auto& sp : slots_) {
     Slot& s = *sp;
     if (!s.prefilling()) {
-      parts.push_back({&s, 1, 1, logit_rows, true});
+      parts.push_back({&s, 1, 1, logit_rows, true, s.seq.pos});
       seqs.push_back({&s.seq, std::span<const int32_t>(&s.next, 1), LogitRows::kLast});
       rows.push_back(s.sampler->prepare(s.history));
       logit_rows += 1;
@@ -347,7 +366,7 @@ void EngineLoop::step() {
                          : last            ? LogitRows::kLast
                                            : LogitRows::kNone;
     const int nl = lr == LogitRows::kAll ? n : lr == LogitRows::kLast ? 1 : 0;
-    parts.push_back({&s, n, nl, logit_rows, samples});
+    parts.push_back({&s, n, nl, logit_rows, samples, s.seq.pos});
     seqs.push_back({&s.seq, std::span<const int32_t>(s.spec.prompt.data() + s.fed, size_t(n)), lr});
     for (int i = 0; i < nl; ++i)
       rows.push_back(samples && i == nl - 1 ? s.sampler->prepare(s.history) : SampleRow{});
@@ -364,9 +383,18 @@ void EngineLoop::step() {
   if (want_logits && logits_.size() < size_t(logit_rows) * V) logits_.resize(size_t(logit_rows) * V);
   const std::vector<float>& logits = logits_;
   std::vector<int32_t> next_ids(std::max(logit_rows, 1), -1);
+  // The drafters see every row the sequences consume (and the aux rows they ask for).
+  StepOptions so;
+  const size_t aux_width = aux_layers_.size() * size_t(ex_.model().config().hidden_size);
+  if (aux_width > 0) {
+    size_t fed = 0;
+    for (const Part& p : parts) fed += size_t(p.rows);
+    aux_.assign(fed * aux_width, 0.0f);
+    so.aux = AuxCapture{aux_layers_, aux_.data()};
+  }
   const double t_step = now();
   try {
-    ex_.step(seqs, want_logits ? logits_.data() : nullptr, next_ids.data(), rows);
+    ex_.step(seqs, want_logits ? logits_.data() : nullptr, next_ids.data(), rows, so);
   } catch (const std::exception& e) {
     // Bad state (a budget, the watchdog): the sequences of this step cannot go on.
     for (Part& p : parts) {
@@ -389,6 +417,18 @@ void EngineLoop::step() {
   int decode_batch = 0;
   for (const Part& p : parts) decode_batch += p.slot->prefilling() ? 0 : 1;
   if (obs_.decode_batch && decode_batch > 0) obs_.decode_batch(decode_batch);
+
+  if (spec_) {
+    size_t at = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      const size_t n = size_t(parts[i].rows);
+      parts[i].slot->drafter->observe(
+          seqs[i].tokens, parts[i].pos,
+          aux_width > 0 ? std::span<const float>(aux_).subspan(at * aux_width, n * aux_width)
+                        : std::span<const float>());
+      at += n;
+    }
+  }
 
   const double t = now();
   for (const Part& p : parts) {
@@ -426,18 +466,85 @@ void EngineLoop::step() {
   std::erase_if(slots_, [](const auto& s) { return s->done; });
 }
 
+// Every running slot decodes (no prompt rows wait): each verifies its anchor and K drafts in one
+// plan step (SpeculativeDecoder::step_batch), and the tokens it emits go through take_token one
+// by one, so a stop id, stop string or limit ends the slot exactly where plain decoding would
+// (the sequence is committed to match). The step's gap since the slot's last tokens is shared by
+// the tokens it emitted, for the inter-token latency histogram.
+void EngineLoop::speculative_step() {
+  const size_t B = slots_.size();
+  std::vector<SpecSeq> batch(B);
+  std::vector<ChoiceEvent> events(B);
+  std::vector<int> emitted(B, 0);
+  std::vector<char> running(B, 1);
+  double t = 0;
+  for (size_t b = 0; b < B; ++b) {
+    Slot& s = *slots_[b];
+    SpecSeq& q = batch[b];
+    q.seq = &s.seq;
+    q.history = &s.history;
+    q.sampler = s.sampler.get();
+    q.drafter = s.drafter.get();
+    q.logits = s.top_logprobs >= 0;
+    q.emit = [&, b](int32_t id, std::span<const float> row) {
+      if (emitted[b]++ == 0) t = now();
+      running[b] = take_token(*slots_[b], id, row, t, -1, events[b], true);
+      return bool(running[b]);
+    };
+  }
+  const SpeculativeStats before = spec_->stats();
+  const double t_step = now();
+  try {
+    spec_->step_batch(batch);
+  } catch (const std::exception& e) {
+    // Bad state (a budget, the watchdog): the sequences of this step cannot go on.
+    for (size_t b = 0; b < B; ++b) {
+      if (slots_[b]->done) continue;
+      ChoiceEvent ev = std::move(events[b]);
+      ev.error = fmt::format("the engine failed: {}", e.what());
+      ev.choice = slots_[b]->choice;
+      retire(*slots_[b], std::move(ev));
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    failure_ = e.what();
+    std::erase_if(slots_, [](const auto& s) { return s->done; });
+    return;
+  }
+  const double t_end = now();
+  counters_.steps.fetch_add(1);
+  const SpeculativeStats& after = spec_->stats();
+  counters_.spec_drafts.fetch_add(after.steps - before.steps);
+  counters_.spec_draft_tokens.fetch_add(after.drafted - before.drafted);
+  counters_.spec_accepted_tokens.fetch_add(after.accepted - before.accepted);
+  for (size_t k = 0; k < after.accepted_at.size(); ++k)
+    counters_.spec_accepted_at[k].fetch_add(after.accepted_at[k] - before.accepted_at[k]);
+  if (obs_.step) obs_.step(t_end - t_step, int(B) * (spec_->options().num_draft_tokens + 1));
+  if (obs_.decode_batch) obs_.decode_batch(int(B));
+  for (size_t b = 0; b < B; ++b) {
+    Slot& s = *slots_[b];
+    if (emitted[b] > 0 && obs_.inter_token_latency) {
+      const double gap = (t - s.t_last) / emitted[b];
+      // The first token's latency was not observed by take_token (gap -1), nor the others'.
+      for (int i = 0; i < emitted[b]; ++i) obs_.inter_token_latency(gap);
+    }
+    s.t_last = t;
+    if (running[b] && !s.done) send_tokens(s, std::move(events[b]), false);
+  }
+  std::erase_if(slots_, [](const auto& s) { return s->done; });
+}
+
 bool EngineLoop::take_token(Slot& s, int32_t id, std::span<const float> row, double t,
-                            double gap, ChoiceEvent& e) {
+                            double gap, ChoiceEvent& e, bool in_history) {
   e.tokens.push_back(id);
   // The prompt's logprobs travel with the first token, so a stream can send them with it.
   if (s.prompt_logprobs && s.generated == 0) e.prompt_logprobs = std::move(s.prompt_lp);
   if (s.top_logprobs >= 0) e.logprobs.push_back(token_logprob(row, id, s.top_logprobs));
-  s.history.push_back(id);
+  if (!in_history) s.history.push_back(id);
   ++s.generated;
   counters_.generation_tokens.fetch_add(1);
   if (s.generated == 1) {
     if (obs_.time_to_first_token) obs_.time_to_first_token(t - s.stream->submitted_at);
-  } else if (obs_.inter_token_latency) {
+  } else if (obs_.inter_token_latency && gap >= 0) {
     obs_.inter_token_latency(gap);
   }
   const auto& stop_ids = s.spec.sampling.stop_token_ids;

@@ -77,6 +77,23 @@ std::string Metrics::render(const EngineCounters& e) const {
   gauge("megadecode_generation_tokens_total", "tokens generated", e.generation_tokens.load(),
         "counter");
   gauge("megadecode_engine_steps_total", "executor steps run", e.steps.load(), "counter");
+  if (e.speculative) {  // the names of vLLM's spec_decode counters
+    gauge("megadecode_spec_decode_num_drafts_total",
+          "speculative verifications (one per decoding sequence per verify step)",
+          e.spec_drafts.load(), "counter");
+    gauge("megadecode_spec_decode_num_draft_tokens_total", "draft tokens verified",
+          e.spec_draft_tokens.load(), "counter");
+    gauge("megadecode_spec_decode_num_accepted_tokens_total", "draft tokens accepted",
+          e.spec_accepted_tokens.load(), "counter");
+    out +=
+        "# HELP megadecode_spec_decode_num_accepted_tokens_per_pos_total draft tokens accepted, "
+        "by position in the draft (0: the first)\n"
+        "# TYPE megadecode_spec_decode_num_accepted_tokens_per_pos_total counter\n";
+    for (size_t k = 0; k < e.spec_accepted_at.size(); ++k)
+      out += fmt::format(
+          "megadecode_spec_decode_num_accepted_tokens_per_pos_total{{position=\"{}\"}} {}\n", k,
+          e.spec_accepted_at[k].load());
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     out +=

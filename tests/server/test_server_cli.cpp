@@ -162,6 +162,46 @@ TEST(ServerCli, BadFlagsAreOneLineErrors) {
   EXPECT_THAT(r.err, HasSubstr("--max-model-len"));
   r = test::run_cli("serve --model /nonexistent --port 0");
   EXPECT_EQ(r.status, 1);
+  r = test::run_cli("serve --model " + model + " --speculative ngram --num-draft-tokens 16");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("--num-draft-tokens 16 is not in 1..15"));
+  r = test::run_cli("serve --model " + model + " --speculative ngram --executor reference");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("needs a plan executor"));
+  r = test::run_cli("serve --model " + model + " --num-draft-tokens 3");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("--num-draft-tokens needs --speculative or --draft"));
+}
+
+// serve --speculative ngram: completions as without it (greedy), and /metrics reports the
+// drafts verified and accepted.
+TEST(ServerCli, SpeculativeNgramServesAndReportsAcceptance) {
+  const std::string model = test::shared_text_checkpoint("tiny", 5);
+  const std::string body =
+      R"({"prompt":"the the the the","max_tokens":24,"temperature":0,"ignore_eos":true})";
+  std::string plain;
+  {
+    ServeProcess p("--model " + model + " --workers 1 --max-batch 2");
+    ASSERT_GT(p.port, 0) << p.log();
+    httplib::Client c("127.0.0.1", p.port);
+    auto r = c.Post("/v1/completions", body, "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    plain = nlohmann::json::parse(r->body)["choices"][0]["text"];
+  }
+  ServeProcess p("--model " + model + " --workers 1 --max-batch 2 --speculative ngram " +
+                 "--num-draft-tokens 3");
+  ASSERT_GT(p.port, 0) << p.log();
+  EXPECT_THAT(p.log(), HasSubstr("speculative ngram with 3 drafts a step"));
+  httplib::Client c("127.0.0.1", p.port);
+  auto r = c.Post("/v1/completions", body, "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(nlohmann::json::parse(r->body)["choices"][0]["text"], plain);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_THAT(m->body, HasSubstr("megadecode_spec_decode_num_draft_tokens_total "));
+  EXPECT_THAT(m->body, ::testing::Not(HasSubstr("megadecode_spec_decode_num_drafts_total 0\n")));
 }
 
 }  // namespace

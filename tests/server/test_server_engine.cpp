@@ -19,52 +19,10 @@ using server::EngineLoop;
 using server::EngineOptions;
 using server::EngineRequest;
 
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::string text, finish;
-  int completion_tokens = 0;
-};
-
-Outcome collect(server::RequestStream& s) {
-  Outcome o;
-  ChoiceEvent e;
-  while (!s.finished())
-    if (s.next(e, 5.0)) {
-      EXPECT_TRUE(e.error.empty()) << e.error;
-      o.tokens.insert(o.tokens.end(), e.tokens.begin(), e.tokens.end());
-      o.text += e.text;
-      if (e.finish_reason) {
-        o.finish = *e.finish_reason;
-        o.completion_tokens = e.completion_tokens;
-      }
-    }
-  return o;
-}
-
-EngineRequest greedy_request(std::vector<int32_t> prompt, int max_tokens) {
-  server::ChoiceSpec c;
-  c.prompt = std::move(prompt);
-  c.sampling.temperature = 0;
-  c.sampling.max_tokens = max_tokens;
-  EngineRequest r;
-  r.choices.push_back(std::move(c));
-  return r;
-}
-
-// Prompts of different lengths (several prefill chunks, a chunk exactly, one token).
-std::vector<std::vector<int32_t>> prompts(const Tokenizer& tok) {
-  std::vector<std::vector<int32_t>> ps;
-  const char* texts[] = {"The quick brown fox jumps over the lazy dog again and again",
-                         "hello",
-                         "a b c d e f g h i j k l m n o p",
-                         "Once upon a time",
-                         "x",
-                         "Numbers: 1 2 3 4 5 6 7 8 9 10 11 12",
-                         "the the the",
-                         "zebra"};
-  for (const char* t : texts) ps.push_back(tok.encode(t, true));
-  return ps;
-}
+using test::collect;
+using test::greedy_request;
+using test::Outcome;
+using test::prompts;
 
 TEST(ServerEngine, BatchedGreedyEqualsSolo) {
   test::ServedModel m(8);

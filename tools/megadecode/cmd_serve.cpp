@@ -2,6 +2,8 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -26,6 +28,7 @@ void register_serve(CLI::App& app) {
     std::vector<std::string> names;
     int workers = 0;
     double grace = 3.0;
+    SpeculativeFlags spec;
   };
   auto o = std::make_shared<Opts>();
   auto* c = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching");
@@ -67,6 +70,7 @@ void register_serve(CLI::App& app) {
   c->add_option("--shutdown-grace", o->grace,
                 "seconds running requests may finish after SIGINT/SIGTERM before they are aborted")
       ->check(CLI::Range(0.0, 600.0));
+  o->spec.add(c);
   c->callback([o] {
     // Signals go to one waiting thread (below), so block them before any thread is started.
     sigset_t sigs;
@@ -76,7 +80,19 @@ void register_serve(CLI::App& app) {
     pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
     signal(SIGPIPE, SIG_IGN);  // a client that hangs up is a failed write, not a dead server
 
+    o->spec.validate();  // bad flags fail before the model loads
+    MD_CHECK(!o->spec.enabled() || o->executor != "reference",
+             "serve: speculative decoding (--speculative / --draft) needs a plan executor: "
+             "--executor megakernel or opbyop (the reference path cannot commit a verify step)");
     LoadedModel lm = load_model(o->f);
+    // With --speculative / --draft every slot gets its own drafter (a DSpark draft's weights are
+    // loaded once and shared).
+    LoadedDrafter drafter;
+    if (o->spec.enabled()) {
+      drafter = load_drafter(o->spec, *lm.model);
+      o->engine.speculative = drafter.options;
+      o->engine.make_drafter = [&drafter] { return drafter.make(); };
+    }
     ExecutorOptions eo;
     eo.device = o->f.device_kind();
     eo.workers = o->workers;
@@ -108,9 +124,14 @@ void register_serve(CLI::App& app) {
     const int port = http.bind();
     std::fprintf(stderr,
                  "megadecode serve: http://%s:%d serving '%s' (%s), executor %s, max batch %d, "
-                 "max model len %d\n",
+                 "max model len %d%s\n",
                  o->http.host.c_str(), port, o->names.front().c_str(), o->f.model.c_str(),
-                 o->executor.c_str(), o->engine.max_batch, o->engine.max_model_len);
+                 o->executor.c_str(), o->engine.max_batch, o->engine.max_model_len,
+                 o->spec.enabled()
+                     ? fmt::format(", speculative {} with {} drafts a step",
+                                   drafter.drafter->name(), o->engine.speculative.num_draft_tokens)
+                           .c_str()
+                     : "");
     std::fflush(stderr);
     std::thread waiter([&] {
       int sig = 0;

@@ -151,14 +151,17 @@ LoadedDrafter load_drafter(const SpeculativeFlags& f, Model& target) {
   LoadedDrafter d;
   d.options = f.options();
   validate(d.options);
+  d.ngram = NgramOptions{f.ngram_max};
   const std::string dir = f.draft_dir();
-  if (dir.empty()) {
-    d.drafter = std::make_unique<NgramDrafter>(NgramOptions{f.ngram_max});
-  } else {
+  if (!dir.empty())
     d.model = std::make_unique<DraftModel>(dir, target.config(), target.options(), &target.pool());
-    d.drafter = std::make_unique<DSparkDrafter>(*d.model);
-  }
+  d.drafter = d.make();
   return d;
+}
+
+std::unique_ptr<Drafter> LoadedDrafter::make() const {
+  if (model) return std::make_unique<DSparkDrafter>(*model);
+  return std::make_unique<NgramDrafter>(ngram);
 }
 
 }  // namespace md::cli

@@ -11,6 +11,7 @@
 #include "megadecode/engine/model.h"
 #include "megadecode/spec/draft_model.h"
 #include "megadecode/spec/drafter.h"
+#include "megadecode/spec/ngram_drafter.h"
 #include "megadecode/spec/speculative.h"
 #include "megadecode/tokenizer/tokenizer.h"
 
@@ -65,6 +66,10 @@ struct LoadedDrafter {
   std::unique_ptr<DraftModel> model;
   std::unique_ptr<Drafter> drafter;
   SpeculativeOptions options;
+  NgramOptions ngram;
+  // Another drafter of the same kind (serve: one per sequence), sharing the loaded draft model;
+  // valid while this LoadedDrafter lives.
+  std::unique_ptr<Drafter> make() const;
 };
 LoadedDrafter load_drafter(const SpeculativeFlags& f, Model& target);
 

@@ -5,6 +5,7 @@
 // by at most one chunk a step. A sequence leaves when it stops, reaches its length, or is
 // cancelled; its slot is free for the next step. HTTP threads only talk to RequestStream.
 #pragma once
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -20,6 +21,8 @@
 
 #include "megadecode/engine/sampler.h"
 #include "megadecode/exec/executor.h"
+#include "megadecode/spec/drafter.h"
+#include "megadecode/spec/speculative.h"
 #include "megadecode/tokenizer/tokenizer.h"
 
 namespace md::server {
@@ -83,6 +86,11 @@ struct EngineCounters {
   std::atomic<int64_t> running{0}, waiting{0};
   std::atomic<int64_t> prompt_tokens{0}, generation_tokens{0};
   std::atomic<int64_t> steps{0};
+  // Speculative decoding: sequences verified (a step verifies each decoding sequence once), the
+  // drafts they verified and accepted, and per draft position k the acceptances of draft k + 1.
+  bool speculative = false;  // set before the engine thread starts
+  std::atomic<int64_t> spec_drafts{0}, spec_draft_tokens{0}, spec_accepted_tokens{0};
+  std::array<std::atomic<int64_t>, kMaxDraftTokens> spec_accepted_at{};
 };
 
 // Observations made by the engine thread, for latency histograms.
@@ -103,6 +111,13 @@ struct EngineOptions {
   // Tokens a choice's events carry (the first token and the last event go out at once): each
   // event wakes a client's HTTP thread, so a larger interval trades smoothness for host CPU.
   int stream_interval = 1;
+  // Speculative decoding (spec/, docs/server.md): make_drafter gives each admitted sequence its
+  // drafter (null: plain decoding), all asking for the same aux rows. A step that feeds no prompt
+  // rows verifies every decoding sequence's anchor and speculative.num_draft_tokens drafts in one
+  // plan step and emits the accepted drafts and the bonus token; a step with prompt rows decodes
+  // one row a sequence, as without a drafter, and the drafters observe those rows.
+  std::function<std::unique_ptr<Drafter>()> make_drafter;
+  SpeculativeOptions speculative;
   // Tests only (never set by `serve`): every choice's first generated ids are these instead of
   // the sampled ones (then sampling goes on), so a random checkpoint can "emit" given markup,
   // e.g. a tool-call section. The rest of the step (stop ids, text, limits) treats them as sampled.
@@ -135,13 +150,16 @@ class EngineLoop {
   void run();
   bool admit();  // true when something was admitted
   void step();
+  void speculative_step();  // every running slot decodes: one verify step for all
   void finish(Slot& s, const std::string& reason, ChoiceEvent e);
   void retire(Slot& s, ChoiceEvent e);  // the slot's last event: it leaves after this step
   // One generated token of a slot (its history, counters, latency observations, stop ids, text
   // and limits), added to e, the slot's event of this step (row: its logit row, for logprobs;
   // gap: its inter-token latency). False when the slot finished: e went out as its last event.
+  // in_history: a speculative step already appended id to the slot's history. gap < 0: no
+  // inter-token latency is observed (the caller does it).
   bool take_token(Slot& s, int32_t id, std::span<const float> row, double t, double gap,
-                  ChoiceEvent& e);
+                  ChoiceEvent& e, bool in_history = false);
   // Queues a running slot's event of this step; it goes out now if it holds the first token or
   // --stream-interval tokens are held.
   void send_tokens(Slot& s, ChoiceEvent e, bool first);
@@ -167,6 +185,9 @@ class EngineLoop {
 
   std::vector<std::unique_ptr<Slot>> slots_;  // engine thread only
   std::vector<float> logits_;                  // the steps' logits buffer (engine thread only)
+  std::unique_ptr<SpeculativeDecoder> spec_;   // with make_drafter
+  std::vector<int> aux_layers_;                // the drafters' aux layer ids
+  std::vector<float> aux_;                     // a plain step's aux rows (engine thread only)
   std::thread thread_;
 };
 

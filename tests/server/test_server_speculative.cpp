@@ -1,0 +1,174 @@
+// Speculative decoding in the engine loop (EngineOptions::make_drafter): the streams are exactly
+// plain serving's (greedy tokens, stop ids ending a step early, logprobs from the verify rows),
+// with prompts arriving while others decode (steps with prompt rows decode one row a sequence,
+// which the drafters observe, aux rows included for a DSpark draft); the acceptance counters and
+// their /metrics lines add up.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "megadecode/base/threads.h"
+#include "megadecode/server/metrics.h"
+#include "megadecode/spec/draft_config.h"
+#include "megadecode/spec/draft_model.h"
+#include "megadecode/spec/dspark_drafter.h"
+#include "megadecode/spec/ngram_drafter.h"
+#include "server/server_test_util.h"
+
+namespace md {
+namespace {
+
+using server::EngineLoop;
+using server::EngineOptions;
+using server::EngineRequest;
+using test::collect;
+using test::greedy_request;
+using test::Outcome;
+using test::prompts;
+using ::testing::HasSubstr;
+
+EngineOptions engine_options() {
+  EngineOptions o;
+  o.max_batch = 8;
+  o.prefill_chunk = 5;
+  o.max_model_len = 512;
+  return o;
+}
+
+// Each prompt's request, all at once, then staggered (prompt rows beside decode steps).
+std::vector<Outcome> serve_all(EngineLoop& loop, const std::vector<EngineRequest>& reqs) {
+  std::vector<Outcome> out;
+  std::vector<std::shared_ptr<server::RequestStream>> streams;
+  for (const EngineRequest& r : reqs) streams.push_back(loop.submit(r));
+  for (auto& s : streams) out.push_back(collect(*s));
+  streams.clear();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    streams.push_back(loop.submit(reqs[i]));
+    std::this_thread::sleep_for(std::chrono::milliseconds(3 * int(i)));
+  }
+  for (auto& s : streams) out.push_back(collect(*s));
+  return out;
+}
+
+std::vector<EngineRequest> requests(const test::ServedModel& m) {
+  std::vector<EngineRequest> reqs;
+  const auto ps = prompts(*m.tok);
+  for (size_t i = 0; i < ps.size(); ++i) reqs.push_back(greedy_request(ps[i], 17 + 3 * int(i)));
+  return reqs;
+}
+
+TEST(ServerEngine, SpeculativeNgramStreamsEqualPlainServing) {
+  test::ServedModel m(8);
+  std::vector<EngineRequest> reqs = requests(m);
+  std::vector<Outcome> plain;
+  {
+    EngineLoop loop(*m.ex, *m.tok, engine_options());
+    plain = serve_all(loop, reqs);
+  }
+  // A stop id that plain decoding of the first prompt reaches mid-stream, and logprobs of the
+  // second: speculative steps must end and score where plain steps do.
+  ASSERT_GT(plain[0].tokens.size(), 8u);
+  const int32_t stop = plain[0].tokens[6];
+  reqs[0].choices[0].sampling.stop_token_ids = {stop};
+  reqs[1].top_logprobs = 3;
+  std::vector<std::vector<server::TokenLogprob>> plain_lp;
+  auto logprobs_of = [](EngineLoop& loop, const EngineRequest& r) {
+    auto s = loop.submit(r);
+    std::vector<server::TokenLogprob> lp;
+    server::ChoiceEvent e;
+    while (!s->finished())
+      if (s->next(e, 5.0)) lp.insert(lp.end(), e.logprobs.begin(), e.logprobs.end());
+    return lp;
+  };
+  Outcome plain_stop;
+  {
+    EngineLoop loop(*m.ex, *m.tok, engine_options());
+    plain_stop = collect(*loop.submit(reqs[0]));
+    plain_lp.push_back(logprobs_of(loop, reqs[1]));
+  }
+  for (int K : {1, 4}) {
+    SCOPED_TRACE(K);
+    EngineOptions o = engine_options();
+    o.speculative.num_draft_tokens = K;
+    o.make_drafter = [] { return std::make_unique<NgramDrafter>(); };
+    EngineLoop loop(*m.ex, *m.tok, o);
+    std::vector<EngineRequest> plain_reqs = requests(m);
+    const std::vector<Outcome> spec = serve_all(loop, plain_reqs);
+    ASSERT_EQ(spec.size(), plain.size());
+    for (size_t i = 0; i < spec.size(); ++i) {
+      EXPECT_EQ(spec[i].tokens, plain[i].tokens) << i;
+      EXPECT_EQ(spec[i].text, plain[i].text) << i;
+      EXPECT_EQ(spec[i].finish, "length");
+      EXPECT_EQ(spec[i].completion_tokens, plain[i].completion_tokens);
+    }
+    const Outcome stopped = collect(*loop.submit(reqs[0]));
+    EXPECT_EQ(stopped.tokens, plain_stop.tokens);
+    EXPECT_EQ(stopped.finish, "stop");
+    const std::vector<server::TokenLogprob> lp = logprobs_of(loop, reqs[1]);
+    ASSERT_EQ(lp.size(), plain_lp[0].size());
+    for (size_t i = 0; i < lp.size(); ++i) {
+      EXPECT_EQ(lp[i].id, plain_lp[0][i].id) << i;
+      EXPECT_EQ(lp[i].logprob, plain_lp[0][i].logprob) << i;  // verify rows = decode rows, bitwise
+      EXPECT_EQ(lp[i].top, plain_lp[0][i].top) << i;
+    }
+    const server::EngineCounters& c = loop.counters();
+    EXPECT_GT(c.spec_drafts.load(), 0);
+    EXPECT_EQ(c.spec_draft_tokens.load(), K * c.spec_drafts.load());
+    EXPECT_LE(c.spec_accepted_tokens.load(), c.spec_draft_tokens.load());
+    int64_t at = 0;
+    for (const auto& a : c.spec_accepted_at) at += a.load();
+    EXPECT_EQ(at, c.spec_accepted_tokens.load());
+    EXPECT_EQ(c.running.load(), 0);
+    server::Metrics metrics;
+    const std::string text = metrics.render(c);
+    EXPECT_THAT(text, HasSubstr(fmt::format("megadecode_spec_decode_num_draft_tokens_total {}",
+                                            c.spec_draft_tokens.load())));
+    EXPECT_THAT(text, HasSubstr(fmt::format("megadecode_spec_decode_num_accepted_tokens_total {}",
+                                            c.spec_accepted_tokens.load())));
+    EXPECT_THAT(text, HasSubstr("megadecode_spec_decode_num_accepted_tokens_per_pos_total{"
+                                "position=\"0\"}"));
+  }
+  // Without a drafter there are no speculative lines.
+  server::EngineCounters none;
+  EXPECT_THAT(server::Metrics().render(none), ::testing::Not(HasSubstr("spec_decode")));
+}
+
+// A random DSpark draft (its aux rows come from every step, prompt chunks and plain decode rows
+// included): the same tokens as plain serving, sampled requests included (their seeds give
+// plain serving's draws only without speculation, so those are checked for running to their
+// length without errors).
+TEST(ServerEngine, SpeculativeDSparkDraftStreamsEqualPlainServing) {
+  test::ServedModel m(8);
+  test::TempDir dir("serve_draft");
+  {
+    ThreadPool pool(1, false);
+    make_random_draft(draft_config_for_target(m.model->config()), dir.path(), 5, pool);
+  }
+  DraftModel draft(dir.path(), m.model->config(), m.model->options());
+  std::vector<EngineRequest> reqs = requests(m);
+  std::vector<Outcome> plain;
+  {
+    EngineLoop loop(*m.ex, *m.tok, engine_options());
+    plain = serve_all(loop, reqs);
+  }
+  EngineOptions o = engine_options();
+  o.speculative.num_draft_tokens = 3;
+  o.make_drafter = [&draft] { return std::make_unique<DSparkDrafter>(draft); };
+  EngineLoop loop(*m.ex, *m.tok, o);
+  const std::vector<Outcome> spec = serve_all(loop, reqs);
+  ASSERT_EQ(spec.size(), plain.size());
+  for (size_t i = 0; i < spec.size(); ++i) EXPECT_EQ(spec[i].tokens, plain[i].tokens) << i;
+  EXPECT_GT(loop.counters().spec_drafts.load(), 0);
+  EngineRequest sampled = greedy_request(prompts(*m.tok)[0], 25);
+  sampled.choices[0].sampling.temperature = 0.8f;
+  sampled.choices[0].sampling.top_p = 0.9f;
+  sampled.choices[0].sampling.seed = 7;
+  const Outcome s = collect(*loop.submit(sampled));
+  EXPECT_EQ(s.finish, "length");
+  EXPECT_EQ(s.completion_tokens, 25);
+  EXPECT_EQ(s.tokens.size(), 25u);
+}
+
+}  // namespace
+}  // namespace md
