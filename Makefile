@@ -27,7 +27,9 @@ test: test-release test-asan test-tsan
 # (small model, goldens, seeds: minutes under ASan) and TSan takes a few representative ones.
 # The server's tests are named Server* (ServerRequest, ServerEngine, ServerHttp, ServerHttpAuth,
 # ServerCli, ServerOpenAI, ServerSchemathesis), so a regex can take them in or out of a run; ASan
-# runs them all but the schemathesis run (~15 s of generated requests, covered by Release).
+# runs them all but the schemathesis run (~15 s of generated requests, covered by Release), the
+# speculative sampling G-tests (8000 seeded runs each, host arithmetic whose pieces the
+# Acceptance tests cover) and the speculative greedy runs on the small models (tiny ones stay).
 # The sanitizer builds compile the library at -O1 and the code driving it (the tests, the CLI's
 # tools/ files, the fuzz replays) at -O0, all with the same instrumentation: their build time
 # dominates `make test` on two cores (-O1 + UBSan costs a test file ~30 s, -O0 ~20 s), and the
@@ -45,22 +47,24 @@ test-asan: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) \
-	  -E '^CudaSim\.(Small|GoldenModels|RandomSchedules)|^ServerSchemathesis\.'
+	  -E '^CudaSim\.(Small|GoldenModels|RandomSchedules|AuxCapture)|^ServerSchemathesis\.|^SpeculativeSampling\.|^Models/SpeculativeGreedy\..*/(small|k3_small)_'
 
 # The decode plan and its executors (persistent workers, counters, barriers; multi-row steps), the
 # server's engine loop and HTTP front end (the engine thread, request streams, cancel, shutdown,
 # streaming handlers: ~5 s; the parser mutation run is left out, it is single-threaded), and
 # the CUDA simulation (its runtime, two attention tiles, the megakernel's watchdog; a whole model
 # takes minutes under TSan) under
-# ThreadSanitizer: any data race or report fails the target. Only the test directories those
-# suites live in are compiled (MEGADECODE_TEST_DIRS).
+# ThreadSanitizer: any data race or report fails the target. Only the test binary is built,
+# from the test directories those suites live in (MEGADECODE_TEST_DIRS; none of them runs the
+# CLI), and the executor suites on the small models are left to the other runs (the tiny and
+# golden ones exercise the same workers, counters and barriers).
 test-tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DMEGADECODE_SANITIZE=thread -DMEGADECODE_BENCH=OFF -DMEGADECODE_CUDA=OFF $(SAN_FLAGS) \
 	  "-DMEGADECODE_TEST_DIRS=plan;exec;server;cuda" > /dev/null
-	@cmake --build $(TSAN_BUILD) -j $(JOBS)
+	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target megadecode_tests
 	@cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1 \
-	  ctest --output-on-failure -j $(JOBS) -R '^(Plan|Executor|ExecutorGolden|MultiRowErrors|CudaSimRuntime)\.|^Golden/MultiRow\.|^CudaAttention\.(KdaChainedRowsWithRowLog|MlaCoreBf16Cache)|^CudaSim\.Watchdog|^ServerEngine\.|^ServerHttp\.'
+	  ctest --output-on-failure -j $(JOBS) -E '^Executor\.(Small|K3Small)' -R '^(Plan|Executor|ExecutorGolden|MultiRowErrors|CudaSimRuntime)\.|^Golden/MultiRow\.|^CudaAttention\.(KdaChainedRowsWithRowLog|MlaCoreBf16Cache)|^CudaSim\.Watchdog|^ServerEngine\.|^ServerHttp\.'
 
 # The CUDA kernels for every target architecture (sm_80 with its fallbacks, sm_90a, sm_100a), with
 # the portability and SASS checks on the result; ~3 minutes of nvcc on two cores.

@@ -332,7 +332,13 @@ void EngineLoop::step() {
     decoding = decoding || !s->prefilling();
     prefilling = prefilling || s->prefilling();
   }
-  if (spec_ && !prefilling) return speculative_step();
+  // A verify feeds K + 1 rows from the anchor's position: only while every sequence has room for
+  // them within --max-model-len (the pool's budget per slot); near the end, plain rows.
+  bool room = true;
+  for (auto& s : slots_)
+    room = room && int64_t(s->history.size()) + opt_.speculative.num_draft_tokens <=
+                       opt_.max_model_len;
+  if (spec_ && !prefilling && room) return speculative_step();
   struct Part {
     Slot* slot;
     int rows;         // tokens fed

@@ -134,6 +134,34 @@ TEST(ServerEngine, SpeculativeNgramStreamsEqualPlainServing) {
   EXPECT_THAT(server::Metrics().render(none), ::testing::Not(HasSubstr("spec_decode")));
 }
 
+// Near --max-model-len a verify's K + 1 rows would reach past the limit (positions the slot's
+// share of the pool need not hold), so those steps decode plain rows: with K = 15 and a limit of
+// 40 tokens, the stream still ends exactly at the limit with plain serving's tokens. (Here the
+// pool has room beyond the limit, so this checks the output, not that the guard was taken.)
+TEST(ServerEngine, SpeculativeStepsStopShortOfTheModelLength) {
+  test::ServedModel m(2);
+  EngineOptions o = engine_options();
+  o.max_batch = 2;
+  o.max_model_len = 40;
+  const std::vector<int32_t> prompt = prompts(*m.tok)[0];
+  const EngineRequest r = greedy_request(prompt, 100);
+  Outcome plain;
+  {
+    EngineLoop loop(*m.ex, *m.tok, o);
+    plain = collect(*loop.submit(r));
+  }
+  EXPECT_EQ(plain.finish, "length");
+  EXPECT_EQ(plain.tokens.size() + prompt.size(), 40u);
+  o.speculative.num_draft_tokens = 15;
+  o.make_drafter = [] { return std::make_unique<NgramDrafter>(); };
+  EngineLoop loop(*m.ex, *m.tok, o);
+  const Outcome spec = collect(*loop.submit(r));
+  EXPECT_EQ(spec.tokens, plain.tokens);
+  EXPECT_EQ(spec.finish, "length");
+  EXPECT_GT(loop.counters().spec_drafts.load(), 0);
+  EXPECT_TRUE(loop.failure().empty()) << loop.failure();
+}
+
 // A random DSpark draft (its aux rows come from every step, prompt chunks and plain decode rows
 // included): the same tokens as plain serving, sampled requests included (their seeds give
 // plain serving's draws only without speculation, so those are checked for running to their

@@ -121,10 +121,17 @@ struct DecoderFlags {
     eo.workers = workers;
     eo.states = m.options().states;
     auto ex = make_executor(m, parse_executor_kind(kind), 1, eo);
+    // The generator's sequence then lives in the executor's pool: if anything below fails, it
+    // must leave that pool before the executor goes (ASan caught the use after free).
     g.set_executor(ex.get(), prefill_chunk);
-    if (spec.enabled()) {
-      drafter = load_drafter(spec, m);
-      g.set_speculative(drafter.drafter.get(), drafter.options);
+    try {
+      if (spec.enabled()) {
+        drafter = load_drafter(spec, m);
+        g.set_speculative(drafter.drafter.get(), drafter.options);
+      }
+    } catch (...) {
+      g.set_executor(nullptr);
+      throw;
     }
     return ex;
   }
