@@ -16,8 +16,9 @@
 
 namespace md::bench {
 
-SpeculativeBenchResult run_speculative(Model& m, Drafter& drafter,
-                                       const SpeculativeBenchOptions& o) {
+SpeculativeBenchResult run_speculative(
+    Model& m, const std::function<std::unique_ptr<Drafter>(Executor*)>& make_drafter,
+    const SpeculativeBenchOptions& o) {
   MD_CHECK(o.steps >= 1 && o.reps >= 1 && o.context >= 1, "bench: steps, reps, context >= 1");
   std::vector<int> fixed = o.fixed_lengths.empty() ? std::vector<int>{-1} : o.fixed_lengths;
   for (int f : fixed)
@@ -31,7 +32,6 @@ SpeculativeBenchResult run_speculative(Model& m, Drafter& drafter,
   for (auto& id : prompt) id = int32_t(rng.next() % uint64_t(std::max<int64_t>(V - 256, 1)));
 
   SpeculativeBenchResult res;
-  res.drafter = std::string(drafter.name());
   res.num_draft_tokens = o.num_draft_tokens;
   std::vector<double> bw;
   const double total = double(o.reps) * double(o.executors.size()) * double(fixed.size());
@@ -43,6 +43,9 @@ SpeculativeBenchResult run_speculative(Model& m, Drafter& drafter,
     eo.device = o.device;
     eo.states = m.options().states;
     std::unique_ptr<Executor> ex = make_executor(m, parse_executor_kind(n), 1, eo);
+    const std::unique_ptr<Drafter> drafter_of_ex = make_drafter(ex.get());
+    Drafter& drafter = *drafter_of_ex;
+    res.drafter = std::string(drafter.name());
     auto first_token = [&] {
       int32_t best = 0;
       for (int64_t v = 1; v < V; ++v)

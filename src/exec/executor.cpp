@@ -30,6 +30,14 @@ void Executor::step(std::span<SequenceState* const> seqs, std::span<const int32_
   run_step(ss, logits, next_ids, sampling, {});
 }
 
+void Executor::attach_draft(const DraftConfig&, const DraftWeights&) {
+  fail("the {} executor does not run draft plans (the draft runs on the host)", name());
+}
+
+void Executor::draft_step(std::span<const DraftStepSeq>) {
+  fail("the {} executor does not run draft plans (the draft runs on the host)", name());
+}
+
 void Executor::prefill(SequenceState& seq, std::span<const int32_t> ids, float* logits, int chunk) {
   MD_CHECK(!ids.empty(), "prefill: no tokens given");
   MD_CHECK(chunk >= 1 && chunk <= plan::kMaxRows, "prefill: chunk {} is outside 1..{}", chunk,

@@ -88,6 +88,16 @@ class Builder {
     p_.arena_bytes += align_up(d.stride * uint64_t(N_), kAlign);
     return d;
   }
+  // The same for `rows` rows (a draft plan's context rows, or one row per sequence).
+  BufferDesc arena_rows(int64_t elems_per_row, int64_t rows, size_t elt = 4) {
+    BufferDesc d;
+    d.kind = BufKind::kArena;
+    d.count = uint32_t(elems_per_row);
+    d.stride = align_up(uint64_t(elems_per_row) * elt, kAlign);
+    d.offset = p_.arena_bytes;
+    p_.arena_bytes += align_up(d.stride * uint64_t(std::max<int64_t>(rows, 1)), kAlign);
+    return d;
+  }
   uint32_t weight_id(WeightKind k, int layer, int expert = 0) {
     auto key = std::make_tuple(int(k), layer, expert);
     auto it = wid_.find(key);
@@ -254,6 +264,8 @@ class Builder {
   // ---- the program (plan.cpp) ---------------------------------------------------------------
 
   void build();
+  // The speculative draft's step (plan_draft.cpp; p.draft is set, c_ is draft_model_config).
+  void build_draft();
 
   // ---- attention (plan_attention.cpp) -------------------------------------------------------
   // Each returns the attention output before o_proj [B][width], the counter its producers

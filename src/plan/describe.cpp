@@ -21,7 +21,9 @@ std::string_view weight_kind_name(WeightKind k) {
       "mla.o",       "dense.gate",  "dense.up",     "dense.down",  "router",         "router_bias",
       "shared.gate", "shared.up",   "shared.down",  "expert.gate", "expert.up",      "expert.down",
       "kda.g",       "mla.q_a",     "mla.q_a_norm", "mla.q_b",     "mla.g",          "latent_down",
-      "latent_up",   "latent_norm", "attn_res",     "mlp_res",     "output_res"};
+      "latent_up",   "latent_norm", "attn_res",     "mlp_res",     "output_res",     "draft.fc",
+      "draft.hidden_norm", "draft.q", "draft.k", "draft.v", "draft.o", "draft.q_norm",
+      "draft.k_norm", "markov_w1", "markov_w2"};
   const size_t i = size_t(k);
   return i < std::size(names) ? names[i] : "?";
 }
@@ -52,6 +54,8 @@ bool fits(const Plan& p, const BufferDesc& b, Slot s) {
       return b.kind == BufKind::kState && b.sub == uint8_t(StateKind::kConvCache);
     case Slot::kMlaCache:
       return b.kind == BufKind::kState && b.sub == uint8_t(StateKind::kMlaCache);
+    case Slot::kDraftRing:
+      return b.kind == BufKind::kState && b.sub == uint8_t(StateKind::kDraftRing);
     case Slot::kTokens:
       return b.kind == BufKind::kTokens;
     case Slot::kLogits:
@@ -100,6 +104,21 @@ std::string describe_instr(const Plan& p, const Instr& in) {
     case Op::kExpertGateUp:
     case Op::kExpertDown:
       s += fmt::format(" slot {} rows [{}, {})", in.slot, in.r0, in.r1);
+      break;
+    case Op::kDraftCtxNorm:
+      s += fmt::format(" context rows [{}, {})", in.r0, in.r1);
+      break;
+    case Op::kDraftCtxWrite:
+      s += fmt::format(" seq {}", in.seq);
+      break;
+    case Op::kDraftAttn:
+      s += fmt::format(" seq {} kv heads [{}, {})", in.seq, in.r0, in.r1);
+      break;
+    case Op::kDraftMarkov:
+      s += fmt::format(" slot {} tile {} rows [{}, {})", in.slot, in.seq, in.r0, in.r1);
+      break;
+    case Op::kDraftPick:
+      s += fmt::format(" slot {} seqs [{}, {})", in.slot, in.r0, in.r1);
       break;
     default:
       s += fmt::format(" rows [{}, {})", in.r0, in.r1);
@@ -218,7 +237,10 @@ std::vector<std::string> validate_plan(const Plan& p) {
       err(fmt::format("{}: flags {:#x} the op does not take", describe_instr(p, in), in.flags));
   }
   for (const BufferDesc& b : p.buffers) {
-    if (b.kind == BufKind::kArena && b.offset + b.stride * uint64_t(p.token_rows()) > p.arena_bytes)
+    // A decode plan's buffers hold a row per token row; a draft plan's have different row
+    // counts (context rows, block rows, one per sequence), of which at least one must fit.
+    const uint64_t rows = p.draft.on ? 1 : uint64_t(p.token_rows());
+    if (b.kind == BufKind::kArena && b.offset + b.stride * rows > p.arena_bytes)
       err(fmt::format("arena buffer at {} exceeds the arena", b.offset));
     if (b.kind == BufKind::kArena && (b.offset % 64 || b.stride % 64))
       err(fmt::format("arena buffer at {} is not 64-byte aligned", b.offset));
@@ -230,7 +252,10 @@ std::vector<std::string> validate_plan(const Plan& p) {
   auto same_buffer = [](const BufferDesc& a, const BufferDesc& b) {
     return a.kind == b.kind && a.offset == b.offset && a.stride == b.stride && a.count == b.count;
   };
-  if (p.residual_buffer.size() != size_t(p.cfg.num_layers)) {
+  if (p.draft.on) {
+    // A draft plan has no aux capture: no residual-stream names.
+    if (!p.residual_buffer.empty()) err("a draft plan names residual-stream buffers");
+  } else if (p.residual_buffer.size() != size_t(p.cfg.num_layers)) {
     err(fmt::format("{} residual-stream buffers for {} layers", p.residual_buffer.size(),
                     p.cfg.num_layers));
   } else {

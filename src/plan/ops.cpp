@@ -66,11 +66,30 @@ constexpr OperandDesc kCombine[] = {
     {"x_mid", S::kAct},  {"wts", S::kActOpt},  {"out", S::kAct},   {"shared", S::kActOpt},
     {"x_next", S::kAct}, {"norm", S::kWeight}, {"h_next", S::kAct}};
 constexpr OperandDesc kSample[] = {{"logits", S::kLogits}, {"next", S::kAct}};
+constexpr OperandDesc kDraftCtxNorm[] = {{"x", S::kAct}, {"norm", S::kWeight}, {"h", S::kAct}};
+constexpr OperandDesc kDraftCtxWrite[] = {{"k", S::kAct},
+                                          {"v", S::kAct},
+                                          {"k_norm", S::kWeight},
+                                          {"ctx_pos", S::kAct},
+                                          {"ring", S::kDraftRing}};
+constexpr OperandDesc kDraftAttn[] = {{"q", S::kAct},           {"k", S::kAct},
+                                      {"v", S::kAct},           {"q_norm", S::kWeight},
+                                      {"k_norm", S::kWeight},   {"att", S::kAct},
+                                      {"ring", S::kDraftRing}};
+constexpr OperandDesc kDraftMarkov[] = {{"base", S::kAct},    {"w1", S::kWeight},
+                                        {"w2", S::kWeight},   {"tokens", S::kTokens},
+                                        {"drafts", S::kAct},  {"biased", S::kActOpt},
+                                        {"best", S::kAct}};
+constexpr OperandDesc kDraftPick[] = {{"best", S::kAct}, {"drafts", S::kAct}};
 
 constexpr uint8_t kNo = 0xff;
 
 OpDesc gemv(std::string_view name) {
   return OpDesc{name, "matrix rows", kGemv, false, 1.0, Stream::kRows, {arg::Gemv::w, kNo}, 0};
+}
+OpDesc small(std::string_view name, std::string_view ranges, std::span<const OperandDesc> ops,
+             double cost = 1.0) {
+  return OpDesc{name, ranges, ops, false, cost, Stream::kNone, {kNo, kNo}, 0};
 }
 
 const std::array<OpDesc, kNumOps>& table() {
@@ -176,6 +195,22 @@ const std::array<OpDesc, kNumOps>& table() {
          kFlagMoeCombine | kFlagSharedExpert | kFlagLatentMoe | kFlagAttnRes | kFlagLogitRows});
     set(Op::kLmHead, gemv("lm_head"));
     set(Op::kSample, {"sample", "logit rows", kSample, false, 1.0, Stream::kNone, {kNo, kNo}, 0});
+    // The draft plan. Its context rows are not token rows (the block rows are).
+    set(Op::kDraftCtxProj, gemv("draft_ctx_proj"));
+    set(Op::kDraftCtxNorm, small("draft_ctx_norm", "context rows", kDraftCtxNorm));
+    set(Op::kDraftCtxWrite, small("draft_ctx_write", "sequence `seq`", kDraftCtxWrite));
+    set(Op::kDraftProj, gemv("draft_proj"));
+    // Attention over a ring of up to 2048 rows per KV head: compute, not bytes.
+    set(Op::kDraftAttn, small("draft_attn", "KV heads of sequence `seq`", kDraftAttn, 3.0));
+    set(Op::kDraftMarkov, {"draft_markov",
+                           "vocabulary rows of slot `slot` (tile `seq`)",
+                           kDraftMarkov,
+                           false,
+                           1.0,
+                           Stream::kRows,
+                           {arg::DraftMarkov::w2, kNo},
+                           0});
+    set(Op::kDraftPick, small("draft_pick", "sequences (slot `slot`)", kDraftPick));
     return a;
   }();
   return t;

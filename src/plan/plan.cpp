@@ -230,30 +230,10 @@ void schedule_opbyop(Plan& p) {
 
 }  // namespace
 
-Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const PlanOptions& opt) {
-  MD_CHECK(opt.batch >= 1 && opt.batch <= 1024, "plan: batch {} is outside 1..1024", opt.batch);
-  MD_CHECK(opt.rows >= 1 && opt.rows <= kMaxRows, "plan: rows {} is outside 1..{}", opt.rows,
-           kMaxRows);
-  MD_CHECK(int64_t(opt.batch) * opt.rows <= 4096,
-           "plan: {} sequences x {} rows exceed 4096 token rows", opt.batch, opt.rows);
-  MD_CHECK(opt.workers >= 1 && opt.workers <= 4096, "plan: workers {} is outside 1..4096",
-           opt.workers);
-  MD_CHECK(cfg.num_layers >= 1 && cfg.num_layers < int(kNoLayer), "plan: bad layer count {}",
-           cfg.num_layers);
-  MD_CHECK(opt.tile_bytes >= 1024 && opt.min_tile_bytes <= opt.tile_bytes,
-           "plan: tile_bytes {} / min_tile_bytes {} out of range", opt.tile_bytes,
-           opt.min_tile_bytes);
-  MD_CHECK(opt.mla_kv_splits >= 0 && opt.mla_kv_splits <= 256,
-           "plan: mla_kv_splits {} is outside 0..256", opt.mla_kv_splits);
-  MD_CHECK(cfg.attn_res_block_size >= 0, "plan: bad attn_res_block_size {}",
-           cfg.attn_res_block_size);
-  Plan p;
-  p.batch = opt.batch;
-  p.rows = opt.rows;
-  p.workers = opt.workers;
-  p.cfg = cfg;
-  p.options = opt;
-  detail::Builder(p, cfg, w).build();
+namespace {
+// Both schedules of a built program (op-by-op phases, megakernel queues).
+void schedule(Plan& p) {
+  const PlanOptions& opt = p.options;
   MD_CHECK(p.buffers.size() < kNone && p.instrs.size() < kNone, "plan: too many instructions");
   schedule_opbyop(p);
   if (opt.scheduler == Scheduler::kList) {
@@ -270,6 +250,68 @@ Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const Pl
     for (int w = 0; w < p.workers; ++w)
       for (uint32_t id : p.queue_ids[size_t(w)]) p.queues[size_t(w)].push_back(p.instrs[id]);
   }
+}
+
+void check_common(const PlanOptions& opt) {
+  MD_CHECK(opt.batch >= 1 && opt.batch <= 1024, "plan: batch {} is outside 1..1024", opt.batch);
+  MD_CHECK(opt.workers >= 1 && opt.workers <= 4096, "plan: workers {} is outside 1..4096",
+           opt.workers);
+  MD_CHECK(opt.tile_bytes >= 1024 && opt.min_tile_bytes <= opt.tile_bytes,
+           "plan: tile_bytes {} / min_tile_bytes {} out of range", opt.tile_bytes,
+           opt.min_tile_bytes);
+}
+
+}  // namespace
+
+Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const PlanOptions& opt) {
+  check_common(opt);
+  MD_CHECK(opt.rows >= 1 && opt.rows <= kMaxRows, "plan: rows {} is outside 1..{}", opt.rows,
+           kMaxRows);
+  MD_CHECK(int64_t(opt.batch) * opt.rows <= 4096,
+           "plan: {} sequences x {} rows exceed 4096 token rows", opt.batch, opt.rows);
+  MD_CHECK(cfg.num_layers >= 1 && cfg.num_layers < int(kNoLayer), "plan: bad layer count {}",
+           cfg.num_layers);
+  MD_CHECK(opt.mla_kv_splits >= 0 && opt.mla_kv_splits <= 256,
+           "plan: mla_kv_splits {} is outside 0..256", opt.mla_kv_splits);
+  MD_CHECK(cfg.attn_res_block_size >= 0, "plan: bad attn_res_block_size {}",
+           cfg.attn_res_block_size);
+  Plan p;
+  p.batch = opt.batch;
+  p.rows = opt.rows;
+  p.workers = opt.workers;
+  p.cfg = cfg;
+  p.options = opt;
+  detail::Builder(p, p.cfg, w).build();
+  schedule(p);
+  return p;
+}
+
+Plan compile_draft_plan(const DraftConfig& d, const PlanOptions& opt, int ctx_rows) {
+  check_common(opt);
+  MD_CHECK(opt.rows >= 0 && opt.rows <= kDraftMaxBlockRows,
+           "draft plan: block rows {} are outside 0..{}", opt.rows, kDraftMaxBlockRows);
+  MD_CHECK(ctx_rows >= 0 && ctx_rows <= kMaxRows, "draft plan: context rows {} are outside 0..{}",
+           ctx_rows, kMaxRows);
+  MD_CHECK(ctx_rows <= d.window,
+           "draft plan: {} context rows a step exceed the draft's window of {} (two rows of one "
+           "step would share a ring slot)",
+           ctx_rows, d.window);
+  MD_CHECK(opt.rows + ctx_rows > 0, "draft plan: neither context rows nor a block");
+  MD_CHECK(d.num_layers >= 1 && d.num_layers < int(kNoLayer) && d.num_kv_heads >= 1 &&
+               d.num_heads % d.num_kv_heads == 0,
+           "draft plan: bad draft geometry ({} layers, {} heads over {} KV heads)", d.num_layers,
+           d.num_heads, d.num_kv_heads);
+  Plan p;
+  p.batch = opt.batch;
+  p.rows = opt.rows;
+  p.workers = opt.workers;
+  p.cfg = draft_model_config(d);
+  p.options = opt;
+  p.draft.on = true;
+  p.draft.cfg = d;
+  p.draft.ctx_rows = ctx_rows;
+  detail::Builder(p, p.cfg, nullptr).build_draft();
+  schedule(p);
   return p;
 }
 

@@ -110,15 +110,36 @@ void SpeculativeDecoder::step_batch(std::span<SpecSeq> seqs) {
              "speculative step: the sequence has consumed {} tokens but the history holds {} (it "
              "must hold those and the anchor)",
              q.seq->pos, q.history->size());
-    int32_t* r = rows_.data() + b * R;
-    r[0] = q.history->back();
-    q.drafter->propose(*q.history, std::span<int32_t>(r + 1, size_t(K)));
-    for (int k = 1; k <= K; ++k)
-      MD_CHECK(r[k] >= 0 && r[k] < V,
-               "speculative step: the {} drafter proposed id {} outside [0, {})",
-               q.drafter->name(), r[k], V);
+    rows_[b * R] = q.history->back();
     host_rows = host_rows || q.logits || !decided_in_step(q.sampler);
   }
+  // Proposals: drafters that share a batch key propose together (one draft plan step for all
+  // of them), the others one by one.
+  std::vector<char> proposed(B, 0);
+  std::vector<Drafter*> group;
+  std::vector<std::span<const int32_t>> contexts;
+  std::vector<std::span<int32_t>> outs;
+  for (size_t b = 0; b < B; ++b) {
+    if (proposed[b]) continue;
+    const void* key = seqs[b].drafter->batch_key();
+    group.clear();
+    contexts.clear();
+    outs.clear();
+    for (size_t c = b; c < B; ++c) {
+      if (proposed[c] || (c != b && (key == nullptr || seqs[c].drafter->batch_key() != key)))
+        continue;
+      proposed[c] = 1;
+      group.push_back(seqs[c].drafter);
+      contexts.emplace_back(*seqs[c].history);
+      outs.emplace_back(rows_.data() + c * R + 1, size_t(K));
+    }
+    group[0]->propose_together(group, contexts, outs);
+  }
+  for (size_t b = 0; b < B; ++b)
+    for (size_t k = 1; k <= size_t(K); ++k)
+      MD_CHECK(rows_[b * R + k] >= 0 && rows_[b * R + k] < V,
+               "speculative step: the {} drafter proposed id {} outside [0, {})",
+               seqs[b].drafter->name(), rows_[b * R + k], V);
   const double t1 = now_seconds();
 
   steps_.clear();

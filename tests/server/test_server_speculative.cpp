@@ -10,7 +10,7 @@
 
 #include "megadecode/base/threads.h"
 #include "megadecode/server/metrics.h"
-#include "megadecode/spec/draft_config.h"
+#include "megadecode/model/draft_config.h"
 #include "megadecode/spec/draft_model.h"
 #include "megadecode/spec/dspark_drafter.h"
 #include "megadecode/spec/ngram_drafter.h"

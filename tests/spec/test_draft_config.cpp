@@ -8,7 +8,7 @@
 #include "megadecode/base/error.h"
 #include "megadecode/model/config.h"
 #include "megadecode/model/presets.h"
-#include "megadecode/spec/draft_config.h"
+#include "megadecode/model/draft_config.h"
 
 namespace md {
 namespace {

@@ -130,7 +130,7 @@ void register_bench(CLI::App& app) {
     int prompt = 512, verify_rows = 8, mixed_chunk = 16;
     std::string chunks = "8,16,32,64";
     std::string json, plot;
-    std::string speculative, fixed_lengths;
+    std::string speculative, fixed_lengths, draft_on = "executor";
     int num_draft_tokens = 0, ngram_max = 3;
   };
   auto o = std::make_shared<Opts>();
@@ -178,6 +178,9 @@ void register_bench(CLI::App& app) {
   c->add_option("--fixed-acceptance-length", o->fixed_lengths,
                 "speculative: comma-separated fixed acceptance lengths (drafts accepted a step, "
                 "0..K), one row each; default: the model's own acceptance");
+  c->add_option("--draft-on", o->draft_on,
+                "speculative: where a DSpark draft runs, executor (its draft plan) or host")
+      ->check(CLI::IsMember({"executor", "host"}));
   c->add_option("--ngram-max", o->ngram_max, "speculative ngram: longest n-gram looked up")
       ->check(CLI::Range(1, 16));
   c->add_option("--json", o->json, "also write the results as JSON to this file");
@@ -459,6 +462,7 @@ void register_bench(CLI::App& app) {
       sf.speculative = o->speculative;
       sf.num_draft_tokens = K;
       sf.ngram_max = o->ngram_max;
+      sf.draft_on = o->draft_on;
       LoadedDrafter ld = load_drafter(sf, m);
       bench::SpeculativeBenchOptions x;
       x.num_draft_tokens = K;
@@ -470,13 +474,16 @@ void register_bench(CLI::App& app) {
       x.executors = plan_names;
       x.device = o->f.device_kind();
       x.progress = on_progress;
-      const bench::SpeculativeBenchResult r = bench::run_speculative(m, *ld.drafter, x);
+      const bench::SpeculativeBenchResult r = bench::run_speculative(
+          m, [&](Executor* ex) { return ld.make(ex); }, x);
       progress.done();
       std::printf(
-          "\n== speculative: %s drafter, K = %d drafts (verify steps of %d rows), greedy, one "
+          "\n== speculative: %s drafter%s, K = %d drafts (verify steps of %d rows), greedy, one "
           "sequence from position %d; %d steps x %d reps (medians); plain = batch-1 decode "
           "steps of the same executor in the same reps; read bandwidth median %.1f GB/s\n\n",
-          r.drafter.c_str(), r.num_draft_tokens, r.num_draft_tokens + 1, o->context, o->steps,
+          r.drafter.c_str(),
+          ld.model ? (o->draft_on == "host" ? " on the host" : " on the executor") : "",
+          r.num_draft_tokens, r.num_draft_tokens + 1, o->context, o->steps,
           o->reps, r.bandwidth_gbps);
       std::printf("%-11s %6s %9s %9s %9s %9s %9s %10s %9s %10s %8s\n", "executor", "fixed",
                   "ms/step", "draft ms", "verify ms", "acc/step", "tok/step", "tok/s",
@@ -501,6 +508,7 @@ void register_bench(CLI::App& app) {
                          {"speedup_over_plain", cl.speedup}});
       }
       j["speculative"] = {{"drafter", r.drafter},
+                          {"draft_on", ld.model ? o->draft_on : std::string("-")},
                           {"num_draft_tokens", r.num_draft_tokens},
                           {"context", o->context},
                           {"steps", o->steps},

@@ -317,7 +317,7 @@ void register_run_commands(CLI::App& app) {
       std::vector<float> logits(size_t(cfg.vocab_size));
       if (o->spec.enabled()) {
         // Greedy speculative decoding: the same ids as the plain loop below.
-        LoadedDrafter d = load_drafter(o->spec, m);
+        LoadedDrafter d = load_drafter(o->spec, m, ex.get());
         d.options.prefill_chunk = o->prefill_chunk;
         SpeculativeDecoder dec(*ex, *d.drafter, d.options);
         const double t0 = now_seconds();

@@ -104,6 +104,7 @@ void register_serve(CLI::App& app) {
         o->executor == "reference"
             ? std::make_unique<ReferenceExecutor>(*lm.model, o->engine.max_batch, eo.states)
             : make_executor(*lm.model, parse_executor_kind(o->executor), o->engine.max_batch, eo);
+    drafter.executor = ex.get();  // a DSpark draft runs as draft plans there (if it can)
     const PoolOptions& pool = eo.states;
     const int64_t per_slot =
         pool.cache_tokens > 0 ? pool.cache_tokens / pool.max_sequences : kDefaultTokensPerSequence;

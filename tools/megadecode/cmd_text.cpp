@@ -126,7 +126,7 @@ struct DecoderFlags {
     g.set_executor(ex.get(), prefill_chunk);
     try {
       if (spec.enabled()) {
-        drafter = load_drafter(spec, m);
+        drafter = load_drafter(spec, m, ex.get());
         g.set_speculative(drafter.drafter.get(), drafter.options);
       }
     } catch (...) {

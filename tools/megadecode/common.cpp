@@ -105,6 +105,11 @@ void SpeculativeFlags::add(CLI::App* app) {
                   "not the model's");
   app->add_option("--ngram-max", ngram_max,
                   "speculative ngram: the longest suffix n-gram looked up, 1..16");
+  app->add_option("--draft-on", draft_on,
+                  "where the DSpark draft runs: executor (its draft plan on the executor's "
+                  "workers, where the backend runs draft plans; default) or host (the draft's "
+                  "own forward)")
+      ->check(CLI::IsMember({"executor", "host"}));
 }
 
 std::string SpeculativeFlags::draft_dir() const {
@@ -146,12 +151,14 @@ SpeculativeOptions SpeculativeFlags::options() const {
   return o;
 }
 
-LoadedDrafter load_drafter(const SpeculativeFlags& f, Model& target) {
+LoadedDrafter load_drafter(const SpeculativeFlags& f, Model& target, Executor* executor) {
   f.validate();
   LoadedDrafter d;
   d.options = f.options();
   validate(d.options);
   d.ngram = NgramOptions{f.ngram_max};
+  d.on_host = f.draft_on == "host";
+  d.executor = executor;
   const std::string dir = f.draft_dir();
   if (!dir.empty())
     d.model = std::make_unique<DraftModel>(dir, target.config(), target.options(), &target.pool());
@@ -159,8 +166,8 @@ LoadedDrafter load_drafter(const SpeculativeFlags& f, Model& target) {
   return d;
 }
 
-std::unique_ptr<Drafter> LoadedDrafter::make() const {
-  if (model) return std::make_unique<DSparkDrafter>(*model);
+std::unique_ptr<Drafter> LoadedDrafter::make(Executor* ex) const {
+  if (model) return std::make_unique<DSparkDrafter>(*model, on_host ? nullptr : ex ? ex : executor);
   return std::make_unique<NgramDrafter>(ngram);
 }
 

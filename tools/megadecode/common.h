@@ -42,13 +42,15 @@ struct LoadedModel {
 LoadedModel load_model(const RunFlags& f, bool with_tokenizer = true);
 
 // Speculative decoding flags (run, chat, generate, bench): --speculative ngram (or a draft
-// directory), --draft DIR, --num-draft-tokens, --fixed-acceptance-length, --ngram-max.
+// directory), --draft DIR, --num-draft-tokens, --fixed-acceptance-length, --ngram-max,
+// --draft-on.
 struct SpeculativeFlags {
   std::string speculative, draft;
   int num_draft_tokens = 0;  // 0: the drafter's default (DSpark 7, as the seed's 8-row verify;
                              // n-gram 4)
   int fixed_acceptance_length = -1;
   int ngram_max = 3;
+  std::string draft_on = "executor";  // --draft-on executor | host
   CLI::Option *k_opt = nullptr, *fixed_opt = nullptr;  // given on the command line?
   void add(CLI::App* app);
   bool enabled() const { return !speculative.empty() || !draft.empty(); }
@@ -67,11 +69,17 @@ struct LoadedDrafter {
   std::unique_ptr<Drafter> drafter;
   SpeculativeOptions options;
   NgramOptions ngram;
+  // Where a DSpark draft runs: the executor's draft plans (when it runs them and not
+  // on_host), else the host.
+  Executor* executor = nullptr;
+  bool on_host = false;
   // Another drafter of the same kind (serve: one per sequence), sharing the loaded draft model;
-  // valid while this LoadedDrafter lives.
-  std::unique_ptr<Drafter> make() const;
+  // valid while this LoadedDrafter lives. ex (if not null) replaces `executor`.
+  std::unique_ptr<Drafter> make(Executor* ex = nullptr) const;
 };
-LoadedDrafter load_drafter(const SpeculativeFlags& f, Model& target);
+// The drafter runs its draft on `executor` when that runs draft plans and --draft-on is
+// "executor" (the default), else on the host.
+LoadedDrafter load_drafter(const SpeculativeFlags& f, Model& target, Executor* executor = nullptr);
 
 void register_make_model(CLI::App& app);
 void register_text_commands(CLI::App& app);  // run, chat, tokenize, detokenize

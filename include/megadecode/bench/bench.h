@@ -177,7 +177,10 @@ struct SpeculativeBenchResult {
   std::vector<SpeculativeCell> cells;
   double bandwidth_gbps = 0;
 };
-SpeculativeBenchResult run_speculative(Model& m, Drafter& drafter,
-                                       const SpeculativeBenchOptions& o);
+// make_drafter makes the drafter for each executor (a DSpark draft runs on it when it runs
+// draft plans).
+SpeculativeBenchResult run_speculative(
+    Model& m, const std::function<std::unique_ptr<Drafter>(Executor*)>& make_drafter,
+    const SpeculativeBenchOptions& o);
 
 }  // namespace md::bench

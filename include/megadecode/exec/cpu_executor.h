@@ -34,6 +34,11 @@ class CpuExecutor final : public Executor {
   const StepStats& last_step_stats() const override;
   void set_watchdog_seconds(double s) override;
   ExecutorKind kind() const;
+  bool runs_drafts() const override { return true; }
+  void attach_draft(const DraftConfig& c, const DraftWeights& w) override;
+  void draft_step(std::span<const DraftStepSeq> seqs) override;
+  // The draft plan for a step shape (after attach_draft; compiled on first use and cached).
+  const plan::Plan& draft_plan(int batch, int ctx_rows, int block_rows);
 
   // Test hooks: edit one instruction of the cached plan for `batch` (its global copy and its
   // queue copy), e.g. an unreachable wait or the kFlagTestStall flag; drop_plans() forgets all

@@ -19,6 +19,7 @@
 
 #include "megadecode/engine/model.h"
 #include "megadecode/engine/sampler.h"
+#include "megadecode/model/draft_weights.h"
 #include "megadecode/plan/plan.h"
 
 namespace md {
@@ -100,6 +101,30 @@ struct StepOptions {
   AuxCapture aux;
 };
 
+// The speculative draft's per-sequence context, owned by the caller (spec/draft_model.h's
+// DraftState): per layer a ring of `window` key and value rows, and each slot's position.
+struct DraftRing {
+  float* keys = nullptr;         // [layers][window][kv width]
+  float* values = nullptr;       // [layers][window][kv width]
+  int32_t* positions = nullptr;  // [window], -1: empty
+};
+
+// One sequence's part of a draft step (Executor::draft_step): first its context rows enter the
+// ring (DraftModel::update_context), then, when tokens is not empty, a block of tokens.size()
+// rows from the anchor drafts that many tokens (DraftModel::draft).
+struct DraftStepSeq {
+  DraftRing ring;
+  std::span<const float> ctx_aux;          // [ctx rows][the draft's context width]
+  std::span<const int32_t> ctx_positions;  // [ctx rows], >= 0
+  int32_t anchor = 0;
+  int64_t anchor_position = 0;
+  std::span<int32_t> tokens;  // the drafts; the same size for every sequence of a step
+  // Optional [tokens.size()][...] outputs, as DraftOutputs (null: not wanted).
+  float* hidden = nullptr;
+  float* base_logits = nullptr;
+  float* biased_logits = nullptr;
+};
+
 // Logit rows of a step: the sum over its sequences of 0, 1 or R.
 int logit_row_count(std::span<const StepSeq> seqs);
 
@@ -139,6 +164,17 @@ class Executor {
   // that was fed only those k tokens, and pos = pos before the step + k. Reads no weights (the
   // KDA recurrence of the k rows is replayed from the row log). Any other call is an md::Error.
   virtual void commit(SequenceState& seq, int k) = 0;
+
+  // The speculative draft's plans (plan::compile_draft_plan) on this executor's workers:
+  // attach_draft binds a draft (config and weights outlive the executor's use of them), then
+  // draft_step runs one draft step for up to max_batch sequences (each with at most
+  // plan::kMaxRows context rows; the block sizes equal), computing bit for bit what
+  // DraftModel::update_context and DraftModel::draft compute in the model's precision. Backends
+  // without draft plans say so with runs_drafts() == false (the drafter then runs on the host);
+  // calling them is an md::Error. Bad input is an md::Error before anything changes.
+  virtual bool runs_drafts() const { return false; }
+  virtual void attach_draft(const DraftConfig& c, const DraftWeights& w);
+  virtual void draft_step(std::span<const DraftStepSeq> seqs);
 
   // Feeds a prompt through the plan in steps of at most `chunk` rows (the last one shorter);
   // logits (if not null) receives the last row's [vocab].

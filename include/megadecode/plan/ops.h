@@ -17,7 +17,8 @@ namespace md::plan {
 // Named operand slots per op family: position i of an instruction's operand list.
 namespace arg {
 // Y[t][r0:r1] = round(W X[t]): kKdaProj, kMlaProj, kDenseDown, kSharedDown, kLatentDown,
-// kLatentUp, kLmHead (y: the logits).
+// kLatentUp, kLmHead (y: the logits); a draft plan's kDraftCtxProj (t: context rows),
+// kDraftProj.
 struct Gemv {
   enum : uint8_t { w, x, y, count };
 };
@@ -89,6 +90,22 @@ struct Combine {
 struct Sample {
   enum : uint8_t { logits, next, count };
 };
+// The draft plan's (Plan::draft). ctx_pos: int32 per context row (-1: no row).
+struct DraftCtxWrite {
+  enum : uint8_t { k, v, k_norm, ctx_pos, ring, count };
+};
+struct DraftAttn {
+  enum : uint8_t { q, k, v, q_norm, k_norm, att, ring, count };
+};
+// Slot `slot` (= k) of every sequence over vocabulary rows [r0, r1); `seq` is the tile's index
+// among the slot's tiles (its column of `best`). prev: the anchor (tokens) for k = 0, else the
+// pick of slot k - 1 (drafts). best: per sequence (value, id as int32 bits) per tile.
+struct DraftMarkov {
+  enum : uint8_t { base, w1, w2, tokens, drafts, biased, best, count };
+};
+struct DraftPick {
+  enum : uint8_t { best, drafts, count };
+};
 // K3's block attention residual mix, appended to kFfnNorm / kCombine (kFlagAttnRes): the score
 // weights, then the sources (block summaries, then the partial sum).
 struct MixTail {
@@ -106,6 +123,7 @@ enum class Slot : uint8_t {
   kKdaState,   // BufKind::kState, StateKind::kKdaState
   kConvCache,  // BufKind::kState, StateKind::kConvCache
   kMlaCache,   // BufKind::kState, StateKind::kMlaCache
+  kDraftRing,  // BufKind::kState, StateKind::kDraftRing
   kTokens,
   kLogits,
   kActOrLogits,  // Gemv's y: an arena buffer, or the logits (kLmHead)

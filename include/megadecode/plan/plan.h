@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "megadecode/model/config.h"
+#include "megadecode/model/draft_config.h"
 
 namespace md {
 struct ModelWeights;
@@ -56,6 +57,18 @@ enum class Op : uint8_t {
                 // residual, then the next RMSNorm (next layer's input norm, or the final norm)
   kLmHead,      // vocabulary row block -> logits
   kSample,      // per sequence: the next token from its logits (its sampler, or greedy argmax)
+  // The speculative draft's plan (compile_draft_plan; docs/speculative.md "The draft plan"):
+  kDraftCtxProj,   // row block of fc (over the aux rows) or of a layer's k | v (over the context
+                   // rows): Y = round(W X) for every context row
+  kDraftCtxNorm,   // context rows: ctx = RMSNorm(fc output, hidden_norm)
+  kDraftCtxWrite,  // (layer, sequence): k_norm and RoPE of the context keys at their positions;
+                   // keys and values into the sequence's ring (layer 0 also the slot positions)
+  kDraftProj,      // row block of a layer's q, k or v over the block rows
+  kDraftAttn,      // KV heads of one sequence: q_norm / k_norm and RoPE of the block rows, then
+                   // attention over the visible ring slots and causally over the block
+  kDraftMarkov,    // (slot k, vocabulary row block): bias = round(markov_w2 markov_w1[prev]),
+                   // biased = base logits of block row k + bias, each sequence's best (value, id)
+  kDraftPick,      // (slot k, sequences): draft k = the best over the vocabulary blocks
   kCount
 };
 constexpr int kNumOps = int(Op::kCount);
@@ -133,11 +146,17 @@ enum class BufKind : uint8_t {
   kArena,   // activations: offset bytes into the arena, `stride` bytes per sequence
   kWeight,  // weights: weight-table ids offset .. offset + count - 1 (count > 1: one per expert)
   kState,   // per-sequence state of `layer`: sub = StateKind
-  kTokens,  // the step's input token ids [N] (int32), one per token row
+  kTokens,  // the step's input token ids [N] (int32), one per token row (a draft plan: the
+            // block rows' tokens, the anchor then mask tokens)
   kLogits,  // the step's output logits [logit rows][vocab]
   kNull,    // an absent operand
 };
-enum class StateKind : uint8_t { kKdaState, kConvCache, kMlaCache };
+enum class StateKind : uint8_t {
+  kKdaState,
+  kConvCache,
+  kMlaCache,
+  kDraftRing,  // a draft plan's: the sequence's ring of context keys and values of `layer`
+};
 
 struct BufferDesc {
   BufKind kind = BufKind::kNull;
@@ -199,6 +218,18 @@ enum class WeightKind : uint8_t {
   kAttnResW,    // block attention residual score weights (res_norm * res_proj) [D]
   kMlpResW,
   kOutputResW,
+  // The speculative draft (model/draft_weights.h); its embedding, lm_head, norms and MLP use the
+  // kinds above (kEmbed, kLmHead, kFinalNorm, kInputNorm, kPostAttnNorm, kDense*).
+  kDraftFc,          // fc [D, n_aux * D]
+  kDraftHiddenNorm,  // hidden_norm [D]
+  kDraftQ,           // q_proj [Hq * d, D]
+  kDraftK,           // k_proj, v_proj [Hkv * d, D]
+  kDraftV,
+  kDraftO,      // o_proj [D, Hq * d]
+  kDraftQNorm,  // q_norm, k_norm [d]
+  kDraftKNorm,
+  kMarkovW1,  // markov_w1, markov_w2 [V, r]
+  kMarkovW2,
 };
 std::string_view weight_kind_name(WeightKind k);
 
@@ -292,6 +323,25 @@ struct Plan {
   // StepOptions::aux copies out (docs/speculative.md "Aux capture in the plan executors").
   // Each is an entry of its own in the buffer table, which no instruction names.
   std::vector<uint32_t> residual_buffer;  // per layer: buffer-table index
+
+  // A draft plan (compile_draft_plan; `draft` is set): one step of the speculative draft for
+  // `batch` sequences, each appending up to ctx_rows context rows to its ring, then drafting
+  // `rows` tokens from a block of `rows` rows (0: the context update only). cfg is then the
+  // draft's geometry in a ModelConfig's terms (draft_model_config): hidden, vocabulary,
+  // layers, the MLP and eps, so that the shared tiles (embed, attn_out, ffn_norm, the dense
+  // MLP, combine, lm_head) run the draft's rows unchanged.
+  struct Draft {
+    bool on = false;
+    DraftConfig cfg;
+    int ctx_rows = 0;
+    // Buffer-table entries the executor fills before the step or reads after it.
+    uint32_t aux = kNone;      // fp32 [batch * ctx_rows][context width]: the rows' aux states
+    uint32_t ctx_pos = kNone;  // int32 [batch * ctx_rows]: each context row's position, -1: none
+    uint32_t drafts = kNone;   // int32 [batch][rows]: the drafted tokens
+    uint32_t hidden = kNone;   // fp32 [batch * rows][D]: the final-normed block rows
+    uint32_t base = kNone;     // fp32 [batch * rows][V]: lm_head of the block rows
+    uint32_t biased = kNone;   // fp32 [batch * rows][V]: base + the Markov bias
+  } draft;
 };
 
 // The schedulers' cost of one tile in bytes-equivalent (estimated bytes, scaled up for
@@ -303,6 +353,15 @@ double tile_cost(const Instr& in, const PlanOptions& o);
 // when the config says so (what make-model writes). Throws md::Error on options out
 // of range (batch 1..1024, workers 1..4096).
 Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const PlanOptions& opt);
+
+// The speculative draft's step as a plan (docs/speculative.md "The draft plan"): opt.batch
+// sequences, each appending up to ctx_rows (0..kMaxRows) context rows, then a block of opt.rows
+// (0..kDraftMaxBlockRows; 0: no block) rows drafting that many tokens. Throws md::Error on a
+// shape out of range (ctx_rows above the window, nothing to do).
+Plan compile_draft_plan(const DraftConfig& d, const PlanOptions& opt, int ctx_rows);
+// The draft's geometry as a ModelConfig (what a draft plan's cfg holds): hidden, vocabulary,
+// layers (all dense, SiLU), intermediate size and rms_norm_eps.
+ModelConfig draft_model_config(const DraftConfig& d);
 
 // Every structural property the executors rely on; returns the problems found (empty: valid).
 //  * every wait names an existing counter, its target is <= the counter's per-step signals, and

@@ -1,4 +1,4 @@
-// The DSpark speculative draft (the seed's kimi/dspark.py; docs/speculative.md): its weights, its
+// The DSpark speculative draft (the seed's kimi/dspark.py; docs/speculative.md): its
 // per-sequence state (the ring of context keys and values) and its forward on the CPU:
 //   update_context: target hidden states of run tokens -> context K/V rows in the ring;
 //   draft: the block (anchor + mask tokens) over the ring, then Markov-biased greedy drafting.
@@ -12,43 +12,13 @@
 #include <vector>
 
 #include "megadecode/engine/numerics.h"
-#include "megadecode/model/weights.h"
-#include "megadecode/spec/draft_config.h"
+#include "megadecode/model/draft_weights.h"
 
 namespace md {
 
 class Checkpoint;
 class ThreadPool;
 struct TensorSpec;
-
-struct DraftLayerWeights {
-  std::vector<float> input_norm, post_attn_norm;  // [D]
-  Mat q, k, v, o;                                 // [Hq*d, D], [Hkv*d, D] x2, [D, Hq*d]
-  std::vector<float> q_norm, k_norm;              // [d]
-  FfnWeights mlp;                                 // gate/up [I, D], down [D, I]
-};
-
-struct DraftWeights {
-  Mat embed;                                   // [V, D]
-  Mat lm_head;                                 // [V, D]
-  Mat fc;                                      // [D, n_aux * D]
-  std::vector<float> hidden_norm, final_norm;  // [D]
-  Mat markov_w1, markov_w2;                    // [V, r] each
-  std::vector<DraftLayerWeights> layers;
-};
-
-// Binds the checkpoint's tensors (names of the seed's weight_shapes: embed_tokens.weight,
-// layers.{i}.self_attn.q_proj.weight, markov_head.markov_w1.weight, ...). A missing tensor, a
-// wrong shape or dtype, or a tensor the draft does not use is an md::Error naming it.
-DraftWeights bind_draft_weights(const DraftConfig& c, const Checkpoint& ckpt);
-// The tensors bind_draft_weights expects, in order (what make-model writes).
-std::vector<TensorSpec> expected_draft_tensors(const DraftConfig& c);
-
-// Writes a random draft checkpoint (config.json + model.safetensors) with make-model's generator
-// and realistic scales: the Markov factors are scaled so that the bias is about a third of the
-// logits' spread, so that tests see it change drafts.
-void make_random_draft(const DraftConfig& c, const std::string& dir, uint64_t seed,
-                       ThreadPool& pool);
 
 // One sequence's draft context: per layer a ring of `window` K and V rows (normed, rotated keys;
 // values), slot p % window holding position p, and the position each slot holds (-1: empty).

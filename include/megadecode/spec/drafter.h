@@ -32,6 +32,17 @@ class Drafter {
   // last one being the anchor (decided but not yet consumed by the target, at position
   // context.size() - 1). Any valid ids will do: a bad draft costs speed, never correctness.
   virtual void propose(std::span<const int32_t> context, std::span<int32_t> out) = 0;
+
+  // Batched proposals (several sequences' drafters in one step, e.g. one draft plan step on an
+  // executor): drafters with the same non-null batch_key() are of one kind and may be proposed
+  // together by any of them, which fills outs[i] (all of one size) for group[i] as
+  // group[i]->propose(contexts[i], outs[i]) would. The default proposes one by one.
+  virtual const void* batch_key() const { return nullptr; }
+  virtual void propose_together(std::span<Drafter* const> group,
+                                std::span<const std::span<const int32_t>> contexts,
+                                std::span<const std::span<int32_t>> outs) {
+    for (size_t i = 0; i < group.size(); ++i) group[i]->propose(contexts[i], outs[i]);
+  }
 };
 
 }  // namespace md

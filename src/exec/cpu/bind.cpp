@@ -108,6 +108,17 @@ WeightView bind_weight(const ModelWeights& w, const plan::WeightRef& r) {
       return vec(L->mlp_res_w);
     case WeightKind::kOutputResW:
       return vec(w.output_res_w);
+    case WeightKind::kDraftFc:
+    case WeightKind::kDraftHiddenNorm:
+    case WeightKind::kDraftQ:
+    case WeightKind::kDraftK:
+    case WeightKind::kDraftV:
+    case WeightKind::kDraftO:
+    case WeightKind::kDraftQNorm:
+    case WeightKind::kDraftKNorm:
+    case WeightKind::kMarkovW1:
+    case WeightKind::kMarkovW2:
+      break;  // the draft's (bind_draft_weight), never a target's
   }
   fail("decode plan: unknown weight kind {}", int(r.kind));
 }

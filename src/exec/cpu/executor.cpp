@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <mutex>
 #include <thread>
 
@@ -188,6 +189,10 @@ struct CpuExecutor::Impl {
   std::unique_ptr<ThreadPool> pool;   // the workers (and commit's replay)
   std::unique_ptr<StatePool> states;  // this backend's sequences (host memory)
   std::map<std::pair<int, int>, std::unique_ptr<PlanRuntime>> plans;  // by (batch, rows)
+  // The attached draft (attach_draft) and its plans by (batch, context rows, block rows).
+  DraftConfig draft_cfg;
+  const DraftWeights* draft_w = nullptr;
+  std::map<std::tuple<int, int, int>, std::unique_ptr<PlanRuntime>> draft_plans;
   std::unique_ptr<uint8_t, AlignedFree> arena;
   size_t arena_cap = 0;
   std::vector<exec::Scratch> scratch;
@@ -236,21 +241,44 @@ struct CpuExecutor::Impl {
       MD_CHECK(rt->weights.back().data != nullptr, "decode plan: weight {} of layer {} is absent",
                plan::weight_kind_name(r.kind), r.layer);
     }
-    rt->prepare();
-    const size_t nf = exec::scratch_floats(rt->plan), ni = exec::scratch_ints(rt->plan);
+    prepare(*rt);
+    return *plans.emplace(std::make_pair(batch, rows), std::move(rt)).first->second;
+  }
+
+  // The draft's plan for (batch, context rows, block rows), bound to the attached draft.
+  PlanRuntime& draft_runtime(int batch, int ctx_rows, int rows) {
+    MD_CHECK(draft_w, "draft step: no draft is attached to this executor (attach_draft)");
+    const auto key = std::make_tuple(batch, ctx_rows, rows);
+    auto it = draft_plans.find(key);
+    if (it != draft_plans.end()) return *it->second;
+    auto rt = std::make_unique<PlanRuntime>();
+    plan::PlanOptions po = opt.plan;
+    po.batch = batch;
+    po.rows = rows;
+    po.workers = W;
+    rt->plan = plan::compile_draft_plan(draft_cfg, po, ctx_rows);
+    for (const plan::WeightRef& r : rt->plan.weights)
+      rt->weights.push_back(exec::bind_draft_weight(*draft_w, r));
+    prepare(*rt);
+    return *draft_plans.emplace(key, std::move(rt)).first->second;
+  }
+
+  // Counters, scratch and the (shared) arena for a compiled plan.
+  void prepare(PlanRuntime& rt) {
+    rt.prepare();
+    const size_t nf = exec::scratch_floats(rt.plan), ni = exec::scratch_ints(rt.plan);
     for (exec::Scratch& s : scratch) {
       if (s.f.size() < nf) s.f.resize(nf);
       if (s.i.size() < ni) s.i.resize(ni);
     }
-    if (rt->plan.arena_bytes > arena_cap) {
-      const size_t cap = (rt->plan.arena_bytes + 4095) / 4096 * 4096;
+    if (rt.plan.arena_bytes > arena_cap) {
+      const size_t cap = (rt.plan.arena_bytes + 4095) / 4096 * 4096;
       void* p = std::aligned_alloc(64, cap);
       MD_CHECK(p, "executor: cannot allocate a {} activation arena", human_bytes(double(cap)));
       std::memset(p, 0, cap);
       arena.reset(static_cast<uint8_t*>(p));
       arena_cap = cap;
     }
-    return *plans.emplace(std::make_pair(batch, rows), std::move(rt)).first->second;
   }
 
   // ---- waiting and the watchdog -------------------------------------------------------------
@@ -501,6 +529,42 @@ struct CpuExecutor::Impl {
     st.state.store(kFinished, std::memory_order_relaxed);
   }
 
+  // Runs the plan's instructions on the workers (megakernel or op by op). False when a worker
+  // failed or the watchdog fired (err says why); the counters are then reset for the next step.
+  bool run_workers(const exec::StepCtx& ctx, PlanRuntime& rt) {
+    abort.store(false, std::memory_order_relaxed);
+    err.clear();
+    for (int w = 0; w < W; ++w) {
+      status[w].state.store(kIdle, std::memory_order_relaxed);
+      status[w].instr.store(kNone, std::memory_order_relaxed);
+      status[w].wait_s = 0;
+      status[w].wait_by_op.fill(0.0);
+      status[w].run_by_op.fill(0.0);
+    }
+    try {
+      pool->run([&](int w, int) {
+        try {
+          if (kind == ExecutorKind::kMegakernel)
+            run_megakernel(ctx, rt, w);
+          else
+            run_opbyop(ctx, rt, w);
+        } catch (const std::exception& e) {
+          fail_worker(fmt::format("decode step: worker {} failed: {}", w, e.what()));
+        }
+      });
+    } catch (...) {
+      abort.store(true, std::memory_order_relaxed);
+    }
+    if (abort.load(std::memory_order_relaxed)) {
+      // Every worker has returned; start the next step from clean counters and barrier.
+      rt.reset_counters();
+      bar_count.store(0, std::memory_order_relaxed);
+      return false;
+    }
+    ++rt.epoch;
+    return true;
+  }
+
   // ---- a step -------------------------------------------------------------------------------
 
   void step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,
@@ -566,39 +630,12 @@ struct CpuExecutor::Impl {
     ctx.pos = pos.data();
     ctx.sampling = sampling.empty() ? nullptr : sampling.data();
 
-    abort.store(false, std::memory_order_relaxed);
-    err.clear();
-    for (int w = 0; w < W; ++w) {
-      status[w].state.store(kIdle, std::memory_order_relaxed);
-      status[w].instr.store(kNone, std::memory_order_relaxed);
-      status[w].wait_s = 0;
-      status[w].wait_by_op.fill(0.0);
-      status[w].run_by_op.fill(0.0);
-    }
     const double t_start = now_seconds();
-    try {
-      pool->run([&](int w, int) {
-        try {
-          if (kind == ExecutorKind::kMegakernel)
-            run_megakernel(ctx, rt, w);
-          else
-            run_opbyop(ctx, rt, w);
-        } catch (const std::exception& e) {
-          fail_worker(fmt::format("decode step: worker {} failed: {}", w, e.what()));
-        }
-      });
-    } catch (...) {
-      abort.store(true, std::memory_order_relaxed);
-    }
-    if (abort.load(std::memory_order_relaxed)) {
-      // Every worker has returned; start the next step from clean counters and barrier.
-      rt.reset_counters();
-      bar_count.store(0, std::memory_order_relaxed);
+    if (!run_workers(ctx, rt)) {
       for (const StepSeq& q : seqs) q.seq->rowlog.rows = 0;
       throw Error(err.empty() ? std::string("decode step failed") : err);
     }
     const double t_run = now_seconds() - t_start;
-    ++rt.epoch;
     // The aux capture reads the residual-stream buffers the step has just written (each once, so
     // every row is still there): a copy of the rows asked for, no instruction, nothing when no
     // layer is listed.
@@ -624,6 +661,145 @@ struct CpuExecutor::Impl {
         stats.wait_by_op[size_t(op)] += status[w].wait_by_op[size_t(op)];
         stats.run_by_op[size_t(op)] += status[w].run_by_op[size_t(op)];
       }
+    }
+  }
+
+  // ---- a draft step ------------------------------------------------------------------------
+
+  void draft_step(std::span<const DraftStepSeq> seqs) {
+    MD_CHECK(draft_w, "draft step: no draft is attached to this executor (attach_draft)");
+    const DraftConfig& d = draft_cfg;
+    const int B = int(seqs.size());
+    MD_CHECK(B >= 1 && B <= max_batch, "draft step: {} sequences (1..{})", B, max_batch);
+    const int G = int(seqs[0].tokens.size());
+    const int64_t CW = d.context_width(), KV = d.kv_width(), D = d.hidden_size,
+                  V = d.vocab_size;
+    int C = 0;
+    for (int b = 0; b < B; ++b) {
+      const DraftStepSeq& q = seqs[size_t(b)];
+      MD_CHECK(int(q.tokens.size()) == G,
+               "draft step: sequence {} drafts {} tokens, sequence 0 {} (a step's blocks are "
+               "equal)",
+               b, q.tokens.size(), G);
+      MD_CHECK(G <= kDraftMaxBlockRows, "draft step: {} tokens asked (0 .. {})", G,
+               kDraftMaxBlockRows);
+      MD_CHECK(q.ring.keys && q.ring.values && q.ring.positions,
+               "draft step: sequence {} has no ring", b);
+      const size_t n = q.ctx_positions.size();
+      MD_CHECK(n <= size_t(plan::kMaxRows) && n <= size_t(d.window),
+               "draft step: sequence {} appends {} context rows (at most {} a step)", b, n,
+               std::min(plan::kMaxRows, d.window));
+      MD_CHECK(q.ctx_aux.size() == n * size_t(CW),
+               "draft step: sequence {} has {} aux values for {} context rows of {}", b,
+               q.ctx_aux.size(), n, CW);
+      for (int32_t p : q.ctx_positions)
+        MD_CHECK(p >= 0, "draft step: sequence {} has context position {}", b, p);
+      if (G > 0) {
+        MD_CHECK(q.anchor >= 0 && q.anchor < V,
+                 "draft step: sequence {}'s anchor {} is outside the vocabulary [0, {})", b,
+                 q.anchor, V);
+        MD_CHECK(q.anchor_position >= 0 && q.anchor_position < (int64_t(1) << 31) - 64,
+                 "draft step: sequence {}'s anchor position {} is out of range", b,
+                 q.anchor_position);
+      }
+      for (int c = 0; c < b; ++c)
+        MD_CHECK(seqs[size_t(c)].ring.keys != q.ring.keys,
+                 "draft step: sequences {} and {} share a ring", c, b);
+      C = std::max(C, int(n));
+    }
+    if (C == 0 && G == 0) return;
+    // Context rows per sequence in the plan: the next power of two (few plan shapes).
+    if (C > 0) {
+      int c2 = 1;
+      while (c2 < C) c2 *= 2;
+      C = std::min(c2, std::min(plan::kMaxRows, d.window));
+    }
+    PlanRuntime& rt = draft_runtime(B, C, G);
+    const plan::Plan& p = rt.plan;
+    const bool rnd = model.numerics().round_bf16;
+    if (C > 0) {  // the context rows' inputs: aux (cast to bf16 in BF16, as the seed does)
+      const plan::BufferDesc& ab = p.buffers[p.draft.aux];
+      const plan::BufferDesc& pb = p.buffers[p.draft.ctx_pos];
+      for (int b = 0; b < B; ++b) {
+        const DraftStepSeq& q = seqs[size_t(b)];
+        for (int j = 0; j < C; ++j) {
+          const int t = b * C + j;
+          float* row = reinterpret_cast<float*>(arena.get() + ab.offset + ab.stride * uint64_t(t));
+          int32_t pos = -1;
+          if (size_t(j) < q.ctx_positions.size()) {
+            std::memcpy(row, q.ctx_aux.data() + int64_t(j) * CW, size_t(CW) * 4);
+            if (rnd) cpu::round_bf16_inplace(row, CW);
+            pos = q.ctx_positions[size_t(j)];
+          } else {
+            std::memset(row, 0, size_t(CW) * 4);
+          }
+          std::memcpy(arena.get() + pb.offset + pb.stride * uint64_t(t), &pos, 4);
+        }
+      }
+    }
+    const int N = B * G, L = d.num_layers;
+    std::vector<int32_t> tokens(static_cast<size_t>(N), int32_t(d.mask_token_id));
+    std::vector<int32_t> row0(static_cast<size_t>(B) + 1), seq_of_row(static_cast<size_t>(N)),
+        logit_of_row(static_cast<size_t>(N));
+    std::vector<int64_t> pos(static_cast<size_t>(B));
+    std::vector<exec::SeqView> views(size_t(B) * size_t(L));
+    for (int b = 0; b < B; ++b) {
+      const DraftStepSeq& q = seqs[size_t(b)];
+      row0[size_t(b)] = b * G;
+      for (int r = 0; r < G; ++r) {
+        seq_of_row[size_t(b * G + r)] = b;
+        logit_of_row[size_t(b * G + r)] = b * G + r;
+      }
+      if (G > 0) tokens[size_t(b * G)] = q.anchor;
+      pos[size_t(b)] = q.anchor_position;
+      for (int l = 0; l < L; ++l) {
+        exec::SeqView& v = views[size_t(b) * size_t(L) + size_t(l)];
+        const size_t off = size_t(l) * size_t(d.window) * size_t(KV);
+        v.ring_k = q.ring.keys + off;
+        v.ring_v = q.ring.values + off;
+        v.ring_pos = q.ring.positions;
+      }
+    }
+    row0[size_t(B)] = N;
+    Numerics num = model.numerics();
+    num.eps = float(d.rms_norm_eps);
+    num.activation = Activation::kSilu;
+    num.residual = ResidualKind::kPlain;
+    exec::StepCtx ctx;
+    ctx.plan = &p;
+    ctx.cfg = &p.cfg;
+    ctx.num = num;
+    ctx.arena = arena.get();
+    ctx.weights = rt.weights.data();
+    ctx.batch = B;
+    ctx.rows = G;
+    ctx.n = N;
+    ctx.row0 = row0.data();
+    ctx.seq_of_row = seq_of_row.data();
+    ctx.tokens = tokens.data();
+    ctx.n_logits = N;
+    ctx.logit_of_row = logit_of_row.data();
+    ctx.seqs = views.data();
+    ctx.pos = pos.data();
+    ctx.n_ctx = B * C;
+    if (!run_workers(ctx, rt))
+      throw Error(err.empty() ? std::string("draft step failed") : err);
+    if (G == 0) return;
+    auto rows_out = [&](uint32_t bi, int64_t width, int b, float* out) {
+      if (!out) return;
+      const plan::BufferDesc& bd = p.buffers[bi];
+      for (int r = 0; r < G; ++r)
+        std::memcpy(out + int64_t(r) * width,
+                    arena.get() + bd.offset + bd.stride * uint64_t(b * G + r), size_t(width) * 4);
+    };
+    const plan::BufferDesc& db = p.buffers[p.draft.drafts];
+    for (int b = 0; b < B; ++b) {
+      const DraftStepSeq& q = seqs[size_t(b)];
+      std::memcpy(q.tokens.data(), arena.get() + db.offset + db.stride * uint64_t(b),
+                  size_t(G) * 4);
+      rows_out(p.draft.hidden, D, b, q.hidden);
+      rows_out(p.draft.base, V, b, q.base_logits);
+      rows_out(p.draft.biased, V, b, q.biased_logits);
     }
   }
 
@@ -710,8 +886,32 @@ void CpuExecutor::edit_instr_for_testing(int batch, uint32_t id,
   rt.reset_counters();
 }
 
+void CpuExecutor::attach_draft(const DraftConfig& c, const DraftWeights& w) {
+  MD_CHECK(c.hidden_size == impl_->model.config().hidden_size &&
+               c.vocab_size == impl_->model.config().vocab_size,
+           "attach_draft: the draft (hidden {}, vocabulary {}) does not fit the target (hidden {}, "
+           "vocabulary {})",
+           c.hidden_size, c.vocab_size, impl_->model.config().hidden_size,
+           impl_->model.config().vocab_size);
+  MD_CHECK(w.layers.size() == size_t(c.num_layers),
+           "attach_draft: {} weight layers for a draft of {} layers", w.layers.size(),
+           c.num_layers);
+  impl_->draft_plans.clear();
+  impl_->draft_cfg = c;
+  impl_->draft_w = &w;
+}
+
+void CpuExecutor::draft_step(std::span<const DraftStepSeq> seqs) {
+  impl_->draft_step(seqs);
+}
+
+const plan::Plan& CpuExecutor::draft_plan(int batch, int ctx_rows, int block_rows) {
+  return impl_->draft_runtime(batch, ctx_rows, block_rows).plan;
+}
+
 void CpuExecutor::drop_plans() {
   impl_->plans.clear();
+  impl_->draft_plans.clear();
 }
 
 }  // namespace md

@@ -360,13 +360,14 @@ size_t scratch_floats(const plan::Plan& p) {
                       c.kv_lora_rank + 64;
   n = std::max<int64_t>(n, mla);
   n = std::max<int64_t>(n, c.mla_cache_width());  // a latent row before it is stored
-  return size_t(n + 64);
+  return std::max(size_t(n + 64), detail::draft_scratch_floats(p));
 }
 
 size_t scratch_ints(const plan::Plan& p) {
   // expert_slot: marks [E], members [2 N k], the distinct list [E].
-  return size_t(2 * p.cfg.num_experts +
-                2 * p.token_rows() * std::max(p.cfg.num_experts_per_token, 1) + 16);
+  return std::max(size_t(2 * p.cfg.num_experts +
+                         2 * p.token_rows() * std::max(p.cfg.num_experts_per_token, 1) + 16),
+                  detail::draft_scratch_ints(p));
 }
 
 namespace {
@@ -436,6 +437,20 @@ void run_instr(const StepCtx& s, const Instr& instr, Scratch& sc) {
       return combine_tile(s, in, a, sc);
     case Op::kSample:
       return sample_tile(s, in, a, sc);
+    case Op::kDraftCtxProj:
+      return draft_ctx_proj_tile(s, in, a);
+    case Op::kDraftCtxNorm:
+      return draft_ctx_norm_tile(s, in, a);
+    case Op::kDraftCtxWrite:
+      return draft_ctx_write_tile(s, in, a, sc);
+    case Op::kDraftProj:
+      return gemv_tile(s, in, a);
+    case Op::kDraftAttn:
+      return draft_attn_tile(s, in, a, sc);
+    case Op::kDraftMarkov:
+      return draft_markov_tile(s, in, a, sc);
+    case Op::kDraftPick:
+      return draft_pick_tile(s, in, a);
     case Op::kCount:
       break;
   }

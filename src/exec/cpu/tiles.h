@@ -13,6 +13,7 @@
 #include "megadecode/kernels/cpu/mla.h"
 #include "megadecode/kernels/cpu/ops.h"
 #include "megadecode/model/config.h"
+#include "megadecode/model/draft_weights.h"
 #include "megadecode/model/weights.h"
 #include "megadecode/plan/plan.h"
 
@@ -40,6 +41,11 @@ struct SeqView {
   float* kda_state0 = nullptr;  // null: no row log this step
   float* conv0 = nullptr;
   float* rowlog = nullptr;
+  // A draft plan's (Plan::draft): the sequence's ring of this layer, [window][kv width] keys and
+  // values, and the slot positions [window] (shared by the layers).
+  float* ring_k = nullptr;
+  float* ring_v = nullptr;
+  int32_t* ring_pos = nullptr;
 };
 
 struct StepCtx {
@@ -67,6 +73,9 @@ struct StepCtx {
   int first_row(int b) const { return row0[b]; }
   int rows_of(int b) const { return row0[b + 1] - row0[b]; }
   int64_t pos_of(int t) const { return pos[seq_of_row[t]] + (t - row0[seq_of_row[t]]); }
+  // A draft plan's context rows: batch * Plan::draft.ctx_rows of them (sequence b's are
+  // [b * ctx_rows, (b + 1) * ctx_rows); the unused ones have position -1).
+  int n_ctx = 0;
 };
 
 // Scratch owned by one worker; sized by scratch_floats() for the plan.
@@ -128,10 +137,22 @@ void mla_core_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scrat
 void mla_merge_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
 void mla_q_up_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
 
+// The draft plan's tiles (tiles_draft.cpp).
+void draft_ctx_proj_tile(const StepCtx& s, const plan::Instr& in, const Args& a);
+void draft_ctx_norm_tile(const StepCtx& s, const plan::Instr& in, const Args& a);
+void draft_ctx_write_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
+void draft_attn_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
+void draft_markov_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
+void draft_pick_tile(const StepCtx& s, const plan::Instr& in, const Args& a);
+// Scratch floats and ints the draft tiles of a draft plan need.
+size_t draft_scratch_floats(const plan::Plan& p);
+size_t draft_scratch_ints(const plan::Plan& p);
+
 }  // namespace detail
 
-// The model memory a weight-table entry names (bind.cpp).
+// The model memory a weight-table entry names (bind.cpp); a draft plan's, in the draft's weights.
 WeightView bind_weight(const ModelWeights& w, const plan::WeightRef& r);
+WeightView bind_draft_weight(const DraftWeights& w, const plan::WeightRef& r);
 
 // Streams a tile's weights towards the core (L2) ahead of the tile: set up when the previous
 // tile is done, advanced a few lines at a time while the worker waits for the tile's inputs, so

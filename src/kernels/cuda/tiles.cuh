@@ -121,6 +121,15 @@ MD_DEV void run_tile_ops(const DevStep& s, plan::Instr in, Pipe& pipe) {
       return combine_tile(s, in, a);
     case Op::kSample:
       return sample_tile(s, in, a);
+    // The draft plan's ops: the CUDA executor does not run draft plans yet (runs_drafts() is
+    // false, so it is never handed one; the draft runs on the host).
+    case Op::kDraftCtxProj:
+    case Op::kDraftCtxNorm:
+    case Op::kDraftCtxWrite:
+    case Op::kDraftProj:
+    case Op::kDraftAttn:
+    case Op::kDraftMarkov:
+    case Op::kDraftPick:
     case Op::kCount:
       break;
   }

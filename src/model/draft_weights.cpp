@@ -1,5 +1,5 @@
 // The DSpark draft's tensors: binding (and the expected specs, from one walk), and make-model's
-// random draft (spec/draft_model.h).
+// random draft (model/draft_weights.h).
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -11,7 +11,7 @@
 #include "megadecode/model/binder.h"
 #include "megadecode/model/presets.h"
 #include "megadecode/model/safetensors.h"
-#include "megadecode/spec/draft_model.h"
+#include "megadecode/model/draft_weights.h"
 
 namespace md {
 

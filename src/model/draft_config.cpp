@@ -1,6 +1,6 @@
 // The DSpark draft's config.json: parsing, validation against a target, and the sizing rule of
 // make-model --draft-for (spec/draft_config.h; docs/speculative.md).
-#include "megadecode/spec/draft_config.h"
+#include "megadecode/model/draft_config.h"
 
 #include <algorithm>
 #include <cmath>
