@@ -16,6 +16,28 @@
 
 namespace md::bench {
 
+namespace {
+
+// Proposes the recorded continuation of the history (the agreeing draft).
+class OracleDrafter : public Drafter {
+ public:
+  explicit OracleDrafter(const std::vector<int32_t>& truth) : truth_(truth) {}
+  std::string_view name() const override { return "oracle"; }
+  void reset() override {}
+  void observe(std::span<const int32_t>, int64_t, std::span<const float>) override {}
+  void propose(std::span<const int32_t> context, std::span<int32_t> out) override {
+    for (size_t i = 0; i < out.size(); ++i) {
+      const size_t at = context.size() + i;
+      out[i] = at < truth_.size() ? truth_[at] : 0;
+    }
+  }
+
+ private:
+  const std::vector<int32_t>& truth_;
+};
+
+}  // namespace
+
 SpeculativeBenchResult run_speculative(
     Model& m, const std::function<std::unique_ptr<Drafter>(Executor*)>& make_drafter,
     const SpeculativeBenchOptions& o) {
@@ -43,7 +65,9 @@ SpeculativeBenchResult run_speculative(
     eo.device = o.device;
     eo.states = m.options().states;
     std::unique_ptr<Executor> ex = make_executor(m, parse_executor_kind(n), 1, eo);
-    const std::unique_ptr<Drafter> drafter_of_ex = make_drafter(ex.get());
+    std::vector<int32_t> truth;  // the oracle's: the prompt and plain greedy decoding's tokens
+    const std::unique_ptr<Drafter> drafter_of_ex =
+        o.oracle ? std::make_unique<OracleDrafter>(truth) : make_drafter(ex.get());
     Drafter& drafter = *drafter_of_ex;
     res.drafter = std::string(drafter.name());
     auto first_token = [&] {
@@ -66,6 +90,20 @@ SpeculativeBenchResult run_speculative(
       }
       return (now_seconds() - t0) / o.steps;
     };
+    if (o.oracle) {
+      SequenceState s = ex->new_sequence();
+      ex->prefill(s, prompt, logits.data());
+      truth = prompt;
+      truth.push_back(first_token());
+      SequenceState* p = &s;
+      const size_t want = prompt.size() + size_t(o.steps) * size_t(o.num_draft_tokens + 1) +
+                          size_t(o.num_draft_tokens) + 1;
+      while (truth.size() < want) {
+        int32_t chosen = -1;
+        ex->step(std::span(&p, 1), std::span(&truth.back(), 1), nullptr, &chosen);
+        truth.push_back(chosen);
+      }
+    }
     for (int f : fixed) {
       SpeculativeOptions so;
       so.num_draft_tokens = o.num_draft_tokens;
@@ -82,6 +120,11 @@ SpeculativeBenchResult run_speculative(
         for (int i = 0; i < o.steps; ++i)
           dec.step(s, history, nullptr, [](int32_t) { return true; });
         const double t = now_seconds() - t0;
+        // The agreeing draft's run must emit plain greedy decoding's tokens (exactness).
+        if (o.oracle && f < 0)
+          MD_CHECK(std::equal(history.begin(), history.end(), truth.begin()),
+                   "bench: speculative decoding with the agreeing draft emitted other tokens "
+                   "than plain greedy decoding");
         *st = dec.stats();
         return t;
       };

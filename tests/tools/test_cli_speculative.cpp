@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -123,6 +124,20 @@ TEST_F(CliSpeculative, BenchReportsStepsAgainstPlainDecode) {
   EXPECT_THAT(r.out, HasSubstr("4.00"));
   expect_one_line_error(test::run_cli("bench --model " + model() + " --num-draft-tokens 3"),
                         "need --speculative");
+  // The agreeing draft: every draft accepted by the model's own rule (K = 5: 6 tokens a step),
+  // the emitted tokens checked against plain greedy decoding inside the bench.
+  test::TempDir out("cli_oracle");
+  const std::string json = out.path() + "/oracle.json";
+  r = test::run_cli("bench --model " + model() +
+                    " --speculative oracle --num-draft-tokens 5 --steps 3 --reps 1 --executor "
+                    "opbyop --json " + json);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("== speculative: oracle drafter, K = 5"));
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  const nlohmann::json& cell = j.at("speculative").at("results").at(0);
+  EXPECT_EQ(cell.at("accepted_per_step").get<double>(), 5.0);
+  EXPECT_EQ(cell.at("tokens_per_step").get<double>(), 6.0);
 }
 
 }  // namespace

@@ -168,9 +168,11 @@ void register_bench(CLI::App& app) {
   c->add_option("--mixed-chunk", o->mixed_chunk, "mixed: prefill rows beside the decode rows")
       ->check(CLI::Range(1, 64));
   c->add_option("--speculative", o->speculative,
-                "speculative decoding bench (instead of decode, unless --what is given): ngram or "
-                "a DSpark draft checkpoint directory; greedy speculative steps of one sequence "
-                "against plain batch-1 decode steps of the same executors, interleaved");
+                "speculative decoding bench (instead of decode, unless --what is given): ngram, "
+                "a DSpark draft checkpoint directory, or oracle (the agreeing draft: plain "
+                "greedy decoding's own continuation, recorded first); greedy speculative steps "
+                "of one sequence against plain batch-1 decode steps of the same executors, "
+                "interleaved");
   c->add_option("--num-draft-tokens", o->num_draft_tokens,
                 "speculative: tokens drafted a step, 1..15 (default: 7 with a draft model, 4 "
                 "with ngram)")
@@ -192,8 +194,9 @@ void register_bench(CLI::App& app) {
     MD_CHECK(speculative || (o->num_draft_tokens == 0 && o->fixed_lengths.empty()),
              "bench: --num-draft-tokens and --fixed-acceptance-length need --speculative");
     if (speculative) {
-      MD_CHECK(o->speculative == "ngram" || std::filesystem::is_directory(o->speculative),
-               "--speculative '{}': expected ngram or a draft checkpoint directory",
+      MD_CHECK(o->speculative == "ngram" || o->speculative == "oracle" ||
+                   std::filesystem::is_directory(o->speculative),
+               "--speculative '{}': expected ngram, oracle or a draft checkpoint directory",
                o->speculative);
       if (what_opt->count() == 0) o->what.clear();
     }
@@ -459,7 +462,8 @@ void register_bench(CLI::App& app) {
     }
     if (speculative) {
       SpeculativeFlags sf;
-      sf.speculative = o->speculative;
+      const bool oracle = o->speculative == "oracle";
+      sf.speculative = oracle ? std::string("ngram") : o->speculative;
       sf.num_draft_tokens = K;
       sf.ngram_max = o->ngram_max;
       sf.draft_on = o->draft_on;
@@ -467,6 +471,7 @@ void register_bench(CLI::App& app) {
       bench::SpeculativeBenchOptions x;
       x.num_draft_tokens = K;
       x.fixed_lengths = fixed_lengths;
+      x.oracle = oracle;
       x.steps = o->steps;
       x.reps = o->reps;
       x.context = o->context;

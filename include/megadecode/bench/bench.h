@@ -156,6 +156,11 @@ struct SpeculativeBenchOptions {
   std::vector<std::string> executors{"megakernel"};
   DeviceKind device = DeviceKind::kCpu;
   Progress progress;
+  // The agreeing draft (`--speculative oracle`, bench only): proposes plain greedy decoding's own
+  // continuation, recorded first, so every draft is accepted by the model's own acceptance
+  // rule (not forced) and the emitted tokens are checked against the recording. make_drafter
+  // is not used.
+  bool oracle = false;
 };
 
 struct SpeculativeCell {
