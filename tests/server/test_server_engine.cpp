@@ -84,7 +84,11 @@ TEST(ServerEngine, LongPromptIsInterleavedChunkByChunk) {
   o.prefill_chunk = 8;
   o.max_model_len = 1024;
   EngineLoop loop(*m.ex, *m.tok, o);
-  auto a = loop.submit(greedy_request(m.tok->encode("hello", true), 100));
+  // a decodes long enough (~0.1 s on tiny) that it is still decoding when b arrives even if this
+  // thread is descheduled for a while (a loaded CI machine): with 100 tokens a could finish
+  // first, and b's chunks then ran as steps of their own.
+  const int kA = 1000;
+  auto a = loop.submit(greedy_request(m.tok->encode("hello", true), kA));
   ChoiceEvent e;
   int a_tokens = 0;
   while (a_tokens < 2)
@@ -97,10 +101,10 @@ TEST(ServerEngine, LongPromptIsInterleavedChunkByChunk) {
   const int64_t tokens_when_b_done = loop.counters().generation_tokens.load() - 1;
   const Outcome ao = collect(*a);
   EXPECT_EQ(bo.tokens.size(), 1u);
-  EXPECT_EQ(int(ao.tokens.size()) + a_tokens, 100);
+  EXPECT_EQ(int(ao.tokens.size()) + a_tokens, kA);
   EXPECT_GE(tokens_when_b_done, 2 + 200 / 8 - 1) << "the prompt went in fewer steps than chunks";
   // Every step but a's own prefill decoded a: b's chunks added no step of their own.
-  EXPECT_LE(loop.counters().steps.load(), 1 + 100);
+  EXPECT_LE(loop.counters().steps.load(), 1 + kA);
 }
 
 // While anything decodes, a step's prompt rows are at most one chunk, whichever prompts they
