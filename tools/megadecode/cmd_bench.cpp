@@ -150,7 +150,9 @@ void register_bench(CLI::App& app) {
                 "verify (a --verify-rows step of one sequence vs a decode step), mixed (each "
                 "--batch of decode rows beside a --mixed-chunk prefill chunk in one step vs two "
                 "steps)");
-  c->add_option("--batch", o->batches, "decode: comma-separated batch sizes, e.g. 1,2,4,8");
+  CLI::Option* batch_opt = c->add_option(
+      "--batch", o->batches,
+      "decode (and speculative): comma-separated batch sizes, e.g. 1,2,4,8");
   c->add_option("--executor", o->executors,
                 "comma-separated executors: megakernel, opbyop, reference");
   c->add_option("--workers", o->workers, "executor workers (0: one per CPU)")
@@ -187,7 +189,7 @@ void register_bench(CLI::App& app) {
       ->check(CLI::Range(1, 16));
   c->add_option("--json", o->json, "also write the results as JSON to this file");
   c->add_option("--plot", o->plot, "also write an SVG plot of decode tokens/s vs batch size");
-  c->callback([o, what_opt] {
+  c->callback([o, what_opt, batch_opt] {
     MD_CHECK(o->f.model.empty() != o->preset.empty(),
              "bench: give exactly one of --model or --preset");
     const bool speculative = !o->speculative.empty();
@@ -472,6 +474,7 @@ void register_bench(CLI::App& app) {
       x.num_draft_tokens = K;
       x.fixed_lengths = fixed_lengths;
       x.oracle = oracle;
+      if (batch_opt->count() > 0) x.batches = batches;
       x.steps = o->steps;
       x.reps = o->reps;
       x.context = o->context;
@@ -483,24 +486,27 @@ void register_bench(CLI::App& app) {
           m, [&](Executor* ex) { return ld.make(ex); }, x);
       progress.done();
       std::printf(
-          "\n== speculative: %s drafter%s, K = %d drafts (verify steps of %d rows), greedy, one "
-          "sequence from position %d; %d steps x %d reps (medians); plain = batch-1 decode "
-          "steps of the same executor in the same reps; read bandwidth median %.1f GB/s\n\n",
+          "\n== speculative: %s drafter%s, K = %d drafts (verify steps of %d rows a sequence), "
+          "greedy, sequences from position %d (times per batched step, tok/s summed); %d steps "
+          "x %d reps (medians); plain = decode steps of the same executor at the same batch in "
+          "the same reps; read bandwidth median %.1f GB/s\n\n",
           r.drafter.c_str(),
           ld.model ? (o->draft_on == "host" ? " on the host" : " on the executor") : "",
           r.num_draft_tokens, r.num_draft_tokens + 1, o->context, o->steps,
           o->reps, r.bandwidth_gbps);
-      std::printf("%-11s %6s %9s %9s %9s %9s %9s %10s %9s %10s %8s\n", "executor", "fixed",
+      std::printf("%-11s %5s %6s %9s %9s %9s %9s %9s %10s %9s %10s %8s\n", "executor", "batch",
+                  "fixed",
                   "ms/step", "draft ms", "verify ms", "acc/step", "tok/step", "tok/s",
                   "plain ms", "plain tok/s", "speedup");
       nlohmann::json cells = nlohmann::json::array();
       for (const bench::SpeculativeCell& cl : r.cells) {
-        std::printf("%-11s %6s %9.3f %9.3f %9.3f %9.2f %9.2f %10.1f %9.3f %10.1f %7.2fx\n",
-                    cl.executor.c_str(), cl.fixed < 0 ? "-" : std::to_string(cl.fixed).c_str(),
+        std::printf("%-11s %5d %6s %9.3f %9.3f %9.3f %9.2f %9.2f %10.1f %9.3f %10.1f %7.2fx\n",
+                    cl.executor.c_str(), cl.batch, cl.fixed < 0 ? "-" : std::to_string(cl.fixed).c_str(),
                     cl.step_ms, cl.draft_ms, cl.verify_ms, cl.accepted_per_step,
                     cl.tokens_per_step, cl.tokens_per_s, cl.plain_ms, cl.plain_tokens_per_s,
                     cl.speedup);
         cells.push_back({{"executor", cl.executor},
+                         {"batch", cl.batch},
                          {"fixed_acceptance_length", cl.fixed},
                          {"ms_per_step", cl.step_ms},
                          {"draft_ms_per_step", cl.draft_ms},

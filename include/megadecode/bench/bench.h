@@ -161,10 +161,14 @@ struct SpeculativeBenchOptions {
   // rule (not forced) and the emitted tokens are checked against the recording. make_drafter
   // is not used.
   bool oracle = false;
+  // Sequences speculated together (step_batch: one verify of K + 1 rows each, drafters on one
+  // executor propose in one draft step), each against plain decode at the same batch; empty: {1}.
+  std::vector<int> batches;
 };
 
 struct SpeculativeCell {
   std::string executor;
+  int batch = 1;  // sequences a step (the times are per batched step, tokens/s summed)
   int fixed = -1;                // the fixed acceptance length, -1: the model's
   double step_ms = 0;            // one speculative step: draft + verify + accept + commit (median)
   double draft_ms = 0, verify_ms = 0;  // of which drafting (and context update), verify step
