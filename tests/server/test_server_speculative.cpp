@@ -166,7 +166,7 @@ TEST(ServerEngine, SpeculativeStepsStopShortOfTheModelLength) {
 // A random DSpark draft (its aux rows come from every step, prompt chunks and plain decode rows
 // included): the same tokens as plain serving, sampled requests included (their seeds give
 // plain serving's draws only without speculation, so those are checked for running to their
-// length without errors).
+// length without errors); the draft on the host and as draft plans on the executor.
 TEST(ServerEngine, SpeculativeDSparkDraftStreamsEqualPlainServing) {
   test::ServedModel m(8);
   test::TempDir dir("serve_draft");
@@ -181,14 +181,22 @@ TEST(ServerEngine, SpeculativeDSparkDraftStreamsEqualPlainServing) {
     EngineLoop loop(*m.ex, *m.tok, engine_options());
     plain = serve_all(loop, reqs);
   }
+  // The draft on the host, then as draft plans on the engine's executor (batched across slots).
+  for (Executor* on : {static_cast<Executor*>(nullptr), static_cast<Executor*>(m.ex.get())}) {
+    SCOPED_TRACE(on ? "draft on the executor" : "draft on the host");
+    EngineOptions o = engine_options();
+    o.speculative.num_draft_tokens = 3;
+    o.make_drafter = [&draft, on] { return std::make_unique<DSparkDrafter>(draft, on); };
+    EngineLoop loop(*m.ex, *m.tok, o);
+    const std::vector<Outcome> spec = serve_all(loop, reqs);
+    ASSERT_EQ(spec.size(), plain.size());
+    for (size_t i = 0; i < spec.size(); ++i) EXPECT_EQ(spec[i].tokens, plain[i].tokens) << i;
+    EXPECT_GT(loop.counters().spec_drafts.load(), 0);
+  }
   EngineOptions o = engine_options();
   o.speculative.num_draft_tokens = 3;
-  o.make_drafter = [&draft] { return std::make_unique<DSparkDrafter>(draft); };
+  o.make_drafter = [&draft, &m] { return std::make_unique<DSparkDrafter>(draft, &*m.ex); };
   EngineLoop loop(*m.ex, *m.tok, o);
-  const std::vector<Outcome> spec = serve_all(loop, reqs);
-  ASSERT_EQ(spec.size(), plain.size());
-  for (size_t i = 0; i < spec.size(); ++i) EXPECT_EQ(spec[i].tokens, plain[i].tokens) << i;
-  EXPECT_GT(loop.counters().spec_drafts.load(), 0);
   EngineRequest sampled = greedy_request(prompts(*m.tok)[0], 25);
   sampled.choices[0].sampling.temperature = 0.8f;
   sampled.choices[0].sampling.top_p = 0.9f;

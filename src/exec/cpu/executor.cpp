@@ -896,6 +896,9 @@ void CpuExecutor::attach_draft(const DraftConfig& c, const DraftWeights& w) {
   MD_CHECK(w.layers.size() == size_t(c.num_layers),
            "attach_draft: {} weight layers for a draft of {} layers", w.layers.size(),
            c.num_layers);
+  // Every drafter on this executor attaches its model (serve: one per slot): the same one again
+  // keeps the compiled plans.
+  if (impl_->draft_w == &w) return;
   impl_->draft_plans.clear();
   impl_->draft_cfg = c;
   impl_->draft_w = &w;

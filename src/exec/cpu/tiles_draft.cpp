@@ -188,9 +188,12 @@ size_t draft_scratch_floats(const plan::Plan& p) {
   if (!p.draft.on) return 0;
   const DraftConfig& c = p.draft.cfg;
   const int64_t G = p.rows, B = p.batch;
-  int64_t n = c.kv_width() + 16;                                              // ctx write
-  n = std::max<int64_t>(n, G * (c.q_width() + c.kv_width() + 16));            // attention
-  n = std::max<int64_t>(n, B * c.markov_rank + B * c.vocab_size);             // Markov (a block)
+  int64_t block = 0;  // the largest Markov tile's vocabulary rows
+  for (const plan::Instr& in : p.instrs)
+    if (in.op == plan::Op::kDraftMarkov) block = std::max<int64_t>(block, in.r1 - in.r0);
+  int64_t n = c.kv_width() + 16;                                    // ctx write
+  n = std::max<int64_t>(n, G * (c.q_width() + c.kv_width() + 16));  // attention
+  n = std::max<int64_t>(n, B * (c.markov_rank + block));            // Markov: w1 rows, bias
   return size_t(n + 64);
 }
 
