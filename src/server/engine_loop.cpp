@@ -338,46 +338,24 @@ void EngineLoop::step() {
   for (auto& s : slots_)
     room = room && int64_t(s->history.size()) + opt_.speculative.num_draft_tokens <=
                        opt_.max_model_len;
-  if (spec_ && !prefilling && room) return speculative_step();
-  struct Part {
-    Slot* slot;
-    int rows;         // tokens fed
-    int logit_rows;   // logit rows it returns
-    int first_logit;  // its first logit row in the step's output
-    bool samples;     // its last logit row samples the next token
-    int64_t pos;      // the sequence's position before the step
-  };
+  // Speculation goes on while prompts are fed: their chunks ride in the verify step, at most
+  // kMaxChainedRows (and the row log's) rows a step, since that step keeps every row for a
+  // commit; with nothing decoding, prompts feed whole chunks in plain steps.
+  if (spec_ && decoding && room) return speculative_step(prefilling);
   std::vector<Part> parts;
   std::vector<StepSeq> seqs;
   std::vector<SampleRow> rows;
-  int prefill_budget = opt_.prefill_chunk;  // prompt rows left for this step while decoding
   int logit_rows = 0;
   for (auto& sp : slots_) {
     Slot& s = *sp;
-    if (!s.prefilling()) {
-      parts.push_back({&s, 1, 1, logit_rows, true, s.seq.pos});
-      seqs.push_back({&s.seq, std::span<const int32_t>(&s.next, 1), LogitRows::kLast});
-      rows.push_back(s.sampler->prepare(s.history));
-      logit_rows += 1;
-      continue;
-    }
-    if (decoding && prefill_budget == 0) continue;
-    const size_t left = s.spec.prompt.size() - s.fed;
-    const int n = int(std::min<size_t>(
-        left, size_t(decoding ? prefill_budget : opt_.prefill_chunk)));
-    if (decoding) prefill_budget -= n;
-    const bool last = size_t(n) == left;
-    const bool samples = last && s.spec.sampling.max_tokens > 0;
-    const LogitRows lr = s.prompt_logprobs ? LogitRows::kAll
-                         : last            ? LogitRows::kLast
-                                           : LogitRows::kNone;
-    const int nl = lr == LogitRows::kAll ? n : lr == LogitRows::kLast ? 1 : 0;
-    parts.push_back({&s, n, nl, logit_rows, samples, s.seq.pos});
-    seqs.push_back({&s.seq, std::span<const int32_t>(s.spec.prompt.data() + s.fed, size_t(n)), lr});
-    for (int i = 0; i < nl; ++i)
-      rows.push_back(samples && i == nl - 1 ? s.sampler->prepare(s.history) : SampleRow{});
-    logit_rows += nl;
+    if (s.prefilling()) continue;
+    parts.push_back({&s, 1, 1, logit_rows, true, s.seq.pos});
+    seqs.push_back({&s.seq, std::span<const int32_t>(&s.next, 1), LogitRows::kLast});
+    rows.push_back(s.sampler->prepare(s.history));
+    logit_rows += 1;
   }
+  add_prompt_parts(decoding ? opt_.prefill_chunk : 0, opt_.prefill_chunk, parts, seqs, rows,
+                   logit_rows);
 
   // The logits come back only when a request asks for logprobs; otherwise the step returns just
   // the tokens it drew (a CUDA executor's logits then stay on the device). The buffer is kept
@@ -437,10 +415,47 @@ void EngineLoop::step() {
   }
 
   const double t = now();
-  for (const Part& p : parts) {
+  for (const Part& p : parts) after_part(p, logits.data(), next_ids.data(), t);
+  std::erase_if(slots_, [](const auto& s) { return s->done; });
+}
+
+// The prompt parts of a step: chunks of the earliest admitted prompts. budget > 0 (something
+// decodes): at most `budget` prompt rows in all, from one or several prompts; budget 0: every
+// waiting prompt feeds up to `chunk` rows.
+void EngineLoop::add_prompt_parts(int budget, int chunk, std::vector<Part>& parts,
+                                  std::vector<StepSeq>& seqs, std::vector<SampleRow>& rows,
+                                  int& logit_rows) {
+  const bool capped = budget > 0;
+  for (auto& sp : slots_) {
+    Slot& s = *sp;
+    if (!s.prefilling()) continue;
+    if (capped && budget == 0) break;
+    const size_t left = s.spec.prompt.size() - s.fed;
+    const int n = int(std::min<size_t>(left, size_t(capped ? std::min(budget, chunk) : chunk)));
+    if (capped) budget -= n;
+    const bool last = size_t(n) == left;
+    const bool samples = last && s.spec.sampling.max_tokens > 0;
+    const LogitRows lr = s.prompt_logprobs ? LogitRows::kAll
+                         : last            ? LogitRows::kLast
+                                           : LogitRows::kNone;
+    const int nl = lr == LogitRows::kAll ? n : lr == LogitRows::kLast ? 1 : 0;
+    parts.push_back({&s, n, nl, logit_rows, samples, s.seq.pos});
+    seqs.push_back({&s.seq, std::span<const int32_t>(s.spec.prompt.data() + s.fed, size_t(n)), lr});
+    for (int i = 0; i < nl; ++i)
+      rows.push_back(samples && i == nl - 1 ? s.sampler->prepare(s.history) : SampleRow{});
+    logit_rows += nl;
+  }
+}
+
+// After a step: a part's prompt bookkeeping (rows fed, prompt logprobs, the end of its prompt)
+// and the token its last logit row drew (next_ids / logits indexed by the part's logit rows).
+void EngineLoop::after_part(const Part& p, const float* logits, const int32_t* next_ids,
+                            double t) {
+  const size_t V = size_t(ex_.model().config().vocab_size);
+  {
     Slot& s = *p.slot;
     auto row = [&](int i) {
-      return std::span<const float>(logits.data() + size_t(p.first_logit + i) * V, V);
+      return std::span<const float>(logits + size_t(p.first_logit + i) * V, V);
     };
     if (s.prefilling()) {
       if (s.prompt_logprobs)
@@ -452,10 +467,10 @@ void EngineLoop::step() {
         }
       s.fed += size_t(p.rows);
       counters_.prompt_tokens.fetch_add(p.rows);
-      if (s.prefilling()) continue;
+      if (s.prefilling()) return;
       if (!p.samples) {  // max_tokens 0: the prompt (and its logprobs) only
         finish(s, "length", {});
-        continue;
+        return;
       }
     }
     int32_t id = next_ids[size_t(p.first_logit + p.logit_rows - 1)];
@@ -469,23 +484,27 @@ void EngineLoop::step() {
                    t, gap, e))
       send_tokens(s, std::move(e), first);
   }
-  std::erase_if(slots_, [](const auto& s) { return s->done; });
 }
 
-// Every running slot decodes (no prompt rows wait): each verifies its anchor and K drafts in one
-// plan step (SpeculativeDecoder::step_batch), and the tokens it emits go through take_token one
-// by one, so a stop id, stop string or limit ends the slot exactly where plain decoding would
-// (the sequence is committed to match). The step's gap since the slot's last tokens is shared by
-// the tokens it emitted, for the inter-token latency histogram.
-void EngineLoop::speculative_step() {
-  const size_t B = slots_.size();
+// Every decoding slot verifies its anchor and K drafts in one plan step
+// (SpeculativeDecoder::step_batch), and the tokens it emits go through take_token one by one, so
+// a stop id, stop string or limit ends the slot exactly where plain decoding would (the sequence
+// is committed to match). The step's gap since the slot's last tokens is shared by the tokens it
+// emitted, for the inter-token latency histogram. Waiting prompts feed a chunk in the same step
+// (SpecExtra), capped at kMaxChainedRows and the row log's rows (the step keeps every row for a
+// commit), so running streams keep speculating while a prompt goes in.
+void EngineLoop::speculative_step(bool prefilling) {
+  std::vector<Slot*> dec;
+  for (auto& sp : slots_)
+    if (!sp->prefilling()) dec.push_back(sp.get());
+  const size_t B = dec.size();
   std::vector<SpecSeq> batch(B);
   std::vector<ChoiceEvent> events(B);
   std::vector<int> emitted(B, 0);
   std::vector<char> running(B, 1);
   double t = 0;
   for (size_t b = 0; b < B; ++b) {
-    Slot& s = *slots_[b];
+    Slot& s = *dec[b];
     SpecSeq& q = batch[b];
     q.seq = &s.seq;
     q.history = &s.history;
@@ -494,22 +513,56 @@ void EngineLoop::speculative_step() {
     q.logits = s.top_logprobs >= 0;
     q.emit = [&, b](int32_t id, std::span<const float> row) {
       if (emitted[b]++ == 0) t = now();
-      running[b] = take_token(*slots_[b], id, row, t, -1, events[b], true);
+      running[b] = take_token(*dec[b], id, row, t, -1, events[b], true);
       return bool(running[b]);
     };
   }
+  // The prompt rows riding along, their tokens, logits (for logprobs) and aux rows.
+  std::vector<Part> parts;
+  std::vector<StepSeq> pseqs;
+  std::vector<SampleRow> prows;
+  int plogits = 0;
+  if (prefilling) {
+    const int cap = std::min({opt_.prefill_chunk, plan::kMaxChainedRows,
+                              ex_.states().options().commit_rows});
+    add_prompt_parts(cap, cap, parts, pseqs, prows, plogits);
+  }
+  const size_t V = size_t(ex_.model().config().vocab_size);
+  bool want_logits = false;
+  int prompt_rows = 0;
+  for (const Part& p : parts) {
+    want_logits = want_logits || p.slot->top_logprobs >= 0 || p.slot->prompt_logprobs;
+    prompt_rows += p.rows;
+  }
+  std::vector<int32_t> pnext(size_t(std::max(plogits, 1)), -1);
+  if (want_logits && logits_.size() < size_t(plogits) * V) logits_.resize(size_t(plogits) * V);
+  const size_t aux_width = aux_layers_.size() * size_t(ex_.model().config().hidden_size);
+  aux_.assign(size_t(prompt_rows) * aux_width, 0.0f);
+  SpecExtra extra;
+  extra.seqs = pseqs;
+  extra.sampling = prows;
+  extra.next_ids = pnext.data();
+  extra.logits = want_logits ? logits_.data() : nullptr;
+  extra.aux = aux_;
+
   const SpeculativeStats before = spec_->stats();
   const double t_step = now();
   try {
-    spec_->step_batch(batch);
+    spec_->step_batch(batch, extra);
   } catch (const std::exception& e) {
     // Bad state (a budget, the watchdog): the sequences of this step cannot go on.
     for (size_t b = 0; b < B; ++b) {
-      if (slots_[b]->done) continue;
+      if (dec[b]->done) continue;
       ChoiceEvent ev = std::move(events[b]);
       ev.error = fmt::format("the engine failed: {}", e.what());
-      ev.choice = slots_[b]->choice;
-      retire(*slots_[b], std::move(ev));
+      ev.choice = dec[b]->choice;
+      retire(*dec[b], std::move(ev));
+    }
+    for (Part& p : parts) {
+      ChoiceEvent ev;
+      ev.error = fmt::format("the engine failed: {}", e.what());
+      ev.choice = p.slot->choice;
+      retire(*p.slot, std::move(ev));
     }
     std::lock_guard<std::mutex> lk(mu_);
     failure_ = e.what();
@@ -524,10 +577,11 @@ void EngineLoop::speculative_step() {
   counters_.spec_accepted_tokens.fetch_add(after.accepted - before.accepted);
   for (size_t k = 0; k < after.accepted_at.size(); ++k)
     counters_.spec_accepted_at[k].fetch_add(after.accepted_at[k] - before.accepted_at[k]);
-  if (obs_.step) obs_.step(t_end - t_step, int(B) * (spec_->options().num_draft_tokens + 1));
+  if (obs_.step)
+    obs_.step(t_end - t_step, int(B) * (spec_->options().num_draft_tokens + 1) + prompt_rows);
   if (obs_.decode_batch) obs_.decode_batch(int(B));
   for (size_t b = 0; b < B; ++b) {
-    Slot& s = *slots_[b];
+    Slot& s = *dec[b];
     if (emitted[b] > 0 && obs_.inter_token_latency) {
       const double gap = (t - s.t_last) / emitted[b];
       // The first token's latency was not observed by take_token (gap -1), nor the others'.
@@ -536,6 +590,19 @@ void EngineLoop::speculative_step() {
     s.t_last = t;
     if (running[b] && !s.done) send_tokens(s, std::move(events[b]), false);
   }
+  // The prompt parts: their drafters observe the rows, then the prompt bookkeeping (and the
+  // first token where a prompt ended).
+  size_t at = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const size_t n = size_t(parts[i].rows);
+    parts[i].slot->drafter->observe(
+        pseqs[i].tokens, parts[i].pos,
+        aux_width > 0 ? std::span<const float>(aux_).subspan(at * aux_width, n * aux_width)
+                      : std::span<const float>());
+    at += n;
+  }
+  const double tp = now();
+  for (const Part& p : parts) after_part(p, logits_.data(), pnext.data(), tp);
   std::erase_if(slots_, [](const auto& s) { return s->done; });
 }
 

@@ -90,7 +90,7 @@ bool decided_in_step(const Sampler* sampler) {
 }
 }  // namespace
 
-void SpeculativeDecoder::step_batch(std::span<SpecSeq> seqs) {
+void SpeculativeDecoder::step_batch(std::span<SpecSeq> seqs, const SpecExtra& extra) {
   const int K = o_.num_draft_tokens;
   const size_t R = size_t(K) + 1;
   const int64_t V = ex_.model().config().vocab_size;
@@ -149,17 +149,51 @@ void SpeculativeDecoder::step_batch(std::span<SpecSeq> seqs) {
                       LogitRows::kAll});
     pos0_.push_back(seqs[b].seq->pos);
   }
+  // The extra sequences' rows follow the verifies' (rows, logit rows and aux rows alike).
+  size_t extra_rows = 0;
+  for (const StepSeq& q : extra.seqs) {
+    MD_CHECK(q.tokens.size() <= size_t(plan::kMaxChainedRows),
+             "speculative step: an extra sequence feeds {} rows (at most {} beside verifies)",
+             q.tokens.size(), plan::kMaxChainedRows);
+    steps_.push_back(q);
+    extra_rows += q.tokens.size();
+  }
+  const size_t extra_logits = size_t(logit_row_count(extra.seqs));
+  MD_CHECK(extra.sampling.empty() || extra.sampling.size() == extra_logits,
+           "speculative step: {} sampling rows for {} extra logit rows", extra.sampling.size(),
+           extra_logits);
+  MD_CHECK(extra_logits == 0 || extra.next_ids,
+           "speculative step: the extra sequences' tokens need next_ids");
+  MD_CHECK(aux_width_ == 0 || extra_rows == 0 || extra.aux.size() == extra_rows * size_t(aux_width_),
+           "speculative step: {} aux values for {} extra rows", extra.aux.size(), extra_rows);
+  host_rows = host_rows || extra.logits;
   StepOptions so;
   so.keep_for_commit = true;
   if (aux_width_ > 0) {
-    aux_.assign(B * R * size_t(aux_width_), 0.0f);
+    aux_.assign((B * R + extra_rows) * size_t(aux_width_), 0.0f);
     so.aux = AuxCapture{aux_layers_, aux_.data()};
   }
   // The in-step choices (greedy) always come back; the logits only when a sequence needs them.
-  choices_.assign(B * R, -1);
-  if (host_rows) logits_.resize(B * R * size_t(V));
-  ex_.step(steps_, host_rows ? logits_.data() : nullptr, choices_.data(), {}, so);
+  // The verify rows draw greedily (SampleRow{}); the extra rows as asked.
+  const size_t N = B * R + extra_logits;
+  choices_.assign(N, -1);
+  if (host_rows) logits_.resize(N * size_t(V));
+  std::vector<SampleRow> sampling;
+  if (!extra.sampling.empty()) {
+    sampling.assign(B * R, SampleRow{});
+    sampling.insert(sampling.end(), extra.sampling.begin(), extra.sampling.end());
+  }
+  ex_.step(steps_, host_rows ? logits_.data() : nullptr, choices_.data(), sampling, so);
   const double t2 = now_seconds();
+  if (extra_logits > 0) {
+    std::copy(choices_.begin() + std::ptrdiff_t(B * R), choices_.end(), extra.next_ids);
+    if (extra.logits)
+      std::copy(logits_.begin() + std::ptrdiff_t(B * R * size_t(V)),
+                logits_.begin() + std::ptrdiff_t(N * size_t(V)), extra.logits);
+  }
+  if (aux_width_ > 0 && extra_rows > 0)
+    std::copy(aux_.begin() + std::ptrdiff_t(B * R * size_t(aux_width_)), aux_.end(),
+              extra.aux.begin());
 
   double accept_s = 0, commit_s = 0, observe_s = 0;
   for (size_t b = 0; b < B; ++b) {

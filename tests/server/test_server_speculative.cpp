@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <thread>
+#include <utility>
 
 #include "megadecode/base/threads.h"
 #include "megadecode/server/metrics.h"
@@ -205,6 +206,106 @@ TEST(ServerEngine, SpeculativeDSparkDraftStreamsEqualPlainServing) {
   EXPECT_EQ(s.finish, "length");
   EXPECT_EQ(s.completion_tokens, 25);
   EXPECT_EQ(s.tokens.size(), 25u);
+}
+
+// Tokens, logprobs and prompt logprobs of one stream.
+struct Scored {
+  std::vector<int32_t> tokens;
+  std::vector<server::TokenLogprob> logprobs, prompt_logprobs;
+};
+Scored collect_scored(server::RequestStream& s) {
+  Scored o;
+  server::ChoiceEvent e;
+  while (!s.finished())
+    if (s.next(e, 5.0)) {
+      EXPECT_TRUE(e.error.empty()) << e.error;
+      o.tokens.insert(o.tokens.end(), e.tokens.begin(), e.tokens.end());
+      o.logprobs.insert(o.logprobs.end(), e.logprobs.begin(), e.logprobs.end());
+      o.prompt_logprobs.insert(o.prompt_logprobs.end(), e.prompt_logprobs.begin(),
+                               e.prompt_logprobs.end());
+    }
+  return o;
+}
+void expect_same_logprobs(const std::vector<server::TokenLogprob>& a,
+                          const std::vector<server::TokenLogprob>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].id, b[i].id) << what << " " << i;
+    EXPECT_EQ(a[i].logprob, b[i].logprob) << what << " " << i;
+  }
+}
+
+// A long prompt that arrives while another request decodes goes in chunk by chunk inside the
+// speculative verify steps (at most 16 rows and --prefill-chunk a step): both streams are plain
+// serving's (tokens, logprobs, the long prompt's prompt logprobs, bit for bit), for n-gram
+// drafting and for a DSpark draft on the executor (the prompt's rows enter its ring from those
+// steps), and the prompt rows did ride in verify steps.
+TEST(ServerEngine, SpeculationGoesOnWhileAPromptIsFed) {
+  test::ServedModel m(2);
+  test::TempDir dir("serve_mixed_draft");
+  {
+    ThreadPool pool(1, false);
+    make_random_draft(draft_config_for_target(m.model->config()), dir.path(), 9, pool);
+  }
+  DraftModel draft(dir.path(), m.model->config(), m.model->options());
+  EngineRequest a = greedy_request(prompts(*m.tok)[0], 900);  // long: still decoding when b comes
+  a.top_logprobs = 2;
+  std::vector<int32_t> long_prompt(120);
+  for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = int32_t(3 + (i * 7) % 61);
+  EngineRequest b = greedy_request(long_prompt, 12);
+  b.prompt_logprobs = true;
+  b.top_logprobs = 1;
+  auto serve = [&](EngineOptions o, int* mixed_steps) {
+    const int K = o.speculative.num_draft_tokens;
+    server::EngineObserver obs;
+    // Engine thread only: a verify step of one sequence feeds K + 1 rows, more with prompt rows.
+    obs.step = [mixed_steps, K](double, int rows) {
+      if (mixed_steps && rows > K + 1) ++*mixed_steps;
+    };
+    o.max_batch = 2;
+    o.prefill_chunk = 8;
+    o.max_model_len = 1024;
+    EngineLoop loop(*m.ex, *m.tok, o, obs);
+    auto sa = loop.submit(a);
+    server::ChoiceEvent e;
+    int got = 0;
+    std::vector<server::ChoiceEvent> early;
+    while (got < 2)
+      if (sa->next(e, 5.0)) {
+        got += int(e.tokens.size());
+        early.push_back(e);
+      }
+    auto sb = loop.submit(b);
+    const Scored rb = collect_scored(*sb);
+    Scored ra = collect_scored(*sa);
+    for (auto it = early.rbegin(); it != early.rend(); ++it) {
+      ra.tokens.insert(ra.tokens.begin(), it->tokens.begin(), it->tokens.end());
+      ra.logprobs.insert(ra.logprobs.begin(), it->logprobs.begin(), it->logprobs.end());
+    }
+    return std::pair{ra, rb};
+  };
+  const auto plain = serve(engine_options(), nullptr);
+  ASSERT_EQ(plain.first.tokens.size(), 900u);
+  ASSERT_EQ(plain.second.prompt_logprobs.size(), 119u);
+  for (bool dspark : {false, true}) {
+    SCOPED_TRACE(dspark ? "DSpark draft on the executor" : "n-gram");
+    EngineOptions o = engine_options();
+    o.speculative.num_draft_tokens = 3;
+    if (dspark)
+      o.make_drafter = [&] { return std::make_unique<DSparkDrafter>(draft, m.ex.get()); };
+    else
+      o.make_drafter = [] { return std::make_unique<NgramDrafter>(); };
+    int mixed = 0;
+    const auto spec = serve(o, &mixed);
+    EXPECT_EQ(spec.first.tokens, plain.first.tokens);
+    EXPECT_EQ(spec.second.tokens, plain.second.tokens);
+    expect_same_logprobs(spec.first.logprobs, plain.first.logprobs, "a's logprobs");
+    expect_same_logprobs(spec.second.logprobs, plain.second.logprobs, "b's logprobs");
+    expect_same_logprobs(spec.second.prompt_logprobs, plain.second.prompt_logprobs,
+                         "b's prompt logprobs");
+    // 120 prompt rows in chunks of 8: 15 steps, each beside a's verify.
+    EXPECT_GE(mixed, 15);
+  }
 }
 
 }  // namespace

@@ -150,7 +150,22 @@ class EngineLoop {
   void run();
   bool admit();  // true when something was admitted
   void step();
-  void speculative_step();  // every running slot decodes: one verify step for all
+  // Every decoding slot verifies its drafts in one step; with `prefilling`, prompt chunks of up
+  // to kMaxChainedRows rows ride in the same step.
+  void speculative_step(bool prefilling);
+  // One sequence's part of a plain step or a step's prompt rows.
+  struct Part {
+    Slot* slot;
+    int rows;         // tokens fed
+    int logit_rows;   // logit rows it returns
+    int first_logit;  // its first logit row in its logits / next ids
+    bool samples;     // its last logit row samples the next token
+    int64_t pos;      // the sequence's position before the step
+  };
+  void add_prompt_parts(int budget, int chunk, std::vector<Part>& parts,
+                        std::vector<StepSeq>& seqs, std::vector<SampleRow>& rows,
+                        int& logit_rows);
+  void after_part(const Part& p, const float* logits, const int32_t* next_ids, double t);
   void finish(Slot& s, const std::string& reason, ChoiceEvent e);
   void retire(Slot& s, ChoiceEvent e);  // the slot's last event: it leaves after this step
   // One generated token of a slot (its history, counters, latency observations, stop ids, text

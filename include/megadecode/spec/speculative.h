@@ -66,6 +66,20 @@ struct SpecSeq {
   std::function<bool(int32_t, std::span<const float>)> emit;
 };
 
+// Rows of other sequences that ride in a batched speculative step (serve: prompt chunks beside
+// the verifies), fed as given and consumed whole: each at most plan::kMaxChainedRows rows (the
+// step keeps every sequence's rows for a commit). Their logit rows (logit_row_count(seqs), after
+// the verifies' in the step) draw their tokens with `sampling` (one per logit row; empty:
+// greedy) into next_ids, and their logits go to `logits` when it is not null; with aux layers
+// their rows' aux states go to `aux` ([their rows][aux width], in order).
+struct SpecExtra {
+  std::span<const StepSeq> seqs;
+  std::span<const SampleRow> sampling;
+  int32_t* next_ids = nullptr;
+  float* logits = nullptr;
+  std::span<float> aux;
+};
+
 class SpeculativeDecoder {
  public:
   // The executor and drafter outlive the decoder. Sequences are the executor's (batch 1).
@@ -97,7 +111,8 @@ class SpeculativeDecoder {
   // one verify step of K + 1 rows per sequence, then per sequence acceptance, emits, commit and
   // the drafter's observe, as step() does for one. An md::Error before anything changes for a
   // malformed sequence.
-  void step_batch(std::span<SpecSeq> seqs);
+  // extra: other sequences' rows fed in the same executor step (see SpecExtra).
+  void step_batch(std::span<SpecSeq> seqs, const SpecExtra& extra = {});
 
   const SpeculativeStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
