@@ -261,6 +261,27 @@ class Builder {
     }
   }
 
+  // Per-row tiles (row_ranges) of one op over the operand list `a`, each of `bytes_per_row`.
+  void row_tiles(Op op, int layer, std::pair<uint32_t, uint32_t> a, std::initializer_list<Wait> w,
+                 uint32_t sig, uint64_t bytes_per_row, uint32_t flags = 0) {
+    for (auto r : row_ranges()) {
+      Instr in = make(op, layer, w, sig);
+      set_rows(in, r);
+      in.flags = flags;
+      emit(in, a, uint64_t(r.second - r.first) * bytes_per_row);
+    }
+  }
+  // The embedding of every token row into x and layer 0's normed input h; returns the counter
+  // its tiles signal.
+  uint32_t embed_tiles(const BufferDesc& x, const BufferDesc& h) {
+    const uint32_t ready = counter(Op::kEmbed, -1);
+    row_tiles(Op::kEmbed, -1,
+              args({io(BufKind::kTokens), weight(WeightKind::kEmbed), x,
+                    weight(WeightKind::kInputNorm, 0), h}),
+              {}, ready, uint64_t(c_.hidden_size) * 14);
+    return ready;
+  }
+
   // ---- the program (plan.cpp) ---------------------------------------------------------------
 
   void build();
@@ -286,6 +307,20 @@ class Builder {
     uint32_t combined;
   };
   void dense_ffn(int l, const FfnIo& io);
+  // Layer l's FFN outputs: the residual stream and normed input of the next layer (the final
+  // norm after the last), and the combine counter (next_res is the caller's).
+  FfnIo ffn_io(int l, const BufferDesc& x_mid, const BufferDesc& h2, uint32_t norm_done) {
+    FfnIo io;
+    io.x_mid = x_mid;
+    io.h2 = h2;
+    io.norm_done = norm_done;
+    io.x_next = arena(c_.hidden_size);
+    io.h_next = arena(c_.hidden_size);
+    io.next_norm = l + 1 < c_.num_layers ? weight(WeightKind::kInputNorm, l + 1)
+                                         : weight(WeightKind::kFinalNorm);
+    io.combined = counter(Op::kCombine, l);
+    return io;
+  }
   void moe_ffn(int l, const FfnIo& io);
   void gate_up_tiles(Op op, int l, const BufferDesc& g, const BufferDesc& u, int64_t I, size_t e,
                      const BufferDesc& x, const BufferDesc& act, Wait wt, uint32_t sig);

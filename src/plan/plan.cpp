@@ -28,16 +28,7 @@ void Builder::build() {
   // current block's partial sum (the reference's `prefix`) and blocks_ the completed block
   // summaries; layer 0's input is the embedding itself (no summaries yet), as without them.
   BufferDesc x = arena(D), h = arena(D);
-  uint32_t ready = counter(Op::kEmbed, -1);  // h (and x) of the current layer input complete
-  {
-    auto a = args({io(BufKind::kTokens), weight(WeightKind::kEmbed), x,
-                   weight(WeightKind::kInputNorm, 0), h});
-    for (auto r : row_ranges()) {
-      Instr in = make(Op::kEmbed, -1, {}, ready);
-      set_rows(in, r);
-      emit(in, a, uint64_t(r.second - r.first) * uint64_t(D) * 14);
-    }
-  }
+  uint32_t ready = embed_tiles(x, h);  // h (and x) of the current layer input complete
 
   for (int l = 0; l < L; ++l) {
     // The stream entering layer l, named for the executors' aux capture (an entry no instruction
@@ -75,29 +66,16 @@ void Builder::build() {
     {
       std::vector<BufferDesc> ops = {x_mid, weight(WeightKind::kPostAttnNorm, l), h2};
       if (bs > 0) append_mix(ops, weight(WeightKind::kMlpResW, l), x_mid);
-      auto a = args(ops);
       const uint64_t mix_bytes = bs > 0 ? 8 * (blocks_.size() + 1) : 0;
-      for (auto r : row_ranges()) {
-        Instr in = make(Op::kFfnNorm, l, {all_of(attn_done)}, norm_done);
-        set_rows(in, r);
-        if (bs > 0) in.flags = kFlagAttnRes;
-        emit(in, a, uint64_t(r.second - r.first) * uint64_t(D) * (12 + mix_bytes));
-      }
+      row_tiles(Op::kFfnNorm, l, args(ops), {all_of(attn_done)}, norm_done,
+                uint64_t(D) * (12 + mix_bytes), bs > 0 ? kFlagAttnRes : 0);
     }
 
     // Next layer's input (or the final norm's output).
-    FfnIo io;
-    io.x_mid = x_mid;
-    io.h2 = h2;
-    io.norm_done = norm_done;
-    io.x_next = arena(D);
-    io.h_next = arena(D);
-    io.next_norm =
-        l + 1 < L ? weight(WeightKind::kInputNorm, l + 1) : weight(WeightKind::kFinalNorm);
+    FfnIo io = ffn_io(l, x_mid, h2, norm_done);
     if (bs > 0)
       io.next_res =
           l + 1 < L ? weight(WeightKind::kAttnResW, l + 1) : weight(WeightKind::kOutputResW);
-    io.combined = counter(Op::kCombine, l);
     if (c.ffn_kind[l] == FfnKind::Dense)
       dense_ffn(l, io);
     else

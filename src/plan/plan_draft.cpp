@@ -87,16 +87,7 @@ void Builder::build_draft() {
 
   // ---- the block ----------------------------------------------------------------------------
   BufferDesc x = arena(D), h = arena(D);
-  uint32_t ready = counter(Op::kEmbed, -1);
-  {
-    auto a = args({io(BufKind::kTokens), weight(WeightKind::kEmbed), x,
-                   weight(WeightKind::kInputNorm, 0), h});
-    for (auto r : row_ranges()) {
-      Instr in = make(Op::kEmbed, -1, {}, ready);
-      set_rows(in, r);
-      emit(in, a, uint64_t(r.second - r.first) * uint64_t(D) * 14);
-    }
-  }
+  uint32_t ready = embed_tiles(x, h);
   // KV-head ranges per sequence: enough tiles for the workers, whole GQA groups each.
   const int Hkv = dc.num_kv_heads;
   const int per_kv = std::max(1, Hkv / std::max(1, int(ceil_div(W_, B_))));
@@ -132,23 +123,9 @@ void Builder::build_draft() {
                all_of(attended), attn_done, 0, kFlagResidual, &x, &x_mid);
     BufferDesc h2 = arena(D);
     const uint32_t norm_done = counter(Op::kFfnNorm, l);
-    {
-      auto a = args({x_mid, weight(WeightKind::kPostAttnNorm, l), h2});
-      for (auto r : row_ranges()) {
-        Instr in = make(Op::kFfnNorm, l, {all_of(attn_done)}, norm_done);
-        set_rows(in, r);
-        emit(in, a, uint64_t(r.second - r.first) * uint64_t(D) * 12);
-      }
-    }
-    FfnIo fio;
-    fio.x_mid = x_mid;
-    fio.h2 = h2;
-    fio.norm_done = norm_done;
-    fio.x_next = arena(D);
-    fio.h_next = arena(D);
-    fio.next_norm =
-        l + 1 < L ? weight(WeightKind::kInputNorm, l + 1) : weight(WeightKind::kFinalNorm);
-    fio.combined = counter(Op::kCombine, l);
+    row_tiles(Op::kFfnNorm, l, args({x_mid, weight(WeightKind::kPostAttnNorm, l), h2}),
+              {all_of(attn_done)}, norm_done, uint64_t(D) * 12);
+    const FfnIo fio = ffn_io(l, x_mid, h2, norm_done);
     dense_ffn(l, fio);
     x = fio.x_next;
     h = fio.h_next;
