@@ -53,6 +53,23 @@ TEST_F(CliSpeculative, GenerateEqualsPlainGreedy) {
   r = test::run_cli(base + " --speculative " + d.path() + " --num-draft-tokens 3");
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, plain.out);
+  // The draft's host forward drafts the same tokens (the same statistics line too).
+  auto on_ex = test::run_cli(base + " --draft " + d.path() + " --draft-on executor");
+  auto host = test::run_cli(base + " --draft " + d.path() + " --draft-on host");
+  ASSERT_EQ(host.status, 0) << host.err;
+  ASSERT_EQ(on_ex.status, 0) << on_ex.err;
+  EXPECT_EQ(host.out, plain.out);
+  EXPECT_EQ(on_ex.out, plain.out);
+  // "speculative (dspark, K=7): S steps, A of D drafts accepted" (the timings before it vary).
+  auto accepted = [](const std::string& err) {
+    const size_t from = err.find("speculative ("), to = err.find("drafts accepted");
+    return from == std::string::npos || to == std::string::npos ? std::string()
+                                                                : err.substr(from, to - from);
+  };
+  EXPECT_EQ(accepted(host.err), accepted(on_ex.err));
+  EXPECT_NE(accepted(host.err), "");
+  expect_one_line_error(test::run_cli(base + " --draft " + d.path() + " --draft-on gpu"),
+                        "--draft-on");
 }
 
 TEST_F(CliSpeculative, RunGreedyEqualsPlainAndReportsStatistics) {

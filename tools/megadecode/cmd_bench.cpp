@@ -183,8 +183,7 @@ void register_bench(CLI::App& app) {
                 "speculative: comma-separated fixed acceptance lengths (drafts accepted a step, "
                 "0..K), one row each; default: the model's own acceptance");
   c->add_option("--draft-on", o->draft_on,
-                "speculative: where a DSpark draft runs, executor (its draft plan) or host")
-      ->check(CLI::IsMember({"executor", "host"}));
+                "speculative: where a DSpark draft runs, executor (its draft plan) or host");
   c->add_option("--ngram-max", o->ngram_max, "speculative ngram: longest n-gram looked up")
       ->check(CLI::Range(1, 16));
   c->add_option("--json", o->json, "also write the results as JSON to this file");
@@ -201,6 +200,8 @@ void register_bench(CLI::App& app) {
                "--speculative '{}': expected ngram, oracle or a draft checkpoint directory",
                o->speculative);
       if (what_opt->count() == 0) o->what.clear();
+      MD_CHECK(o->draft_on == "executor" || o->draft_on == "host",
+               "--draft-on '{}': expected executor or host", o->draft_on);
     }
     const int K = o->num_draft_tokens > 0 ? o->num_draft_tokens
                   : o->speculative == "ngram" ? 4

@@ -108,8 +108,7 @@ void SpeculativeFlags::add(CLI::App* app) {
   app->add_option("--draft-on", draft_on,
                   "where the DSpark draft runs: executor (its draft plan on the executor's "
                   "workers, where the backend runs draft plans; default) or host (the draft's "
-                  "own forward)")
-      ->check(CLI::IsMember({"executor", "host"}));
+                  "own forward)");
 }
 
 std::string SpeculativeFlags::draft_dir() const {
@@ -137,6 +136,8 @@ void SpeculativeFlags::validate() const {
   MD_CHECK(!k_given || (num_draft_tokens >= 1 && num_draft_tokens <= kMaxDraftTokens),
            "--num-draft-tokens {} is not in 1..{}", num_draft_tokens, kMaxDraftTokens);
   MD_CHECK(ngram_max >= 1 && ngram_max <= 16, "--ngram-max {} is not in 1..16", ngram_max);
+  MD_CHECK(draft_on == "executor" || draft_on == "host",
+           "--draft-on '{}': expected executor or host", draft_on);
   const SpeculativeOptions o = options();
   MD_CHECK(!fixed_given ||
                (fixed_acceptance_length >= 0 && fixed_acceptance_length <= o.num_draft_tokens),
