@@ -4,6 +4,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include <mutex>
 #include <thread>
 
@@ -83,28 +87,36 @@ TEST(ServerEngine, LongPromptIsInterleavedChunkByChunk) {
   o.max_batch = 2;
   o.prefill_chunk = 8;
   o.max_model_len = 1024;
-  EngineLoop loop(*m.ex, *m.tok, o);
-  // a decodes long enough (~0.1 s on tiny) that it is still decoding when b arrives even if this
-  // thread is descheduled for a while (a loaded CI machine): with 100 tokens a could finish
-  // first, and b's chunks then ran as steps of their own.
-  const int kA = 1000;
-  auto a = loop.submit(greedy_request(m.tok->encode("hello", true), kA));
+  // The engine thread waits in a's first decode step (after its first token went out) until b
+  // is queued, so b arrives while a decodes however slow this thread is (a loaded CI machine
+  // once let a finish first).
+  std::atomic<bool> b_queued{false};
+  std::atomic<int> decode_steps{0};
+  server::EngineObserver obs;
+  obs.decode_batch = [&](int) {
+    if (++decode_steps == 1)
+      for (int i = 0; i < 10000 && !b_queued; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  EngineLoop loop(*m.ex, *m.tok, o, obs);
+  auto a = loop.submit(greedy_request(m.tok->encode("hello", true), 100));
   ChoiceEvent e;
   int a_tokens = 0;
-  while (a_tokens < 2)
+  while (a_tokens < 1)
     if (a->next(e, 5.0)) a_tokens += int(e.tokens.size());
   std::vector<int32_t> long_prompt(200);
   for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = int32_t(1 + i % 50);
   auto b = loop.submit(greedy_request(long_prompt, 1));
+  b_queued = true;
   const Outcome bo = collect(*b);
   // a's tokens so far (the stream may hold some not yet read).
   const int64_t tokens_when_b_done = loop.counters().generation_tokens.load() - 1;
   const Outcome ao = collect(*a);
   EXPECT_EQ(bo.tokens.size(), 1u);
-  EXPECT_EQ(int(ao.tokens.size()) + a_tokens, kA);
-  EXPECT_GE(tokens_when_b_done, 2 + 200 / 8 - 1) << "the prompt went in fewer steps than chunks";
+  EXPECT_EQ(int(ao.tokens.size()) + a_tokens, 100);
+  EXPECT_GE(tokens_when_b_done, 1 + 200 / 8 - 1) << "the prompt went in fewer steps than chunks";
   // Every step but a's own prefill decoded a: b's chunks added no step of their own.
-  EXPECT_LE(loop.counters().steps.load(), 1 + kA);
+  EXPECT_LE(loop.counters().steps.load(), 1 + 100);
 }
 
 // While anything decodes, a step's prompt rows are at most one chunk, whichever prompts they

@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <thread>
 #include <utility>
 
@@ -167,7 +169,7 @@ TEST(ServerEngine, SpeculativeStepsStopShortOfTheModelLength) {
 // A random DSpark draft (its aux rows come from every step, prompt chunks and plain decode rows
 // included): the same tokens as plain serving, sampled requests included (their seeds give
 // plain serving's draws only without speculation, so those are checked for running to their
-// length without errors); the draft on the host and as draft plans on the executor.
+// length without errors); the draft runs as draft plans on the executor.
 TEST(ServerEngine, SpeculativeDSparkDraftStreamsEqualPlainServing) {
   test::ServedModel m(8);
   test::TempDir dir("serve_draft");
@@ -182,22 +184,16 @@ TEST(ServerEngine, SpeculativeDSparkDraftStreamsEqualPlainServing) {
     EngineLoop loop(*m.ex, *m.tok, engine_options());
     plain = serve_all(loop, reqs);
   }
-  // The draft on the host, then as draft plans on the engine's executor (batched across slots).
-  for (Executor* on : {static_cast<Executor*>(nullptr), static_cast<Executor*>(m.ex.get())}) {
-    SCOPED_TRACE(on ? "draft on the executor" : "draft on the host");
-    EngineOptions o = engine_options();
-    o.speculative.num_draft_tokens = 3;
-    o.make_drafter = [&draft, on] { return std::make_unique<DSparkDrafter>(draft, on); };
-    EngineLoop loop(*m.ex, *m.tok, o);
-    const std::vector<Outcome> spec = serve_all(loop, reqs);
-    ASSERT_EQ(spec.size(), plain.size());
-    for (size_t i = 0; i < spec.size(); ++i) EXPECT_EQ(spec[i].tokens, plain[i].tokens) << i;
-    EXPECT_GT(loop.counters().spec_drafts.load(), 0);
-  }
+  // The draft as draft plans on the engine's executor, batched across slots (the host forward
+  // drafts the same tokens: DraftPlan.SpeculativeDecodingWithThePlanDraftIsExact).
   EngineOptions o = engine_options();
   o.speculative.num_draft_tokens = 3;
-  o.make_drafter = [&draft, &m] { return std::make_unique<DSparkDrafter>(draft, &*m.ex); };
+  o.make_drafter = [&draft, &m] { return std::make_unique<DSparkDrafter>(draft, m.ex.get()); };
   EngineLoop loop(*m.ex, *m.tok, o);
+  const std::vector<Outcome> spec = serve_all(loop, reqs);
+  ASSERT_EQ(spec.size(), plain.size());
+  for (size_t i = 0; i < spec.size(); ++i) EXPECT_EQ(spec[i].tokens, plain[i].tokens) << i;
+  EXPECT_GT(loop.counters().spec_drafts.load(), 0);
   EngineRequest sampled = greedy_request(prompts(*m.tok)[0], 25);
   sampled.choices[0].sampling.temperature = 0.8f;
   sampled.choices[0].sampling.top_p = 0.9f;
@@ -235,7 +231,7 @@ void expect_same_logprobs(const std::vector<server::TokenLogprob>& a,
   }
 }
 
-// A long prompt that arrives while another request decodes goes in chunk by chunk inside the
+// A prompt that arrives while another request decodes goes in chunk by chunk inside the
 // speculative verify steps (at most 16 rows and --prefill-chunk a step): both streams are plain
 // serving's (tokens, logprobs, the long prompt's prompt logprobs, bit for bit), for n-gram
 // drafting and for a DSpark draft on the executor (the prompt's rows enter its ring from those
@@ -248,9 +244,9 @@ TEST(ServerEngine, SpeculationGoesOnWhileAPromptIsFed) {
     make_random_draft(draft_config_for_target(m.model->config()), dir.path(), 9, pool);
   }
   DraftModel draft(dir.path(), m.model->config(), m.model->options());
-  EngineRequest a = greedy_request(prompts(*m.tok)[0], 900);  // long: still decoding when b comes
+  EngineRequest a = greedy_request(prompts(*m.tok)[0], 60);
   a.top_logprobs = 2;
-  std::vector<int32_t> long_prompt(120);
+  std::vector<int32_t> long_prompt(64);
   for (size_t i = 0; i < long_prompt.size(); ++i) long_prompt[i] = int32_t(3 + (i * 7) % 61);
   EngineRequest b = greedy_request(long_prompt, 12);
   b.prompt_logprobs = true;
@@ -259,8 +255,18 @@ TEST(ServerEngine, SpeculationGoesOnWhileAPromptIsFed) {
     const int K = o.speculative.num_draft_tokens;
     server::EngineObserver obs;
     // Engine thread only: a verify step of one sequence feeds K + 1 rows, more with prompt rows.
+    // In a's first decode step (after its first token went out) it waits until b is queued, so
+    // that b arrives while a decodes (a's 60 tokens take at least 15 more steps) however slow
+    // this thread is.
+    std::atomic<bool> b_queued{false};
+    int decode_steps = 0;
     obs.step = [mixed_steps, K](double, int rows) {
       if (mixed_steps && rows > K + 1) ++*mixed_steps;
+    };
+    obs.decode_batch = [&](int) {
+      if (++decode_steps == 1)
+        for (int i = 0; i < 10000 && !b_queued; ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
     };
     o.max_batch = 2;
     o.prefill_chunk = 8;
@@ -270,12 +276,13 @@ TEST(ServerEngine, SpeculationGoesOnWhileAPromptIsFed) {
     server::ChoiceEvent e;
     int got = 0;
     std::vector<server::ChoiceEvent> early;
-    while (got < 2)
+    while (got < 1)
       if (sa->next(e, 5.0)) {
         got += int(e.tokens.size());
         early.push_back(e);
       }
     auto sb = loop.submit(b);
+    b_queued = true;
     const Scored rb = collect_scored(*sb);
     Scored ra = collect_scored(*sa);
     for (auto it = early.rbegin(); it != early.rend(); ++it) {
@@ -285,8 +292,8 @@ TEST(ServerEngine, SpeculationGoesOnWhileAPromptIsFed) {
     return std::pair{ra, rb};
   };
   const auto plain = serve(engine_options(), nullptr);
-  ASSERT_EQ(plain.first.tokens.size(), 900u);
-  ASSERT_EQ(plain.second.prompt_logprobs.size(), 119u);
+  ASSERT_EQ(plain.first.tokens.size(), 60u);
+  ASSERT_EQ(plain.second.prompt_logprobs.size(), 63u);
   for (bool dspark : {false, true}) {
     SCOPED_TRACE(dspark ? "DSpark draft on the executor" : "n-gram");
     EngineOptions o = engine_options();
@@ -303,8 +310,8 @@ TEST(ServerEngine, SpeculationGoesOnWhileAPromptIsFed) {
     expect_same_logprobs(spec.second.logprobs, plain.second.logprobs, "b's logprobs");
     expect_same_logprobs(spec.second.prompt_logprobs, plain.second.prompt_logprobs,
                          "b's prompt logprobs");
-    // 120 prompt rows in chunks of 8: 15 steps, each beside a's verify.
-    EXPECT_GE(mixed, 15);
+    // 64 prompt rows in chunks of 8: 8 steps, each beside a's verify.
+    EXPECT_GE(mixed, 8);
   }
 }
 
