@@ -31,9 +31,10 @@ test: test-release test-asan test-tsan
 # speculative sampling G-tests (8000 seeded runs each, host arithmetic whose pieces the
 # Acceptance tests cover), the speculative greedy runs on the small models (tiny ones stay), the
 # plan-drafted speculative run (the draft plan's tiles run under ASan in DraftPlan's other tests),
-# the CLI's CUDA-simulation run, the simulation's K3 FP32 run and device-generated weights (its
-# other suites run under ASan) and the full-vocabulary sampler run (host arithmetic that the
-# other Sampler tests cover at smaller vocabularies).
+# the CLI's CUDA-simulation run, the simulation's K3 FP32 run, device sampling and
+# device-generated weights (its other suites run under ASan), the golden-model executor suite
+# (the Executor suites run the same tiles under ASan) and the full-vocabulary sampler run (host
+# arithmetic that the other Sampler tests cover at smaller vocabularies).
 # The sanitizer builds compile the library at -O1 and the code driving it (the tests, the CLI's
 # tools/ files, the fuzz replays) at -O0, all with the same instrumentation: their build time
 # dominates `make test` on two cores (-O1 + UBSan costs a test file ~30 s, -O0 ~20 s), and the
@@ -51,7 +52,7 @@ test-asan: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) \
-	  -E '^CudaSim\.(Small|GoldenModels|RandomSchedules|AuxCapture)|^Cli\.DeviceCudaSim$$|^CudaSim\.K3TinyFp32|^CudaRandomWeights\.|^Sampler\.CombinedFullVocabulary$$|^ServerSchemathesis\.|^SpeculativeSampling\.|^Models/SpeculativeGreedy\..*/(small|k3_small)_|^DraftPlan\.SpeculativeDecoding'
+	  -E '^CudaSim\.(Small|GoldenModels|RandomSchedules|AuxCapture)|^Cli\.DeviceCudaSim$$|^CudaSim\.(K3TinyFp32|SamplingOnTheDevice)|^CudaRandomWeights\.|^ExecutorGolden\.|^Sampler\.CombinedFullVocabulary$$|^ServerSchemathesis\.|^SpeculativeSampling\.|^Models/SpeculativeGreedy\..*/(small|k3_small)_|^DraftPlan\.SpeculativeDecoding'
 
 # The plan executors (persistent workers, counters, barriers; multi-row steps; a draft plan's
 # steps), the server's engine loop and HTTP front end (the engine thread, request streams,
