@@ -30,7 +30,8 @@ test: test-release test-asan test-tsan
 # runs them all but the schemathesis run (~15 s of generated requests, covered by Release), the
 # speculative sampling G-tests (8000 seeded runs each, host arithmetic whose pieces the
 # Acceptance tests cover), the speculative greedy runs on the small models (tiny ones stay), the
-# plan-drafted speculative run (the draft plan's tiles run under ASan in DraftPlan's other tests),
+# plan-drafted speculative runs and the simulation's draft-against-host run (the draft plan's
+# CPU and CUDA tiles run under ASan in DraftPlan's and CudaDraft's other tests),
 # the CLI's CUDA-simulation run, the simulation's K3 FP32 run, device sampling and
 # device-generated weights (its other suites run under ASan), the golden-model executor suite
 # (the Executor suites run the same tiles under ASan) and the full-vocabulary sampler run (host
@@ -52,7 +53,7 @@ test-asan: deps
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j $(JOBS) \
-	  -E '^CudaSim\.(Small|GoldenModels|RandomSchedules|AuxCapture)|^Cli\.DeviceCudaSim$$|^CudaSim\.(K3TinyFp32|SamplingOnTheDevice)|^CudaRandomWeights\.|^ExecutorGolden\.|^Sampler\.CombinedFullVocabulary$$|^ServerSchemathesis\.|^SpeculativeSampling\.|^Models/SpeculativeGreedy\..*/(small|k3_small)_|^DraftPlan\.SpeculativeDecoding'
+	  -E '^CudaSim\.(Small|GoldenModels|RandomSchedules|AuxCapture)|^Cli\.DeviceCudaSim$$|^CudaSim\.(K3TinyFp32|SamplingOnTheDevice)|^CudaRandomWeights\.|^ExecutorGolden\.|^Sampler\.CombinedFullVocabulary$$|^ServerSchemathesis\.|^SpeculativeSampling\.|^Models/SpeculativeGreedy\..*/(small|k3_small)_|^DraftPlan\.SpeculativeDecoding|^CudaDraft\.(DraftsAs|Speculative)'
 
 # The plan executors (persistent workers, counters, barriers; multi-row steps; a draft plan's
 # steps), the server's engine loop and HTTP front end (the engine thread, request streams,

@@ -38,6 +38,41 @@ void Executor::draft_step(std::span<const DraftStepSeq>) {
   fail("the {} executor does not run draft plans (the draft runs on the host)", name());
 }
 
+namespace {
+
+// A draft ring in host memory (the CPU executors' draft steps read it directly).
+class HostDraftRing final : public DraftRingMemory {
+ public:
+  explicit HostDraftRing(const DraftConfig& c)
+      : keys_(size_t(c.num_layers) * size_t(c.window) * size_t(c.kv_width()), 0.0f),
+        values_(keys_.size(), 0.0f),
+        positions_(size_t(c.window), -1) {}
+  DraftRing ring() const override {
+    return {const_cast<float*>(keys_.data()), const_cast<float*>(values_.data()),
+            const_cast<int32_t*>(positions_.data())};
+  }
+  void clear() override {
+    std::fill(keys_.begin(), keys_.end(), 0.0f);
+    std::fill(values_.begin(), values_.end(), 0.0f);
+    std::fill(positions_.begin(), positions_.end(), -1);
+  }
+  void read(std::vector<float>& k, std::vector<float>& v, std::vector<int32_t>& p) const override {
+    k = keys_;
+    v = values_;
+    p = positions_;
+  }
+
+ private:
+  std::vector<float> keys_, values_;
+  std::vector<int32_t> positions_;
+};
+
+}  // namespace
+
+std::unique_ptr<DraftRingMemory> Executor::new_draft_ring(const DraftConfig& c) {
+  return std::make_unique<HostDraftRing>(c);
+}
+
 void Executor::prefill(SequenceState& seq, std::span<const int32_t> ids, float* logits, int chunk) {
   MD_CHECK(!ids.empty(), "prefill: no tokens given");
   MD_CHECK(chunk >= 1 && chunk <= plan::kMaxRows, "prefill: chunk {} is outside 1..{}", chunk,

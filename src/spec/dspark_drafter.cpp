@@ -4,16 +4,28 @@
 
 namespace md {
 
-DSparkDrafter::DSparkDrafter(const DraftModel& model, Executor* executor)
-    : model_(model), state_(model.new_state()) {
+DSparkDrafter::DSparkDrafter(const DraftModel& model, Executor* executor) : model_(model) {
   if (executor && executor->runs_drafts()) {
     executor->attach_draft(model.config(), model.weights());
     ex_ = executor;
+    ring_ = executor->new_draft_ring(model.config());
+  } else {
+    state_ = model.new_state();
   }
 }
 
+const DraftState& DSparkDrafter::state() const {
+  if (ring_) ring_->read(state_.keys, state_.values, state_.positions);
+  return state_;
+}
+
 void DSparkDrafter::reset() {
-  state_.reset();
+  if (ring_) {
+    ring_->clear();
+    state_.rows_written = 0;
+  } else {
+    state_.reset();
+  }
   positions_.clear();
   aux_.clear();
 }
@@ -46,7 +58,7 @@ void DSparkDrafter::observe(std::span<const int32_t> tokens, int64_t pos,
 
 DraftStepSeq DSparkDrafter::step_seq(std::span<const int32_t> context, std::span<int32_t> out) {
   DraftStepSeq q;
-  q.ring = {state_.keys.data(), state_.values.data(), state_.positions.data()};
+  q.ring = ring_->ring();
   q.ctx_aux = aux_;
   q.ctx_positions = positions_;
   if (!out.empty()) {

@@ -36,6 +36,14 @@ class CudaExecutor final : public Executor {
   int max_batch() const override;
   const StepStats& last_step_stats() const override;
   void set_watchdog_seconds(double s) override;
+  // The draft plans (Executor::draft_step; rings from new_draft_ring, in device memory, freed
+  // before the executor).
+  bool runs_drafts() const override { return true; }
+  void attach_draft(const DraftConfig& c, const DraftWeights& w) override;
+  void draft_step(std::span<const DraftStepSeq> seqs) override;
+  std::unique_ptr<DraftRingMemory> new_draft_ring(const DraftConfig& c) override;
+  // The draft plan for a step shape (after attach_draft; compiled on first use and cached).
+  const plan::Plan& draft_plan(int batch, int ctx_rows, int block_rows);
   ExecutorKind kind() const;
   CudaTarget target() const;
   std::string device_name() const;

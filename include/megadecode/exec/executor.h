@@ -16,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "megadecode/engine/model.h"
 #include "megadecode/engine/sampler.h"
@@ -109,6 +110,18 @@ struct DraftRing {
   int32_t* positions = nullptr;  // [window], -1: empty
 };
 
+// A sequence's draft ring in an executor's memory (Executor::new_draft_ring): the ring its draft
+// steps read and write, in device memory for a GPU executor, freed with the object.
+class DraftRingMemory {
+ public:
+  virtual ~DraftRingMemory() = default;
+  virtual DraftRing ring() const = 0;
+  virtual void clear() = 0;  // every slot empty (positions -1), keys and values 0
+  // A host copy: keys and values [layers][window][kv width], positions [window].
+  virtual void read(std::vector<float>& keys, std::vector<float>& values,
+                    std::vector<int32_t>& positions) const = 0;
+};
+
 // One sequence's part of a draft step (Executor::draft_step): first its context rows enter the
 // ring (DraftModel::update_context), then, when tokens is not empty, a block of tokens.size()
 // rows from the anchor drafts that many tokens (DraftModel::draft).
@@ -175,6 +188,10 @@ class Executor {
   virtual bool runs_drafts() const { return false; }
   virtual void attach_draft(const DraftConfig& c, const DraftWeights& w);
   virtual void draft_step(std::span<const DraftStepSeq> seqs);
+  // An empty ring for a draft of config c, in the memory this executor's draft steps use (host
+  // memory here; a GPU executor's device memory). A DraftStepSeq's ring on a GPU executor must
+  // come from here.
+  virtual std::unique_ptr<DraftRingMemory> new_draft_ring(const DraftConfig& c);
 
   // Feeds a prompt through the plan in steps of at most `chunk` rows (the last one shorter);
   // logits (if not null) receives the last row's [vocab].

@@ -11,6 +11,7 @@
 // docs/speculative.md "The draft plan"); drafters on one executor propose together in one batched
 // draft step (propose_together). Both paths draft the same tokens bit for bit.
 #pragma once
+#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -40,8 +41,9 @@ class DSparkDrafter : public Drafter {
   bool on_executor() const { return ex_ != nullptr; }
   // Applies the staged context rows now (the executor path; a no-op on the host).
   void flush();
-  // The ring (after flush() on the executor path: staged rows are not in it yet).
-  const DraftState& state() const { return state_; }
+  // The ring (after flush() on the executor path: staged rows are not in it yet; there, a host
+  // copy of the executor's ring, read back by this call).
+  const DraftState& state() const;
 
  private:
   DraftStepSeq step_seq(std::span<const int32_t> context, std::span<int32_t> out);
@@ -49,7 +51,10 @@ class DSparkDrafter : public Drafter {
 
   const DraftModel& model_;
   Executor* ex_ = nullptr;  // runs the draft plans; null: the host forward
-  DraftState state_;
+  // The ring: in the executor's memory on the executor path (state_ then only counts the rows
+  // and holds state()'s copies), in state_ on the host.
+  std::unique_ptr<DraftRingMemory> ring_;
+  mutable DraftState state_;
   std::vector<int32_t> positions_;
   std::vector<float> aux_;  // staged context rows (executor path)
 };

@@ -44,6 +44,7 @@
 #include "megadecode/base/threads.h"
 #include "megadecode/base/util.h"
 #include "megadecode/kernels/cpu/expert_slots.h"
+#include "../draft_layout.h"
 #include "../step_layout.h"
 #include "tiles.h"
 
@@ -669,89 +670,19 @@ struct CpuExecutor::Impl {
   void draft_step(std::span<const DraftStepSeq> seqs) {
     MD_CHECK(draft_w, "draft step: no draft is attached to this executor (attach_draft)");
     const DraftConfig& d = draft_cfg;
-    const int B = int(seqs.size());
-    MD_CHECK(B >= 1 && B <= max_batch, "draft step: {} sequences (1..{})", B, max_batch);
-    const int G = int(seqs[0].tokens.size());
-    const int64_t CW = d.context_width(), KV = d.kv_width(), D = d.hidden_size,
-                  V = d.vocab_size;
-    int C = 0;
-    for (int b = 0; b < B; ++b) {
-      const DraftStepSeq& q = seqs[size_t(b)];
-      MD_CHECK(int(q.tokens.size()) == G,
-               "draft step: sequence {} drafts {} tokens, sequence 0 {} (a step's blocks are "
-               "equal)",
-               b, q.tokens.size(), G);
-      MD_CHECK(G <= kDraftMaxBlockRows, "draft step: {} tokens asked (0 .. {})", G,
-               kDraftMaxBlockRows);
-      MD_CHECK(q.ring.keys && q.ring.values && q.ring.positions,
-               "draft step: sequence {} has no ring", b);
-      const size_t n = q.ctx_positions.size();
-      MD_CHECK(n <= size_t(plan::kMaxRows) && n <= size_t(d.window),
-               "draft step: sequence {} appends {} context rows (at most {} a step)", b, n,
-               std::min(plan::kMaxRows, d.window));
-      MD_CHECK(q.ctx_aux.size() == n * size_t(CW),
-               "draft step: sequence {} has {} aux values for {} context rows of {}", b,
-               q.ctx_aux.size(), n, CW);
-      for (int32_t p : q.ctx_positions)
-        MD_CHECK(p >= 0, "draft step: sequence {} has context position {}", b, p);
-      if (G > 0) {
-        MD_CHECK(q.anchor >= 0 && q.anchor < V,
-                 "draft step: sequence {}'s anchor {} is outside the vocabulary [0, {})", b,
-                 q.anchor, V);
-        MD_CHECK(q.anchor_position >= 0 && q.anchor_position < (int64_t(1) << 31) - 64,
-                 "draft step: sequence {}'s anchor position {} is out of range", b,
-                 q.anchor_position);
-      }
-      for (int c = 0; c < b; ++c)
-        MD_CHECK(seqs[size_t(c)].ring.keys != q.ring.keys,
-                 "draft step: sequences {} and {} share a ring", c, b);
-      C = std::max(C, int(n));
-    }
+    const exec::DraftLayout lay = exec::layout_draft_step(d, max_batch, seqs);
+    const int B = lay.B, C = lay.C, G = lay.G, L = d.num_layers;
     if (C == 0 && G == 0) return;
-    // Context rows per sequence in the plan: the next power of two (few plan shapes).
-    if (C > 0) {
-      int c2 = 1;
-      while (c2 < C) c2 *= 2;
-      C = std::min(c2, std::min(plan::kMaxRows, d.window));
-    }
     PlanRuntime& rt = draft_runtime(B, C, G);
     const plan::Plan& p = rt.plan;
-    const bool rnd = model.numerics().round_bf16;
-    if (C > 0) {  // the context rows' inputs: aux (cast to bf16 in BF16, as the seed does)
-      const plan::BufferDesc& ab = p.buffers[p.draft.aux];
-      const plan::BufferDesc& pb = p.buffers[p.draft.ctx_pos];
-      for (int b = 0; b < B; ++b) {
-        const DraftStepSeq& q = seqs[size_t(b)];
-        for (int j = 0; j < C; ++j) {
-          const int t = b * C + j;
-          float* row = reinterpret_cast<float*>(arena.get() + ab.offset + ab.stride * uint64_t(t));
-          int32_t pos = -1;
-          if (size_t(j) < q.ctx_positions.size()) {
-            std::memcpy(row, q.ctx_aux.data() + int64_t(j) * CW, size_t(CW) * 4);
-            if (rnd) cpu::round_bf16_inplace(row, CW);
-            pos = q.ctx_positions[size_t(j)];
-          } else {
-            std::memset(row, 0, size_t(CW) * 4);
-          }
-          std::memcpy(arena.get() + pb.offset + pb.stride * uint64_t(t), &pos, 4);
-        }
-      }
-    }
-    const int N = B * G, L = d.num_layers;
-    std::vector<int32_t> tokens(static_cast<size_t>(N), int32_t(d.mask_token_id));
-    std::vector<int32_t> row0(static_cast<size_t>(B) + 1), seq_of_row(static_cast<size_t>(N)),
-        logit_of_row(static_cast<size_t>(N));
-    std::vector<int64_t> pos(static_cast<size_t>(B));
+    if (C > 0)
+      exec::fill_draft_context(p, lay, seqs, model.numerics().round_bf16,
+                               arena.get() + p.buffers[p.draft.aux].offset,
+                               arena.get() + p.buffers[p.draft.ctx_pos].offset);
+    const int64_t KV = d.kv_width();
     std::vector<exec::SeqView> views(size_t(B) * size_t(L));
     for (int b = 0; b < B; ++b) {
       const DraftStepSeq& q = seqs[size_t(b)];
-      row0[size_t(b)] = b * G;
-      for (int r = 0; r < G; ++r) {
-        seq_of_row[size_t(b * G + r)] = b;
-        logit_of_row[size_t(b * G + r)] = b * G + r;
-      }
-      if (G > 0) tokens[size_t(b * G)] = q.anchor;
-      pos[size_t(b)] = q.anchor_position;
       for (int l = 0; l < L; ++l) {
         exec::SeqView& v = views[size_t(b) * size_t(L) + size_t(l)];
         const size_t off = size_t(l) * size_t(d.window) * size_t(KV);
@@ -760,47 +691,28 @@ struct CpuExecutor::Impl {
         v.ring_pos = q.ring.positions;
       }
     }
-    row0[size_t(B)] = N;
-    Numerics num = model.numerics();
-    num.eps = float(d.rms_norm_eps);
-    num.activation = Activation::kSilu;
-    num.residual = ResidualKind::kPlain;
     exec::StepCtx ctx;
     ctx.plan = &p;
     ctx.cfg = &p.cfg;
-    ctx.num = num;
+    ctx.num = exec::draft_numerics(model.numerics(), d);
     ctx.arena = arena.get();
     ctx.weights = rt.weights.data();
     ctx.batch = B;
     ctx.rows = G;
-    ctx.n = N;
-    ctx.row0 = row0.data();
-    ctx.seq_of_row = seq_of_row.data();
-    ctx.tokens = tokens.data();
-    ctx.n_logits = N;
-    ctx.logit_of_row = logit_of_row.data();
+    ctx.n = lay.N;
+    ctx.row0 = lay.row0.data();
+    ctx.seq_of_row = lay.seq_of_row.data();
+    ctx.tokens = lay.tokens.data();
+    ctx.n_logits = lay.N;
+    ctx.logit_of_row = lay.logit_of_row.data();
     ctx.seqs = views.data();
-    ctx.pos = pos.data();
+    ctx.pos = lay.pos.data();
     ctx.n_ctx = B * C;
     if (!run_workers(ctx, rt))
       throw Error(err.empty() ? std::string("draft step failed") : err);
-    if (G == 0) return;
-    auto rows_out = [&](uint32_t bi, int64_t width, int b, float* out) {
-      if (!out) return;
-      const plan::BufferDesc& bd = p.buffers[bi];
-      for (int r = 0; r < G; ++r)
-        std::memcpy(out + int64_t(r) * width,
-                    arena.get() + bd.offset + bd.stride * uint64_t(b * G + r), size_t(width) * 4);
-    };
-    const plan::BufferDesc& db = p.buffers[p.draft.drafts];
-    for (int b = 0; b < B; ++b) {
-      const DraftStepSeq& q = seqs[size_t(b)];
-      std::memcpy(q.tokens.data(), arena.get() + db.offset + db.stride * uint64_t(b),
-                  size_t(G) * 4);
-      rows_out(p.draft.hidden, D, b, q.hidden);
-      rows_out(p.draft.base, V, b, q.base_logits);
-      rows_out(p.draft.biased, V, b, q.biased_logits);
-    }
+    exec::copy_draft_outputs(p, lay, seqs, [&](uint32_t bi) -> const uint8_t* {
+      return arena.get() + p.buffers[bi].offset;
+    });
   }
 
   void compute_stats(const PlanRuntime& rt, const std::vector<int64_t>& pos,
@@ -887,15 +799,7 @@ void CpuExecutor::edit_instr_for_testing(int batch, uint32_t id,
 }
 
 void CpuExecutor::attach_draft(const DraftConfig& c, const DraftWeights& w) {
-  MD_CHECK(c.hidden_size == impl_->model.config().hidden_size &&
-               c.vocab_size == impl_->model.config().vocab_size,
-           "attach_draft: the draft (hidden {}, vocabulary {}) does not fit the target (hidden {}, "
-           "vocabulary {})",
-           c.hidden_size, c.vocab_size, impl_->model.config().hidden_size,
-           impl_->model.config().vocab_size);
-  MD_CHECK(w.layers.size() == size_t(c.num_layers),
-           "attach_draft: {} weight layers for a draft of {} layers", w.layers.size(),
-           c.num_layers);
+  exec::check_draft_fits(impl_->model.config(), c, w);
   // Every drafter on this executor attaches its model (serve: one per slot): the same one again
   // keeps the compiled plans.
   if (impl_->draft_w == &w) return;

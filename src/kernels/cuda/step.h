@@ -43,6 +43,17 @@ struct DevSeq {
   float* conv0 = nullptr;
   float* rowlog = nullptr;
   cpu::LatentCache mla;  // plain data: base, page table (device pointers), layout
+  // A draft plan's: the sequence's ring of this layer (keys and values [window][kv width]) and
+  // the positions its slots hold (-1: empty), in device memory (Executor::new_draft_ring).
+  float* ring_k = nullptr;
+  float* ring_v = nullptr;
+  int32_t* ring_pos = nullptr;
+};
+
+// A draft plan's geometry (the DraftConfig fields its tiles read).
+struct DevDraft {
+  int heads = 0, kv_heads = 0, head_dim = 0, window = 0, markov_rank = 0;
+  double rope_theta = 0;
 };
 
 // A commit's KDA replay (Device::run_commit, tiles_attention.cuh kda_commit_block): per KDA
@@ -107,6 +118,10 @@ struct DevStep {
   const int64_t* pos = nullptr;
   const int32_t* row0 = nullptr;
   const int32_t* seq_of_row = nullptr;
+  // A draft plan's: its geometry and the context rows of the step (batch * the plan's rows per
+  // sequence).
+  DevDraft draft;
+  int n_ctx = 0;
   // Sampling (engine/sampler.h SampleRow, as plain device data): one row per logit row, or null
   // for greedy rows everywhere; the penalty pairs of all rows; [n_logits][vocab] scratch for the
   // penalised logits.

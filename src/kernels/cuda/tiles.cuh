@@ -3,6 +3,7 @@
 #pragma once
 #include "tiles_attention.cuh"
 #include "tiles_dense.cuh"
+#include "tiles_draft.cuh"
 #include "tiles_sample.cuh"
 
 MD_CUDA_BEGIN
@@ -29,7 +30,11 @@ MD_DEV StreamRef first_stream(const DevStep& s, const plan::Instr& in) {
     case Op::kLatentDown:
     case Op::kLatentUp:
     case Op::kLmHead:
+    case Op::kDraftCtxProj:
+    case Op::kDraftProj:
       return w(plan::arg::Gemv::w);
+    case Op::kDraftMarkov:
+      return w(plan::arg::DraftMarkov::w2);
     case Op::kAttnOut:
       return w(plan::arg::AttnOut::w);
     case Op::kDenseGateUp:
@@ -53,6 +58,10 @@ MD_DEV bool streams_weights(plan::Op op) {
     case Op::kFfnNorm:
     case Op::kCombine:
     case Op::kSample:
+    case Op::kDraftCtxNorm:
+    case Op::kDraftCtxWrite:
+    case Op::kDraftAttn:
+    case Op::kDraftPick:
       return false;
     default:
       return true;
@@ -121,15 +130,20 @@ MD_DEV void run_tile_ops(const DevStep& s, plan::Instr in, Pipe& pipe) {
       return combine_tile(s, in, a);
     case Op::kSample:
       return sample_tile(s, in, a);
-    // The draft plan's ops: the CUDA executor does not run draft plans yet (runs_drafts() is
-    // false, so it is never handed one; the draft runs on the host).
     case Op::kDraftCtxProj:
+      return draft_ctx_proj_tile(s, in, a, pipe);
     case Op::kDraftCtxNorm:
+      return draft_ctx_norm_tile(s, in, a);
     case Op::kDraftCtxWrite:
+      return draft_ctx_write_tile(s, in, a);
     case Op::kDraftProj:
+      return gemv_tile(s, in, a, pipe);
     case Op::kDraftAttn:
+      return draft_attn_tile(s, in, a);
     case Op::kDraftMarkov:
+      return draft_markov_tile(s, in, a, pipe);
     case Op::kDraftPick:
+      return draft_pick_tile(s, in, a);
     case Op::kCount:
       break;
   }

@@ -61,6 +61,15 @@ MD_DEV double sqrt_d(double x) {
 MD_DEV double exp_d(double x) {
   return exp(x);
 }
+MD_DEV double cos_d(double x) {
+  return cos(x);
+}
+MD_DEV double sin_d(double x) {
+  return sin(x);
+}
+MD_DEV double pow_d(double x, double y) {
+  return pow(x, y);
+}
 
 MD_DEV float warp_sum(float v) {
   for (int m = 16; m >= 1; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);

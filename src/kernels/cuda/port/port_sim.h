@@ -75,6 +75,15 @@ MD_DEV double sqrt_d(double x) {
 MD_DEV double exp_d(double x) {
   return __builtin_exp(x);
 }
+MD_DEV double cos_d(double x) {
+  return __builtin_cos(x);
+}
+MD_DEV double sin_d(double x) {
+  return __builtin_sin(x);
+}
+MD_DEV double pow_d(double x, double y) {
+  return __builtin_pow(x, y);
+}
 
 MD_DEV float warp_sum(float v) {
   return detail::bitsf(sim::warp_collective(detail::fbits(v), sim::WarpOp::kSumF32, 0));
