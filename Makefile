@@ -48,7 +48,7 @@ test-release: build
 
 test-asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DMEGADECODE_SANITIZE=address,undefined -DMEGADECODE_BENCH=OFF -DMEGADECODE_CUDA=OFF \
+	  -DMEGADECODE_SANITIZE=address,undefined -DMEGADECODE_BENCH=OFF -DMEGADECODE_CUDA=OFF -DMEGADECODE_MPI=OFF \
 	  $(SAN_FLAGS) > /dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS)
 	@cd $(ASAN_BUILD) && UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
@@ -67,7 +67,7 @@ test-asan: deps
 # (ServerEngine.Sp*: the engine thread drives them exactly as plain steps, whose tests stay).
 test-tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-	  -DMEGADECODE_SANITIZE=thread -DMEGADECODE_BENCH=OFF -DMEGADECODE_CUDA=OFF $(SAN_FLAGS) \
+	  -DMEGADECODE_SANITIZE=thread -DMEGADECODE_BENCH=OFF -DMEGADECODE_CUDA=OFF -DMEGADECODE_MPI=OFF $(SAN_FLAGS) \
 	  "-DMEGADECODE_TEST_DIRS=exec;server;cuda" > /dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target megadecode_tests
 	@cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1 \

@@ -3,7 +3,8 @@
 # Usage: install-deps.sh [--fuzz]
 set -euo pipefail
 pkgs=(cmake ninja-build g++ make pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
-      libpcre2-dev libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev)
+      libpcre2-dev libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev
+      libopenmpi-dev openmpi-bin)
 # --fuzz (make fuzz): also clang and compiler-rt, whose libclang_rt.fuzzer is libFuzzer. Only the
 # fuzz build needs them; make test builds the harnesses' replay tests with g++.
 if [ "${1:-}" = "--fuzz" ]; then
