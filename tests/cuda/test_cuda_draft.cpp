@@ -315,23 +315,9 @@ void check_speculative(CudaTarget target) {
     hist[size_t(b)].push_back(argmax());
     got[size_t(b)].push_back(hist[size_t(b)].back());
   }
-  for (int step = 0; step < 3 * n; ++step) {
-    std::vector<SpecSeq> qs;
-    for (int b = 0; b < B; ++b) {
-      if (int(got[size_t(b)].size()) >= n) continue;
-      SpecSeq q;
-      q.seq = &seqs[size_t(b)];
-      q.history = &hist[size_t(b)];
-      q.drafter = ds[size_t(b)].get();
-      q.emit = [&got, b, n](int32_t t, std::span<const float>) {
-        got[size_t(b)].push_back(t);
-        return int(got[size_t(b)].size()) < n;
-      };
-      qs.push_back(std::move(q));
-    }
-    if (qs.empty()) break;
-    dec.step_batch(qs);
-  }
+  std::vector<Drafter*> dp;
+  for (auto& d : ds) dp.push_back(d.get());
+  test::speculate_batch(dec, seqs, hist, got, dp, n, 3 * n);
   for (int b = 0; b < B; ++b) EXPECT_EQ(got[size_t(b)], want[size_t(b)]) << "sequence " << b;
   // The rings hold the committed positions (a host copy read back from the executor).
   for (auto& d : ds) {

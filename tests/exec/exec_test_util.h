@@ -10,6 +10,7 @@
 
 #include "megadecode/engine/model.h"
 #include "megadecode/exec/executor.h"
+#include "megadecode/spec/speculative.h"
 
 namespace md::test {
 
@@ -71,6 +72,32 @@ inline std::vector<SequenceState> copies(md::Executor& ex, const std::vector<Seq
   std::vector<SequenceState> out;
   for (const SequenceState& s : from) out.push_back(copy_of(ex, s));
   return out;
+}
+
+// Batched speculative steps (SpeculativeDecoder::step_batch) of sequences side by side, each
+// with its drafter, until every got[b] holds n tokens (got[b] starts with the token after the
+// prompt, hist[b] is the prompt and that token) or max_steps steps have run.
+inline void speculate_batch(SpeculativeDecoder& dec, std::vector<SequenceState>& seqs,
+                            std::vector<std::vector<int32_t>>& hist,
+                            std::vector<std::vector<int32_t>>& got,
+                            const std::vector<Drafter*>& drafters, int n, int max_steps) {
+  for (int step = 0; step < max_steps; ++step) {
+    std::vector<SpecSeq> qs;
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      if (int(got[b].size()) >= n) continue;
+      SpecSeq q;
+      q.seq = &seqs[b];
+      q.history = &hist[b];
+      q.drafter = drafters[b];
+      q.emit = [&got, b, n](int32_t t, std::span<const float>) {
+        got[b].push_back(t);
+        return int(got[b].size()) < n;
+      };
+      qs.push_back(std::move(q));
+    }
+    if (qs.empty()) return;
+    dec.step_batch(qs);
+  }
 }
 
 }  // namespace md::test
