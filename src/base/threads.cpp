@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <vector>
 
 namespace md {
 
@@ -13,10 +14,30 @@ int online_cpus() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
-void pin_current_thread(int cpu) {
+namespace {
+// The CPUs this process may run on, as it started (a launcher's binding: mpirun binds each rank
+// to its cores), read before any thread of ours is pinned.
+std::vector<int> allowed_cpus() {
+  std::vector<int> cpus;
   cpu_set_t set;
   CPU_ZERO(&set);
-  CPU_SET(cpu % online_cpus(), &set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  if (cpus.empty())
+    for (int c = 0; c < online_cpus(); ++c) cpus.push_back(c);
+  return cpus;
+}
+const std::vector<int> g_allowed_cpus = allowed_cpus();
+}  // namespace
+
+void pin_current_thread(int cpu) {
+  // Worker i goes to the i-th CPU the process was given (all of them without a binding), so
+  // two ranks bound to different cores never pin their workers onto one.
+  const std::vector<int>& cpus = g_allowed_cpus.empty() ? allowed_cpus() : g_allowed_cpus;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpus[size_t(cpu) % cpus.size()], &set);
   pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort: ignore failure
 }
 

@@ -12,6 +12,7 @@
 #include "megadecode/base/error.h"
 #include "megadecode/base/util.h"
 #include "megadecode/bench/bench.h"
+#include "megadecode/dist/communicator.h"
 #include "megadecode/exec/executor.h"
 #include "megadecode/exec/cuda_executor.h"
 #include "megadecode/kernels/cpu/bandwidth.h"
@@ -77,6 +78,12 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
   res.workers = o.workers > 0 ? o.workers : online_cpus();
   res.reference_threads = m.pool().size();
   const int maxb = *std::max_element(o.batches.begin(), o.batches.end());
+  // A distributed rank runs plan executors only; the ranks start every timed block together.
+  dist::Communicator* comm = m.communicator();
+  for (const std::string& n : o.executors)
+    MD_CHECK(n != "reference" || !m.shard().sharded(),
+             "bench: the reference path runs whole models only; with --tp/--ep give "
+             "--executor megakernel,opbyop");
   std::vector<Runner> runners;
   for (const std::string& n : o.executors) {
     Runner r;
@@ -93,7 +100,7 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
   }
   const size_t E = runners.size();
   struct Acc {
-    std::vector<double> ms;
+    std::vector<double> ms, comm_ms, comm_calls;
     double bytes = 0;
     int n = 0;
   };
@@ -110,7 +117,7 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
   // The prefill runs on the reference path, or, when the weights exist only on a device, through
   // the first plan executor (its state pool then holds the snapshots).
   Executor* prefiller = nullptr;
-  if (!m.weights_on_host())
+  if (!m.weights_on_host() || m.shard().sharded())
     for (Runner& r : runners)
       if (!prefiller && r.ex) prefiller = r.ex.get();
   for (int B : o.batches) {
@@ -203,11 +210,18 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
         std::this_thread::sleep_for(std::chrono::milliseconds(3));
         step(r, nullptr, nullptr);
         restore(e);
+        if (comm) comm->barrier();
+        const dist::Communicator::Counters c0 = comm ? comm->counters() : dist::Communicator::Counters{};
         double secs = 0, bytes = 0;
         for (int i = 0; i < o.steps; ++i) step(r, &secs, &bytes);
         for (auto* s : ptrs) res.max_pos = std::max(res.max_pos, s->pos);
         Acc& a = acc[{B, e}];
         a.ms.push_back(secs / o.steps * 1e3);
+        if (comm) {
+          const dist::Communicator::Counters& c1 = comm->counters();
+          a.comm_ms.push_back((c1.seconds - c0.seconds) / o.steps * 1e3);
+          a.comm_calls.push_back(double(c1.calls - c0.calls) / o.steps);
+        }
         a.bytes += bytes;
         a.n += o.steps;
         done += 1;
@@ -230,6 +244,8 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
       c.gbps = c.bytes / (c.ms * 1e-3) / 1e9;
       c.tokens_per_s = B * 1e3 / c.ms;
       c.pct_of_bandwidth = 100.0 * c.gbps / res.bandwidth_gbps;
+      c.collective_ms = median(a.comm_ms);
+      c.collective_calls = median(a.comm_calls);
       res.cells.push_back(c);
       if (c.executor == "megakernel") mk = e;
       if (c.executor == "opbyop") ob = e;

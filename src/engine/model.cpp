@@ -11,6 +11,7 @@
 
 #include "forward.h"
 #include "megadecode/base/error.h"
+#include "megadecode/dist/communicator.h"
 #include "megadecode/kernels/cpu/attn_res.h"
 #include "megadecode/kernels/cpu/matmul.h"
 #include "megadecode/kernels/cpu/mxfp4.h"
@@ -195,9 +196,32 @@ Model::Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt)
   init();
 }
 
+Model::Model(const std::string& dir, const ModelOptions& opt, const dist::Shard& shard,
+             dist::Communicator* comm)
+    : opt_(opt), shard_(shard), comm_(comm) {
+  namespace fs = std::filesystem;
+  MD_CHECK(fs::is_directory(dir), "model directory {} does not exist or is not a directory", dir);
+  cfg_ = load_config_file((fs::path(dir) / "config.json").string());
+  if (shard_.sharded()) {
+    MD_CHECK(comm_ && comm_->size() == shard_.world() && comm_->rank() == shard_.rank,
+             "{}: the layout needs {} ranks and this is rank {}; the communicator has {} ranks "
+             "and this is its rank {} (run under mpirun -np {})",
+             describe_shard(shard_), shard_.world(), shard_.rank, comm_ ? comm_->size() : 0,
+             comm_ ? comm_->rank() : -1, shard_.world());
+    dist::check_layout(cfg_, shard_);
+  }
+  ckpt_ = std::make_unique<Checkpoint>(dir);
+  init();
+}
+
 void Model::init() {
   const ModelOptions& opt = opt_;
   w_ = bind_weights(cfg_, *ckpt_);
+  if (shard_.sharded()) {
+    full_cfg_ = cfg_;
+    w_ = dist::shard_weights(full_cfg_, w_, shard_, &shard_bytes_);
+    cfg_ = dist::shard_config(full_cfg_, shard_);
+  }
   num_ = numerics_of(cfg_, opt);
   if (num_.round_a_log) {  // Numerics::round_a_log
     for (LayerWeights& L : w_.layers)
@@ -243,6 +267,9 @@ SequenceState Model::new_sequence() const {
 void Model::forward(SequenceState& seq, std::span<const int32_t> ids, float* logits,
                     bool all_positions, const AuxCapture* aux) {
   require_host_weights("the reference path");
+  MD_CHECK(!shard_.sharded(),
+           "the reference path runs whole models only; this is {} (use a plan executor)",
+           describe_shard(shard_));
   impl_->forward(seq, ids, logits, all_positions, aux);
 }
 

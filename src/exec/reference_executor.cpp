@@ -11,6 +11,9 @@ ReferenceExecutor::ReferenceExecutor(Model& model, int max_batch, const PoolOpti
     : model_(model), max_batch_(max_batch) {
   MD_CHECK(max_batch >= 1 && max_batch <= 1024, "executor: max_batch {} is outside 1..1024",
            max_batch);
+  MD_CHECK(!model.shard().sharded(),
+           "the reference executor runs whole models only; this is {} (use a plan executor)",
+           dist::describe_shard(model.shard()));
   PoolOptions po = states;
   po.max_sequences = std::max(po.max_sequences, max_batch);
   pool_ = std::make_unique<StatePool>(model.config(), model.numerics().round_bf16, po);

@@ -128,13 +128,19 @@ void copy_aux_rows(const plan::Plan& p, const AuxCapture& aux, int n,
   }
 }
 
-int distinct_experts_of_step(const ModelConfig& c, int n, const std::vector<RouterIds>& per_layer) {
+int distinct_experts_of_step(const ModelConfig& c, int n, const std::vector<RouterIds>& per_layer,
+                             std::pair<int, int> held) {
   std::vector<int> mark(2 * static_cast<size_t>(std::max(c.num_experts, 1)));
+  if (held.second < 0) held = {0, c.num_experts};
   int distinct = 0;
   for (const RouterIds& r : per_layer) {
     if (!r.ids) continue;
-    distinct += cpu::distinct_experts(r.ids, r.stride, n, c.num_experts_per_token, c.num_experts,
-                                      mark.data(), mark.data() + c.num_experts);
+    const int nd = cpu::distinct_experts(r.ids, r.stride, n, c.num_experts_per_token,
+                                         c.num_experts, mark.data(), mark.data() + c.num_experts);
+    for (int i = 0; i < nd; ++i) {
+      const int e = mark[size_t(c.num_experts + i)];
+      distinct += e >= held.first && e < held.second;
+    }
   }
   return distinct;
 }

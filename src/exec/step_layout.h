@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "megadecode/exec/executor.h"
@@ -49,7 +50,10 @@ struct RouterIds {
   const int32_t* ids = nullptr;
   size_t stride = 0;
 };
+// Only the experts in `held` = [first, last) count (a distributed rank's group; the default
+// {0, -1}: all).
 int distinct_experts_of_step(const ModelConfig& c, int n,
-                             const std::vector<RouterIds>& per_layer);
+                             const std::vector<RouterIds>& per_layer,
+                             std::pair<int, int> held = {0, -1});
 
 }  // namespace md::exec

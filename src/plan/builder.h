@@ -282,6 +282,25 @@ class Builder {
     return ready;
   }
 
+  // ---- collectives (a distributed rank's plan) ------------------------------------------------
+
+  bool distributed() const { return p_.options.world > 1; }
+  // The all-reduce of x (and x2) over the step's token rows, after the partial-sum tiles the
+  // waits name: one instruction (docs/distributed.md "Collectives"); returns its counter. With
+  // resid: x = round(resid + round(sum)) (o_proj's residual add).
+  uint32_t all_reduce(int layer, const BufferDesc& x, const BufferDesc& x2, const BufferDesc* resid,
+                      std::initializer_list<Wait> waits) {
+    const uint32_t done = counter(Op::kAllReduce, layer);
+    Instr in = make(Op::kAllReduce, layer, waits, done);
+    in.r0 = 0;
+    in.r1 = uint32_t(N_);
+    in.flags = resid ? kFlagResidual : 0;
+    const uint64_t width = uint64_t(x.count) + (x2.kind == BufKind::kNull ? 0 : x2.count);
+    emit(in, args({x, x2, resid ? *resid : null()}),
+         uint64_t(N_) * width * 4 * uint64_t(p_.options.world));
+    return done;
+  }
+
   // ---- the program (plan.cpp) ---------------------------------------------------------------
 
   void build();

@@ -81,11 +81,13 @@ constexpr OperandDesc kDraftMarkov[] = {{"base", S::kAct},    {"w1", S::kWeight}
                                         {"drafts", S::kAct},  {"biased", S::kActOpt},
                                         {"best", S::kAct}};
 constexpr OperandDesc kDraftPick[] = {{"best", S::kAct}, {"drafts", S::kAct}};
+constexpr OperandDesc kAllReduce[] = {{"x", S::kAct}, {"x2", S::kActOpt}, {"resid", S::kActOpt}};
+constexpr OperandDesc kLogitsGather[] = {{"logits", S::kLogits}};
 
 constexpr uint8_t kNo = 0xff;
 
-OpDesc gemv(std::string_view name) {
-  return OpDesc{name, "matrix rows", kGemv, false, 1.0, Stream::kRows, {arg::Gemv::w, kNo}, 0};
+OpDesc gemv(std::string_view name, uint32_t flags = 0) {
+  return OpDesc{name, "matrix rows", kGemv, false, 1.0, Stream::kRows, {arg::Gemv::w, kNo}, flags};
 }
 OpDesc small(std::string_view name, std::string_view ranges, std::span<const OperandDesc> ops,
              double cost = 1.0) {
@@ -142,7 +144,7 @@ const std::array<OpDesc, kNumOps>& table() {
                        1.0,
                        Stream::kRows,
                        {arg::AttnOut::w, kNo},
-                       kFlagResidual});
+                       kFlagResidual | kFlagPartial});
     set(Op::kFfnNorm,
         {"ffn_norm", "token rows", kFfnNorm, true, 1.0, Stream::kNone, {kNo, kNo}, kFlagAttnRes});
     set(Op::kRouter, {"router", "token rows", kRouter, false, 1.0, Stream::kNone, {kNo, kNo}, 0});
@@ -154,7 +156,7 @@ const std::array<OpDesc, kNumOps>& table() {
                            Stream::kRows,
                            {arg::GateUp::gate, arg::GateUp::up},
                            0});
-    set(Op::kDenseDown, gemv("dense_down"));
+    set(Op::kDenseDown, gemv("dense_down", kFlagPartial));
     set(Op::kSharedGateUp, {"shared_gate_up",
                             "matrix rows",
                             kGateUp,
@@ -163,7 +165,7 @@ const std::array<OpDesc, kNumOps>& table() {
                             Stream::kRows,
                             {arg::GateUp::gate, arg::GateUp::up},
                             0});
-    set(Op::kSharedDown, gemv("shared_down"));
+    set(Op::kSharedDown, gemv("shared_down", kFlagPartial));
     set(Op::kExpertGateUp, {"expert_gate_up",
                             "matrix rows of the expert in slot `slot`",
                             kExpertGateUp,
@@ -179,7 +181,7 @@ const std::array<OpDesc, kNumOps>& table() {
                           1.0,
                           Stream::kExpert,
                           {arg::ExpertDown::down, kNo},
-                          0});
+                          kFlagPartial});
     set(Op::kLatentDown, gemv("latent_down"));
     set(Op::kLatentNorm,
         {"latent_norm", "token rows", kLatentNorm, false, 1.0, Stream::kNone, {kNo, kNo}, 0});
@@ -211,6 +213,10 @@ const std::array<OpDesc, kNumOps>& table() {
                            {arg::DraftMarkov::w2, kNo},
                            0});
     set(Op::kDraftPick, small("draft_pick", "sequences (slot `slot`)", kDraftPick));
+    // Collectives (one instruction each; its time is the runtime's, not bytes of this worker).
+    set(Op::kAllReduce, {"all_reduce", "token rows", kAllReduce, false, 1.0, Stream::kNone,
+                         {kNo, kNo}, kFlagResidual});
+    set(Op::kLogitsGather, small("logits_gather", "logit rows", kLogitsGather));
     return a;
   }();
   return t;

@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "builder.h"
+#include "megadecode/dist/shard.h"
 
 namespace md::plan {
 
@@ -53,12 +54,20 @@ void Builder::build() {
     uint32_t attn_done = counter(Op::kAttnOut, l);
     const BufferDesc o_w =
         weight(c.attn_kind[l] == AttnKind::KDA ? WeightKind::kKdaO : WeightKind::kMlaO, l);
-    if (new_block)
+    if (distributed()) {
+      // This rank's heads' share of o_proj (its columns), summed over the ranks, then the
+      // residual (docs/distributed.md "Collectives").
+      const uint32_t partial = attn_done;
+      gemv_tiles(Op::kAttnOut, l, o_w, D, att_w, elt(o_mat), att, x_mid, all_of(core_done),
+                 partial, 0, kFlagPartial);
+      attn_done = all_reduce(l, x_mid, null(), new_block ? nullptr : &x, {all_of(partial)});
+    } else if (new_block) {
       gemv_tiles(Op::kAttnOut, l, o_w, D, att_w, elt(o_mat), att, x_mid, all_of(core_done),
                  attn_done);
-    else
+    } else {
       gemv_tiles(Op::kAttnOut, l, o_w, D, att_w, elt(o_mat), att, x_mid, all_of(core_done),
                  attn_done, 0, kFlagResidual, &x, &x_mid);
+    }
 
     // FFN input norm (K3: of the mix over the block summaries and x_mid).
     BufferDesc h2 = arena(D);
@@ -88,9 +97,31 @@ void Builder::build() {
   // lm_head over the final normed hidden states of the logit rows (compacted by the last
   // combine), straight into the caller's logits.
   const Mat* lm = w_ ? &w_->lm_head : nullptr;
-  const uint32_t logits_done = counter(Op::kLmHead, -1);
-  gemv_tiles(Op::kLmHead, -1, weight(WeightKind::kLmHead), c.vocab_size, D, elt(lm), h,
-             io(BufKind::kLogits), all_of(ready), logits_done);
+  uint32_t logits_done = counter(Op::kLmHead, -1);
+  if (!distributed()) {
+    gemv_tiles(Op::kLmHead, -1, weight(WeightKind::kLmHead), c.vocab_size, D, elt(lm), h,
+               io(BufKind::kLogits), all_of(ready), logits_done);
+  } else {
+    // This rank's vocabulary block, then every rank's block gathered into the logits.
+    const auto [v0, v1] = dist::vocab_block(c.vocab_size, p_.options.world, p_.options.rank);
+    const int64_t rb = tile_rows(std::max<int64_t>(v1 - v0, 1), double(D) * double(elt(lm)),
+                                 p_.options, W_);
+    auto a = args({weight(WeightKind::kLmHead), h, io(BufKind::kLogits)});
+    for (int64_t r = v0; r < v1; r += rb) {
+      Instr in = make(Op::kLmHead, -1, {all_of(ready)}, logits_done);
+      in.r0 = uint32_t(r);
+      in.r1 = uint32_t(std::min(v1, r + rb));
+      emit(in, a,
+           uint64_t(in.r1 - in.r0) * uint64_t(D) * elt(lm) + uint64_t(N_) * uint64_t(D) * 4);
+    }
+    const uint32_t block = logits_done;
+    logits_done = counter(Op::kLogitsGather, -1);
+    Instr in = make(Op::kLogitsGather, -1, {v1 > v0 ? all_of(block) : Wait{}, all_of(ready)},
+                    logits_done);
+    in.r0 = 0;
+    in.r1 = uint32_t(N_);
+    emit(in, args({io(BufKind::kLogits)}), uint64_t(N_) * uint64_t(c.vocab_size) * 4);
+  }
 
   // Sampling, per range of logit rows: every vocabulary block must be in.
   BufferDesc next = arena(1, 4);
@@ -253,6 +284,8 @@ Plan compile_decode_plan(const ModelConfig& cfg, const ModelWeights* w, const Pl
            "plan: mla_kv_splits {} is outside 0..256", opt.mla_kv_splits);
   MD_CHECK(cfg.attn_res_block_size >= 0, "plan: bad attn_res_block_size {}",
            cfg.attn_res_block_size);
+  MD_CHECK(opt.world >= 1 && opt.world <= 4096 && opt.rank >= 0 && opt.rank < opt.world,
+           "plan: rank {} of a world of {} is not a rank", opt.rank, opt.world);
   Plan p;
   p.batch = opt.batch;
   p.rows = opt.rows;

@@ -38,9 +38,12 @@ void Builder::dense_ffn(int l, const FfnIo& io) {
                 weight(WeightKind::kDenseUp, l), I, elt(L ? &L->dense.gate : nullptr), io.h2, act,
                 all_of(io.norm_done), gu);
   gemv_tiles(Op::kDenseDown, l, weight(WeightKind::kDenseDown, l), D, I,
-             elt(L ? &L->dense.down : nullptr), act, out, all_of(gu), dn);
+             elt(L ? &L->dense.down : nullptr), act, out, all_of(gu), dn, 0,
+             distributed() ? kFlagPartial : 0);
+  // Distributed: each rank's channels gave a partial sum of the output.
+  const uint32_t done = distributed() ? all_reduce(l, out, null(), nullptr, {all_of(dn)}) : dn;
   combine_tiles(l, io, {io.x_mid, null(), out, null(), io.x_next, io.next_norm, io.h_next}, 0,
-                {all_of(dn)});
+                {all_of(done)});
 }
 
 void Builder::gate_up_tiles(Op op, int l, const BufferDesc& g, const BufferDesc& u, int64_t I,
@@ -64,7 +67,7 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
   const LayerWeights* L = lw(l);
   const bool shared = c.num_shared_experts > 0;
   const bool latent = c.latent_size > 0;
-  const int64_t IS = I * c.num_shared_experts;
+  const int64_t IS = c.shared_intermediate();
   BufferDesc ids = arena(k, 4), wts = arena(k), act = arena(int64_t(k) * I),
              dn = arena(int64_t(k) * X);
   BufferDesc sact = shared ? arena(IS) : null(), sout = shared ? arena(D) : null();
@@ -132,7 +135,7 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
   if (shared) {
     sdn = counter(Op::kSharedDown, l);
     gemv_tiles(Op::kSharedDown, l, weight(WeightKind::kSharedDown, l), D, IS, se, sact, sout,
-               all_of(sgu), sdn);
+               all_of(sgu), sdn, 0, distributed() ? kFlagPartial : 0);
   }
   const uint32_t expert_done = counter(Op::kExpertDown, l);
   {
@@ -141,18 +144,27 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
       for (int64_t r = 0; r < X; r += rb_dn) {
         Instr in = make(Op::kExpertDown, l, {all_of(slot_gu[size_t(u)])}, expert_done);
         in.slot = uint16_t(u);
+        in.flags = distributed() ? kFlagPartial : 0;
         in.r0 = uint32_t(r);
         in.r1 = uint32_t(std::min(X, r + rb_dn));
         emit(in, a, uint64_t(double(in.r1 - in.r0) * double(I) * ee));
       }
   }
-  const Wait shared_done = shared ? all_of(sdn) : Wait{};
+  Wait shared_done = shared ? all_of(sdn) : Wait{};
+  // Distributed: each rank wrote its experts' outputs (zeros for the others') and, inside an
+  // expert split by channel, partial sums; with the shared expert's partial sums, one
+  // all-reduce completes both.
+  Wait experts_in = all_of(expert_done);
+  if (distributed()) {
+    experts_in = all_of(all_reduce(l, dn, sout, nullptr, {experts_in, shared_done}));
+    shared_done = Wait{};
+  }
 
   if (!latent) {
     // Weighted sum in ascending expert id, shared expert, residual, next norm.
     combine_tiles(l, io, {io.x_mid, wts, dn, sout, io.x_next, io.next_norm, io.h_next},
                   uint32_t(kFlagMoeCombine | (shared ? kFlagSharedExpert : 0)),
-                  {all_of(expert_done), shared_done});
+                  {experts_in, shared_done});
     return;
   }
 
@@ -163,7 +175,7 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
   {
     auto a = args({wts, dn, c.latent_norm ? weight(WeightKind::kLatentNorm, l) : null(), r_lat});
     for (auto r : row_ranges()) {
-      Instr in = make(Op::kLatentNorm, l, {all_of(expert_done)}, lnorm);
+      Instr in = make(Op::kLatentNorm, l, {experts_in}, lnorm);
       set_rows(in, r);
       emit(in, a, uint64_t(r.second - r.first) * uint64_t(k + 3) * uint64_t(X) * 4);
     }

@@ -258,6 +258,11 @@ void register_bench(CLI::App& app) {
     else
       lm = load_model(rf, /*with_tokenizer=*/false);
     Model& m = *lm.model;
+    if (m.shard().sharded() && std::find(names.begin(), names.end(), "reference") != names.end()) {
+      // A distributed rank runs plan executors only (the reference path is whole-model).
+      names.erase(std::find(names.begin(), names.end(), "reference"));
+      MD_CHECK(!names.empty(), "bench: with --tp/--ep give --executor megakernel and/or opbyop");
+    }
     const bench::Machine mach = bench::this_machine();
     const std::string model_name = o->preset.empty() ? o->f.model : "preset " + o->preset;
     Progress progress(1.0);
@@ -309,17 +314,25 @@ void register_bench(CLI::App& app) {
                     d.device == DeviceKind::kCudaSim
                         ? " (the simulation: host memory and CPU timings, not a GPU's)"
                         : "");
+      const bool dist = m.shard().sharded();
+      if (dist)
+        std::printf("distributed: %s; bytes/step are this rank's (it holds %s of weights), "
+                    "coll ms: its time inside the collectives per step\n",
+                    dist::describe_shard(m.shard()).c_str(),
+                    human_bytes(m.shard_bytes().held()).c_str());
       std::printf("\n");
-      std::printf("%-6s %-11s %10s %10s %12s %9s %7s\n", "batch", "executor", "ms/step", "tok/s",
-                  "bytes/step", "GB/s", "% bw");
+      std::printf("%-6s %-11s %10s %10s %12s %9s %7s%s\n", "batch", "executor", "ms/step", "tok/s",
+                  "bytes/step", "GB/s", "% bw", dist ? "  coll ms  calls" : "");
       nlohmann::json results = nlohmann::json::array(), ratios = nlohmann::json::object();
       std::vector<PlotSeries> series(names.size());
       for (size_t e = 0; e < names.size(); ++e) series[e].name = names[e];
       for (size_t i = 0; i < r.cells.size(); ++i) {
         const bench::DecodeCell& cl = r.cells[i];
-        std::printf("%-6d %-11s %10.3f %10.1f %12s %9.2f %6.1f%%\n", cl.batch, cl.executor.c_str(),
+        std::printf("%-6d %-11s %10.3f %10.1f %12s %9.2f %6.1f%%", cl.batch, cl.executor.c_str(),
                     cl.ms, cl.tokens_per_s, human_bytes(cl.bytes).c_str(), cl.gbps,
                     cl.pct_of_bandwidth);
+        if (dist) std::printf(" %8.3f %6.0f", cl.collective_ms, cl.collective_calls);
+        std::printf("\n");
         results.push_back({{"batch", cl.batch},
                            {"executor", cl.executor},
                            {"ms_per_step", cl.ms},
@@ -327,7 +340,9 @@ void register_bench(CLI::App& app) {
                            {"tokens_per_s", cl.tokens_per_s},
                            {"bytes_per_step", cl.bytes},
                            {"gbps", cl.gbps},
-                           {"pct_of_bandwidth", cl.pct_of_bandwidth}});
+                           {"pct_of_bandwidth", cl.pct_of_bandwidth},
+                           {"collective_ms_per_step", cl.collective_ms},
+                           {"collective_calls_per_step", cl.collective_calls}});
         series[i % names.size()].points.emplace_back(cl.batch, cl.tokens_per_s);
         const bool last_of_batch = i + 1 == r.cells.size() || r.cells[i + 1].batch != cl.batch;
         if (last_of_batch && r.megakernel_over_opbyop.count(cl.batch)) {

@@ -186,7 +186,8 @@ void register_run_commands(CLI::App& app) {
                  n);
       }
       MD_CHECK(o->prefill >= -1, "--prefill {} must not be negative", o->prefill);
-      Model m(o->f.model, o->f.options());
+      LoadedModel lm = load_model(o->f, /*with_tokenizer=*/false);
+      Model& m = *lm.model;
       if (!m.weights().note.empty()) std::fprintf(stderr, "%s\n", m.weights().note.c_str());
       const int64_t V = m.config().vocab_size;
       const size_t S = lists.size();
@@ -209,7 +210,18 @@ void register_run_commands(CLI::App& app) {
         const int n = int(lists[s].size());
         const int p = o->rows > 0 ? 0 : o->prefill < 0 ? n : std::min(o->prefill, n);
         states.push_back(ex ? ex->new_sequence() : m.new_sequence());
-        if (p > 0) {
+        if (p > 0 && ex && m.shard().sharded()) {
+          // A distributed rank: the prompt through the plan (every row's logits), in steps of
+          // up to 16 rows (the reference path runs whole models only).
+          for (int i = 0; i < p; i += 16) {
+            const int r = std::min(16, p - i);
+            const StepSeq q{&states.back(), std::span(lists[s]).subspan(size_t(i), size_t(r)),
+                            LogitRows::kAll};
+            logits.resize(size_t(r) * size_t(V));
+            ex->step(std::span(&q, 1), logits.data());
+            for (int j = 0; j < r; ++j) print(s, i + j, logits.data() + int64_t(j) * V);
+          }
+        } else if (p > 0) {
           // The prompt through the reference path, then (with an executor) into its pool.
           SequenceState ref = ex ? m.new_sequence() : SequenceState();
           SequenceState& into = ex ? ref : states.back();
@@ -299,7 +311,8 @@ void register_run_commands(CLI::App& app) {
                  "--executor megakernel or opbyop");
         if (o->executor == "reference") o->executor = "megakernel";
       }
-      Model m(o->f.model, o->f.options());
+      LoadedModel lm = load_model(o->f, /*with_tokenizer=*/false);
+      Model& m = *lm.model;
       if (!m.weights().note.empty()) std::fprintf(stderr, "%s\n", m.weights().note.c_str());
       const ModelConfig& cfg = m.config();
       for (int32_t id : ids)

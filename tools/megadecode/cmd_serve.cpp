@@ -85,6 +85,11 @@ void register_serve(CLI::App& app) {
              "serve: speculative decoding (--speculative / --draft) needs a plan executor: "
              "--executor megakernel or opbyop (the reference path cannot commit a verify step)");
     LoadedModel lm = load_model(o->f);
+    // (Under mpirun the server would listen on rank 0 and the other ranks follow its steps: not
+    // built yet, docs/distributed.md "Not done".)
+    MD_CHECK(!lm.model->shard().sharded(),
+             "serve: --tp / --ep are not supported by the server yet (run, generate, logits and "
+             "bench are; docs/distributed.md)");
     // With --speculative / --draft every slot gets its own drafter (a DSpark draft's weights are
     // loaded once and shared).
     LoadedDrafter drafter;

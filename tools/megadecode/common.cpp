@@ -59,6 +59,14 @@ void RunFlags::add(CLI::App* app, bool model_required) {
                   "where the plan executors run: cpu, cuda (a GPU), or cuda-sim (the CUDA kernels "
                   "on the host simulation of the CUDA execution model; slow, for checking)")
       ->check(CLI::IsMember({"cpu", "cuda", "cuda-sim"}));
+  app->add_option("--tp", tp,
+                  "distributed (under mpirun -np tp*ep): attention heads, dense and shared-expert "
+                  "channels and the vocabulary over all ranks, routed experts tp ways inside each "
+                  "expert (docs/distributed.md)")
+      ->check(CLI::Range(1, 4096));
+  app->add_option("--ep", ep,
+                  "distributed: routed experts ep ways by expert (world = tp x ep ranks)")
+      ->check(CLI::Range(1, 4096));
 }
 
 ModelOptions RunFlags::options() const {
@@ -72,20 +80,42 @@ ModelOptions RunFlags::options() const {
 
 LoadedModel load_model(const RunFlags& f, bool with_tokenizer) {
   LoadedModel lm;
-  const bool tty = isatty(2);
+  bool tty = isatty(2);
   double t0 = now_seconds();
-  if (tty) std::fprintf(stderr, "loading %s ...", f.model.c_str());
-  lm.model = std::make_unique<Model>(f.model, f.options());
+  if (int64_t(f.tp) * f.ep > 1) {
+    // A distributed run: every rank loads its slice; rank 0 alone writes to stdout (the others'
+    // output would repeat it), errors come from any rank on stderr.
+    lm.comm = dist::mpi_communicator();
+    dist::Shard shard;
+    shard.layout = {f.tp, f.ep};
+    shard.rank = lm.comm->rank();
+    MD_CHECK(lm.comm->size() == shard.world(),
+             "--tp {} --ep {} needs {} ranks, and this run has {} (mpirun -np {} megadecode ...)",
+             f.tp, f.ep, shard.world(), lm.comm->size(), shard.world());
+    if (shard.rank != 0) {
+      tty = false;
+      MD_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr,
+               "rank {}: cannot silence stdout", shard.rank);
+    }
+    if (tty) std::fprintf(stderr, "loading %s (%s) ...", f.model.c_str(),
+                          dist::describe_shard(shard).c_str());
+    lm.model = std::make_unique<Model>(f.model, f.options(), shard, lm.comm.get());
+  } else {
+    if (tty) std::fprintf(stderr, "loading %s ...", f.model.c_str());
+    lm.model = std::make_unique<Model>(f.model, f.options());
+  }
   if (with_tokenizer)
     lm.tokenizer =
         std::make_unique<Tokenizer>(Tokenizer::load(f.model, lm.model->config().vocab_size));
-  if (tty) {
+  // (A rank of a distributed run reads only its slices: touching the whole checkpoint would make
+  // all of it resident.)
+  if (tty && !lm.model->shard().sharded()) {
     lm.model->touch_weights([&](double done, double total) {
       std::fprintf(stderr, "\rloading %s: %5.1f%% of %s", f.model.c_str(), 100.0 * done / total,
                    human_bytes(total).c_str());
     });
-    std::fprintf(stderr, " (%.1f s)\n", now_seconds() - t0);
   }
+  if (tty) std::fprintf(stderr, " (%.1f s)\n", now_seconds() - t0);
   return lm;
 }
 

@@ -8,6 +8,7 @@
 
 #include <memory>
 
+#include "megadecode/dist/communicator.h"
 #include "megadecode/engine/model.h"
 #include "megadecode/spec/draft_model.h"
 #include "megadecode/spec/drafter.h"
@@ -28,6 +29,8 @@ struct RunFlags {
   bool biased_router = false;
   PoolOptions states;  // --max-sequences, --cache-tokens, --page-tokens
   std::string device = "cpu";  // --device: where the plan executors run
+  // --tp / --ep: a distributed run under mpirun (dist/shard.h), world = tp x ep ranks.
+  int tp = 1, ep = 1;
   DeviceKind device_kind() const { return parse_device_kind(device); }
   void add(CLI::App* app, bool model_required = true);
   ModelOptions options() const;
@@ -36,6 +39,9 @@ struct RunFlags {
 // A model and its tokenizer, loaded with a progress line on a TTY (the weights' pages are read in
 // once so the first tokens are not slowed by page faults).
 struct LoadedModel {
+  // A distributed run's communicator (MPI_COMM_WORLD): declared first, so that it outlives the
+  // model whose plans use it.
+  std::unique_ptr<dist::Communicator> comm;
   std::unique_ptr<Model> model;
   std::unique_ptr<Tokenizer> tokenizer;
 };

@@ -42,6 +42,8 @@ class ThreadPool {
 };
 
 int online_cpus();
+// Pins the calling thread to the cpu-th CPU (mod their count) of those the process was started
+// on: all of them, or a launcher's binding (mpirun's per-rank cores).
 void pin_current_thread(int cpu);
 
 // Splits [0, n) into `parts` contiguous ranges whose boundaries are multiples of align (except n);

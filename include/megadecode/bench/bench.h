@@ -48,6 +48,10 @@ struct DecodeCell {
   double ms = 0;                // median
   double bytes = 0;             // per step (StepStats)
   double tokens_per_s = 0, gbps = 0, pct_of_bandwidth = 0;
+  // A distributed rank (mpirun): this rank's bytes per step are `bytes`; its time inside the
+  // collectives per step (median over repetitions, measured around the runtime's calls) and
+  // the calls per step.
+  double collective_ms = 0, collective_calls = 0;
 };
 
 struct DecodeResult {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "megadecode/base/threads.h"
+#include "megadecode/dist/shard.h"
 #include "megadecode/engine/numerics.h"
 #include "megadecode/engine/state_pool.h"
 #include "megadecode/model/config.h"
@@ -35,11 +36,23 @@ class Model {
   // CUDA executors can run it (they generate the matrices in device memory); the reference path
   // and the CPU executors refuse it with an md::Error.
   Model(const ModelConfig& cfg, uint64_t seed, const ModelOptions& opt = {});
+  // One rank's slice of the model in dir (dist/shard.h): config() and weights() are the rank's
+  // (heads, channels and experts divided, row slices mapped in place, column slices copied);
+  // full_config() is the checkpoint's. comm (size = the layout's world, rank = shard.rank)
+  // carries the plan's collectives and outlives the model. Only the plan executors on the CPU
+  // run a sharded model (the reference path and the CUDA executors refuse it).
+  Model(const std::string& dir, const ModelOptions& opt, const dist::Shard& shard,
+        dist::Communicator* comm);
   ~Model();
 
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
   const ModelOptions& options() const { return opt_; }
+  const dist::Shard& shard() const { return shard_; }
+  dist::Communicator* communicator() const { return comm_; }
+  const ModelConfig& full_config() const { return shard_.sharded() ? full_cfg_ : cfg_; }
+  // What this rank holds (sharded models; zeros otherwise).
+  const dist::ShardBytes& shard_bytes() const { return shard_bytes_; }
   // The numeric policy of this model and options (engine/numerics.h).
   const Numerics& numerics() const { return num_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
@@ -69,6 +82,10 @@ class Model {
   struct Impl;
   ModelConfig cfg_;
   ModelOptions opt_;
+  dist::Shard shard_;
+  dist::Communicator* comm_ = nullptr;
+  ModelConfig full_cfg_;
+  dist::ShardBytes shard_bytes_;
   Numerics num_;
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;

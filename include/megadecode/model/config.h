@@ -57,6 +57,9 @@ struct ModelConfig {
   int num_experts = 0;
   int num_experts_per_token = 0;
   int num_shared_experts = 0;
+  // The shared experts' channels (0: moe_intermediate_size x num_shared_experts, as in every
+  // config.json; a distributed rank's config holds its slice, dist/shard.h).
+  int64_t shared_intermediate_size = 0;
   int num_expert_group = 1;
   int topk_group = 1;
   bool moe_renormalize = true;
@@ -93,6 +96,10 @@ struct ModelConfig {
   }  // per token per layer
   // The width routed experts read and write: the latent for K3, else the hidden size.
   int64_t expert_dim() const { return latent_size > 0 ? latent_size : hidden_size; }
+  int64_t shared_intermediate() const {
+    return shared_intermediate_size > 0 ? shared_intermediate_size
+                                        : moe_intermediate_size * num_shared_experts;
+  }
   bool uses_situ() const { return activation == Activation::kSitu; }
   // The router's stored dtype in the official releases (Kimi Linear F32, K3 BF16): what
   // make-model writes and what a plan without weights assumes (both are accepted at load).

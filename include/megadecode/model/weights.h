@@ -3,6 +3,7 @@
 // converted to fp32 once at load.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,9 @@ struct ModelWeights {
   // they are skipped and counted here, with a one-line note for the user (empty when none).
   int ignored_tensors = 0;
   std::string note;
+  // Memory some matrices point into instead of the mapping (a distributed rank's column slices,
+  // dist/shard.h): shared, so that copies of these weights stay valid.
+  std::vector<std::shared_ptr<const std::vector<uint8_t>>> owned;
 };
 
 // Binds every tensor the architecture needs; a missing tensor, a wrong shape or dtype, or a tensor

@@ -106,6 +106,13 @@ struct DraftMarkov {
 struct DraftPick {
   enum : uint8_t { best, drafts, count };
 };
+// A distributed rank's collectives: x (and x2) summed over the ranks; resid with kFlagResidual.
+struct AllReduce {
+  enum : uint8_t { x, x2, resid, count };
+};
+struct LogitsGather {
+  enum : uint8_t { logits, count };
+};
 // K3's block attention residual mix, appended to kFfnNorm / kCombine (kFlagAttnRes): the score
 // weights, then the sources (block summaries, then the partial sum).
 struct MixTail {

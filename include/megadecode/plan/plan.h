@@ -69,6 +69,11 @@ enum class Op : uint8_t {
   kDraftMarkov,    // (slot k, vocabulary row block): bias = round(markov_w2 markov_w1[prev]),
                    // biased = base logits of block row k + bias, each sequence's best (value, id)
   kDraftPick,      // (slot k, sequences): draft k = the best over the vocabulary blocks
+  // A distributed rank's plan (PlanOptions::world > 1; docs/distributed.md "Collectives"):
+  kAllReduce,     // the step's token rows of one or two buffers of fp32 partials summed over the
+                  // ranks in rank order (dist::Communicator), rounded, and with kFlagResidual
+                  // added to the residual: x = round(resid + round(sum))
+  kLogitsGather,  // every rank's vocabulary block of the logit rows, so that all hold all logits
   kCount
 };
 constexpr int kNumOps = int(Op::kCount);
@@ -112,6 +117,9 @@ inline constexpr uint32_t kFlagAttnRes =
 inline constexpr uint32_t kFlagLogitRows =
     1u << 8;  // kCombine of the last layer: the final norm's output goes to the
 //                                 compact logit-row buffer (only the rows that asked for logits)
+// Distributed: the tile writes this rank's fp32 partial sums, unrounded and without the residual
+// (kAttnOut, kDenseDown, kSharedDown, kExpertDown); the kAllReduce after it completes them.
+inline constexpr uint32_t kFlagPartial = 1u << 9;
 inline constexpr uint32_t kFlagTestStall =
     1u << 31;  // test hook: the instruction never completes (watchdog tests)
 
@@ -285,6 +293,12 @@ struct PlanOptions {
   // changes the fp32 summation order, so a split plan agrees with Model::forward within fp32
   // rounding, not bitwise (both executors still agree bitwise with each other).
   int mla_kv_splits = 0;
+  // A distributed run (dist/shard.h): `world` ranks, this plan being rank `rank`'s, for the
+  // rank's sharded model (its config and weights). world > 1 makes the row-parallel projections
+  // write partial sums (kFlagPartial) and adds the collectives: an all-reduce after o_proj and
+  // one after the FFN's down projections, and the gather of the rank's vocabulary block of the
+  // logits (lm_head computes only that block).
+  int world = 1, rank = 0;
 };
 
 struct Plan {

@@ -138,7 +138,9 @@ StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
   const ModelConfig& c = m.config();
   const ModelWeights& w = m.weights();
   // Every matrix but the experts and the embedding table (one row per sequence).
-  double fixed = double(w.lm_head.bytes()), expert = 0;
+  // A distributed rank reads its vocabulary block of lm_head and holds its experts' slices.
+  const auto [v0, v1] = m.shard().vocab(c.vocab_size);
+  double fixed = double(w.lm_head.bytes()) * double(v1 - v0) / double(c.vocab_size), expert = 0;
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = w.layers[size_t(l)];
     if (c.attn_kind[size_t(l)] == AttnKind::KDA) {
@@ -157,7 +159,11 @@ StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
       if (L.moe.has_shared) fixed += double(L.moe.shared.bytes());
       // K3's latent projections; an expert's bytes count MXFP4 at 4.25 bits (Mat::bytes).
       fixed += double(L.moe.latent_down.bytes()) + double(L.moe.latent_up.bytes());
-      expert = double(L.moe.experts[0].bytes());
+      for (const FfnWeights& e : L.moe.experts)
+        if (e.gate.data) {
+          expert = double(e.bytes());
+          break;
+        }
     }
   }
   StepStats s;

@@ -236,11 +236,18 @@ struct CpuExecutor::Impl {
     po.batch = batch;
     po.rows = rows;
     po.workers = W;
+    po.world = model.shard().world();
+    po.rank = model.shard().rank;
     rt->plan = plan::compile_decode_plan(model.config(), &model.weights(), po);
     for (const plan::WeightRef& r : rt->plan.weights) {
       rt->weights.push_back(exec::bind_weight(model.weights(), r));
-      MD_CHECK(rt->weights.back().data != nullptr, "decode plan: weight {} of layer {} is absent",
-               plan::weight_kind_name(r.kind), r.layer);
+      // A distributed rank holds only its group's routed experts (the tiles skip the others).
+      const bool expert = r.kind == plan::WeightKind::kExpertGate ||
+                          r.kind == plan::WeightKind::kExpertUp ||
+                          r.kind == plan::WeightKind::kExpertDown;
+      MD_CHECK(rt->weights.back().data != nullptr || (expert && model.shard().sharded()),
+               "decode plan: weight {} of layer {} is absent", plan::weight_kind_name(r.kind),
+               r.layer);
     }
     prepare(*rt);
     return *plans.emplace(std::make_pair(batch, rows), std::move(rt)).first->second;
@@ -630,6 +637,7 @@ struct CpuExecutor::Impl {
     ctx.seqs = views.data();
     ctx.pos = pos.data();
     ctx.sampling = sampling.empty() ? nullptr : sampling.data();
+    ctx.comm = model.communicator();
 
     const double t_start = now_seconds();
     if (!run_workers(ctx, rt)) {
@@ -725,7 +733,9 @@ struct CpuExecutor::Impl {
       const plan::BufferDesc& d = rt.plan.buffers[bi];
       ids[size_t(l)] = {reinterpret_cast<const int32_t*>(arena.get() + d.offset), d.stride / 4};
     }
-    stats = decode_step_bytes(model, pos, exec::distinct_experts_of_step(c, n, ids),
+    const auto held = model.shard().sharded() ? model.shard().experts(model.full_config())
+                                              : std::pair<int, int>{0, -1};
+    stats = decode_step_bytes(model, pos, exec::distinct_experts_of_step(c, n, ids, held),
                               std::span<const int>(rows));
   }
 };

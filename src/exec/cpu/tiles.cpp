@@ -74,7 +74,8 @@ void gemv_tile(const StepCtx& s, const Instr& in, const Args& a) {
   }
   const int64_t n = int64_t(in.r1) - in.r0;
   gemv_rows(w, in.r0, in.r1, a.f(G::x), B, a.ld(G::x), Y + in.r0, ldy, s.num.round_bf16);
-  if (s.num.round_bf16)
+  // A distributed rank's partial sums stay fp32 until the all-reduce has added them up.
+  if (s.num.round_bf16 && !(in.flags & plan::kFlagPartial))
     for (int b = 0; b < B; ++b) cpu::round_bf16_inplace(Y + b * ldy + in.r0, n);
 }
 
@@ -88,6 +89,7 @@ void attn_out_tile(const StepCtx& s, const Instr& in, const Args& a) {
   float* out = a.f(A::out);
   gemv_rows(a.w(A::w), in.r0, in.r1, a.f(A::x), B, a.ld(A::x), out + in.r0, a.ld(A::out),
             s.num.round_bf16);
+  if (in.flags & plan::kFlagPartial) return;  // distributed: kAllReduce rounds and adds
   for (int b = 0; b < B; ++b) {
     float* y = a.f(A::out, b) + in.r0;
     maybe_round(y, n, s.num.round_bf16);
@@ -218,6 +220,7 @@ void expert_gate_up_tile(const StepCtx& s, const Instr& in, const Args& a, Scrat
   using Xg = plan::arg::ExpertGateUp;
   int e, n;
   if (!expert_slot(s, a, in.slot, sc, &e, &n)) return;
+  if (!a.w(Xg::gate, e).data) return;  // another rank's expert (distributed)
   const int64_t D = s.cfg->expert_dim(), I = s.cfg->moe_intermediate_size;  // D: input width
   const int64_t rows = int64_t(in.r1) - in.r0;
   const int* members = sc.i.data() + s.cfg->num_experts;
@@ -253,13 +256,21 @@ void expert_down_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch&
   const int64_t D = s.cfg->expert_dim(), I = s.cfg->moe_intermediate_size;
   const int64_t rows = int64_t(in.r1) - in.r0;
   const int* members = sc.i.data() + s.cfg->num_experts;
+  if (!a.w(Dn::down, e).data) {
+    // Another rank's expert (distributed): zeros, so that the all-reduce adds only its owner's.
+    for (int m = 0; m < n; ++m) {
+      float* out = a.f(Dn::out, members[2 * m]) + int64_t(members[2 * m + 1]) * D + in.r0;
+      std::fill(out, out + rows, 0.0f);
+    }
+    return;
+  }
   float* y = sc.f.data();
   float* xg = y + int64_t(n) * rows;
   for (int m = 0; m < n; ++m)
     std::memcpy(xg + m * I, a.f(Dn::act, members[2 * m]) + int64_t(members[2 * m + 1]) * I,
                 size_t(I) * 4);
   gemv_rows(a.w(Dn::down, e), in.r0, in.r1, xg, n, I, y, rows, s.num.round_bf16);
-  maybe_round(y, n * rows, s.num.round_bf16);
+  maybe_round(y, n * rows, s.num.round_bf16 && !(in.flags & plan::kFlagPartial));
   for (int m = 0; m < n; ++m)
     std::copy(y + m * rows, y + (m + 1) * rows,
               a.f(Dn::out, members[2 * m]) + int64_t(members[2 * m + 1]) * D + in.r0);
@@ -346,7 +357,7 @@ size_t scratch_floats(const plan::Plan& p) {
   const ModelConfig& c = p.cfg;
   const int64_t B = p.token_rows(), R = p.rows, D = c.hidden_size;
   const int64_t I = std::max({c.intermediate_size, c.moe_intermediate_size,
-                              c.moe_intermediate_size * std::max(c.num_shared_experts, 1)});
+                              c.shared_intermediate()});
   const int64_t X = std::max(D, c.expert_dim());                      // the routed experts' width
   int64_t n = 3 * D;                                                  // combine (+ K3's mix)
   n = std::max<int64_t>(n, R * (5 * c.kda_dim() + c.kda_num_heads));  // kda core
@@ -451,6 +462,10 @@ void run_instr(const StepCtx& s, const Instr& instr, Scratch& sc) {
       return draft_markov_tile(s, in, a, sc);
     case Op::kDraftPick:
       return draft_pick_tile(s, in, a);
+    case Op::kAllReduce:
+      return all_reduce_tile(s, in, a);
+    case Op::kLogitsGather:
+      return logits_gather_tile(s, in, a);
     case Op::kCount:
       break;
   }
@@ -522,6 +537,7 @@ void Prefetcher::start(const StepCtx& s, const Instr& in, bool expert_ids_visibl
       for (int j = 0; j < 2; ++j) {
         if (so[j] == 0xff) continue;
         const WeightView& w = s.weights[a[so[j]].offset + uint64_t(e)];
+        if (!w.data) continue;  // another rank's expert (distributed)
         const size_t rb = stored_row_bytes(w);
         add(static_cast<const char*>(w.data) + size_t(in.r0) * rb, rb, in.r1 - in.r0);
       }

@@ -17,6 +17,10 @@
 #include "megadecode/model/weights.h"
 #include "megadecode/plan/plan.h"
 
+namespace md::dist {
+class Communicator;
+}
+
 namespace md::exec {
 
 // A weight-table entry bound to memory: a [rows, cols] matrix or an fp32 vector (rows = 1).
@@ -76,6 +80,8 @@ struct StepCtx {
   // A draft plan's context rows: batch * Plan::draft.ctx_rows of them (sequence b's are
   // [b * ctx_rows, (b + 1) * ctx_rows); the unused ones have position -1).
   int n_ctx = 0;
+  // A distributed rank's communicator (the plan's kAllReduce / kLogitsGather; null otherwise).
+  dist::Communicator* comm = nullptr;
 };
 
 // Scratch owned by one worker; sized by scratch_floats() for the plan.
@@ -144,6 +150,9 @@ void draft_ctx_write_tile(const StepCtx& s, const plan::Instr& in, const Args& a
 void draft_attn_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
 void draft_markov_tile(const StepCtx& s, const plan::Instr& in, const Args& a, Scratch& sc);
 void draft_pick_tile(const StepCtx& s, const plan::Instr& in, const Args& a);
+// A distributed rank's collectives (tiles_dist.cpp), over StepCtx::comm.
+void all_reduce_tile(const StepCtx& s, const plan::Instr& in, const Args& a);
+void logits_gather_tile(const StepCtx& s, const plan::Instr& in, const Args& a);
 // Scratch floats and ints the draft tiles of a draft plan need.
 size_t draft_scratch_floats(const plan::Plan& p);
 size_t draft_scratch_ints(const plan::Plan& p);

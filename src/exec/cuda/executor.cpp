@@ -39,7 +39,13 @@ namespace md {
 
 CudaExecutor::CudaExecutor(Model& model, int max_batch, ExecutorKind kind, CudaTarget target,
                            const ExecutorOptions& opt)
-    : impl_(std::make_unique<Impl>(model, max_batch, kind, target, opt)) {}
+    : impl_([&] {
+        // The collectives are CPU plan tiles so far (docs/distributed.md "Not done").
+        MD_CHECK(!model.shard().sharded(),
+                 "the CUDA executors run whole models only; this is {} (use --device cpu)",
+                 dist::describe_shard(model.shard()));
+        return std::make_unique<Impl>(model, max_batch, kind, target, opt);
+      }()) {}
 CudaExecutor::~CudaExecutor() = default;
 
 void CudaExecutor::run_step(std::span<const StepSeq> seqs, float* logits, int32_t* next_ids,

@@ -144,6 +144,8 @@ MD_DEV void run_tile_ops(const DevStep& s, plan::Instr in, Pipe& pipe) {
       return draft_markov_tile(s, in, a, pipe);
     case Op::kDraftPick:
       return draft_pick_tile(s, in, a);
+    case Op::kAllReduce:  // a distributed plan's: the CUDA executors refuse sharded models
+    case Op::kLogitsGather:
     case Op::kCount:
       break;
   }

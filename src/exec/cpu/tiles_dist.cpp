@@ -1,0 +1,98 @@
+// A distributed rank's collectives as plan tiles (docs/distributed.md "Collectives"): one worker
+// issues the call while the others go on with instructions that do not need its result. The
+// instructions form one dependency chain per step (each collective waits, through the layer
+// between, on the one before), so the calls are serialized across workers as MPI's
+// MPI_THREAD_SERIALIZED level requires, and every rank issues them in the same order.
+#include <algorithm>
+#include <vector>
+
+#include "megadecode/base/bf16.h"
+#include "megadecode/base/error.h"
+#include "megadecode/dist/communicator.h"
+#include "megadecode/dist/shard.h"
+#include "megadecode/plan/ops.h"
+#include "tiles.h"
+
+namespace md::exec::detail {
+
+namespace {
+
+// The message buffer of this worker (grown once to the plan's largest message).
+std::vector<float>& message(size_t n) {
+  thread_local std::vector<float> buf;
+  if (buf.size() < n) buf.resize(n);
+  return buf;
+}
+
+dist::Communicator& comm_of(const StepCtx& s, const plan::Instr& in) {
+  MD_CHECK(s.comm, "decode plan: #{} is a collective and this executor has no communicator",
+           in.id);
+  return *s.comm;
+}
+
+}  // namespace
+
+// [x, x2, resid]: token rows [r0, r1) of x (and of x2) summed over the ranks in one call, then
+// x = round(sum) (the reference rounds o_proj's and the down projections' outputs), and with
+// resid x = round(resid + x): the residual is the left operand, as in attn_out_tile.
+void all_reduce_tile(const StepCtx& s, const plan::Instr& in, const Args& a) {
+  using A = plan::arg::AllReduce;
+  const int t0 = int(in.r0), n = int(in.r1) - t0;
+  if (n <= 0) return;
+  const int64_t cx = a.a[A::x].count;
+  const int64_t c2 = a.present(A::x2) ? a.a[A::x2].count : 0;
+  const int64_t row = cx + c2;
+  std::vector<float>& buf = message(size_t(n) * size_t(row));
+  for (int t = 0; t < n; ++t) {
+    std::copy(a.f(A::x, t0 + t), a.f(A::x, t0 + t) + cx, buf.data() + t * row);
+    if (c2) std::copy(a.f(A::x2, t0 + t), a.f(A::x2, t0 + t) + c2, buf.data() + t * row + cx);
+  }
+  comm_of(s, in).all_reduce_sum(buf.data(), size_t(n) * size_t(row), dist::Elem::kF32);
+  const bool rnd = s.num.round_bf16;
+  for (int t = 0; t < n; ++t) {
+    const float* m = buf.data() + t * row;
+    float* x = a.f(A::x, t0 + t);
+    std::copy(m, m + cx, x);
+    maybe_round(x, cx, rnd);
+    if (in.flags & plan::kFlagResidual) {
+      const float* r = a.f(A::resid, t0 + t);
+      for (int64_t i = 0; i < cx; ++i) x[i] = rnd ? round_bf16(r[i] + x[i]) : r[i] + x[i];
+    }
+    if (c2) {
+      float* y = a.f(A::x2, t0 + t);
+      std::copy(m + cx, m + row, y);
+      maybe_round(y, c2, rnd);
+    }
+  }
+}
+
+// [logits]: this rank computed its vocabulary block of every logit row (lm_head); afterwards
+// every rank holds every block. Blocks are ceil(V / world) wide (the last padded).
+void logits_gather_tile(const StepCtx& s, const plan::Instr& in, const Args& a) {
+  (void)a;
+  dist::Communicator& c = comm_of(s, in);
+  const int n = s.n_logits, W = c.size();
+  if (n == 0) return;
+  const int64_t V = s.cfg->vocab_size, per = (V + W - 1) / W;
+  const size_t block = size_t(n) * size_t(per);
+  std::vector<float>& buf = message(block * size_t(W + 1));
+  float* send = buf.data();
+  float* recv = send + block;
+  const auto [v0, v1] = dist::vocab_block(V, W, c.rank());
+  for (int b = 0; b < n; ++b) {
+    float* dst = send + size_t(b) * size_t(per);
+    const float* row = s.logits + int64_t(b) * V;
+    std::copy(row + v0, row + v1, dst);
+    std::fill(dst + (v1 - v0), dst + per, 0.0f);
+  }
+  c.all_gather(send, recv, block, dist::Elem::kF32);
+  for (int r = 0; r < W; ++r) {
+    const auto [r0, r1] = dist::vocab_block(V, W, r);
+    for (int b = 0; b < n; ++b)
+      std::copy(recv + size_t(r) * block + size_t(b) * size_t(per),
+                recv + size_t(r) * block + size_t(b) * size_t(per) + (r1 - r0),
+                s.logits + int64_t(b) * V + r0);
+  }
+}
+
+}  // namespace md::exec::detail
