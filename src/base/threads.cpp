@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 namespace md {
@@ -30,6 +31,18 @@ std::vector<int> allowed_cpus() {
 }
 const std::vector<int> g_allowed_cpus = allowed_cpus();
 }  // namespace
+
+int usable_cpus() {
+  return int(g_allowed_cpus.empty() ? allowed_cpus().size() : g_allowed_cpus.size());
+}
+
+int cpus_per_rank(int ranks) {
+  const int usable = usable_cpus();
+  if (ranks <= 1 || usable < online_cpus()) return usable;  // one process, or a bound rank
+  if (const char* e = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+    if (std::atoi(e) > 0) ranks = std::atoi(e);
+  return std::max(1, usable / ranks);
+}
 
 void pin_current_thread(int cpu) {
   // Worker i goes to the i-th CPU the process was given (all of them without a binding), so
@@ -60,7 +73,7 @@ thread_local bool t_pinned_as_caller = false;
 // program's main thread) would bind every thread it starts later (a server's HTTP threads, the
 // engine thread) to CPU 0, to compete there with worker 0 while CPU 1 spins for worker 1.
 ThreadPool::ThreadPool(int n_threads, bool pin)
-    : n_(n_threads > 0 ? n_threads : online_cpus()), pin_(pin) {
+    : n_(n_threads > 0 ? n_threads : usable_cpus()), pin_(pin) {
   for (int i = 1; i < n_; ++i) {
     threads_.emplace_back([this, i, pin] {
       if (pin) pin_current_thread(i);

@@ -75,7 +75,7 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
   const ModelConfig& cfg = m.config();
   const int64_t V = cfg.vocab_size;
   DecodeResult res;
-  res.workers = o.workers > 0 ? o.workers : online_cpus();
+  res.workers = o.workers > 0 ? o.workers : default_cpu_workers(m);
   res.reference_threads = m.pool().size();
   const int maxb = *std::max_element(o.batches.begin(), o.batches.end());
   // A distributed rank runs plan executors only; the ranks start every timed block together.

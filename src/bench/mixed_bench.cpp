@@ -20,7 +20,7 @@ MixedResult run_mixed(Model& m, const MixedOptions& o) {
            o.chunk, plan::kMaxRows);
   MD_CHECK(o.steps >= 1 && o.reps >= 1 && o.context >= 1, "bench: steps, reps, context >= 1");
   const int64_t V = m.config().vocab_size;
-  const int B = o.batch, W = o.workers > 0 ? o.workers : online_cpus();
+  const int B = o.batch, W = o.workers > 0 ? o.workers : default_cpu_workers(m);
   Rng rng(17);
   auto ids = [&](int n) {
     std::vector<int32_t> v(static_cast<size_t>(n));

@@ -74,7 +74,7 @@ PrefillResult run_prefill(Model& m, const PrefillOptions& o) {
   MD_CHECK(o.prompt >= 1 && o.reps >= 1, "bench: prefill prompt and reps must be >= 1");
   MD_CHECK(!o.chunks.empty(), "bench: no prefill chunk sizes");
   const int64_t V = m.config().vocab_size;
-  const int W = o.workers > 0 ? o.workers : online_cpus();
+  const int W = o.workers > 0 ? o.workers : default_cpu_workers(m);
   PrefillResult res;
   res.flops_per_token = prefill_flops_per_token(m.config());
   std::vector<std::unique_ptr<Executor>> ex;
@@ -143,7 +143,7 @@ VerifyResult run_verify(Model& m, const VerifyOptions& o) {
   MD_CHECK(o.rows >= 2 && o.rows <= 16, "bench: --verify rows {} is outside 2..16", o.rows);
   MD_CHECK(o.steps >= 1 && o.reps >= 1 && o.context >= 1, "bench: steps, reps, context >= 1");
   const int64_t V = m.config().vocab_size;
-  const int W = o.workers > 0 ? o.workers : online_cpus();
+  const int W = o.workers > 0 ? o.workers : default_cpu_workers(m);
   VerifyResult res;
   res.rows = o.rows;
   SequenceState base = m.new_sequence();

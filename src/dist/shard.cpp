@@ -3,6 +3,8 @@
 #include "megadecode/dist/shard.h"
 
 #include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -71,9 +73,18 @@ size_t code_row_bytes(const Mat& m) {
   return m.mxfp4() ? size_t(m.cols) / 2 : size_t(m.cols) * dtype_size(m.dtype);
 }
 
+// Drops the whole pages of [p, p + n) of a read-only file mapping from this process.
+void release(const void* p, size_t n) {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t lo = (a + page - 1) / page * page, hi = (a + n) / page * page;
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // best effort
+}
+
 class Slicer {
  public:
-  Slicer(ModelWeights& out, ShardBytes& b) : out_(out), b_(b) {}
+  Slicer(ModelWeights& out, ShardBytes& b, bool release_sources)
+      : out_(out), b_(b), release_sources_(release_sources) {}
 
   // Rows [r0, r1): a view into the mapping.
   Mat rows(const Mat& m, int64_t r0, int64_t r1) {
@@ -113,6 +124,13 @@ class Slicer {
     v.data = codes;
     v.scales = m.mxfp4() ? scales : nullptr;
     out_.owned.push_back(std::move(buf));
+    // The copy read every page of the source (its rows interleave the ranks' columns); let them
+    // go from this process, so that its resident memory is its slice (they stay in the page
+    // cache for the other ranks, and a later read would fault them back in).
+    if (release_sources_) {
+      release(m.data, size_t(m.rows) * src_row);
+      if (m.mxfp4()) release(m.scales, size_t(m.rows) * size_t(m.cols / 32));
+    }
     b_.copied += double(v.bytes());
     return v;
   }
@@ -128,16 +146,17 @@ class Slicer {
  private:
   ModelWeights& out_;
   ShardBytes& b_;
+  bool release_sources_;
 };
 
 }  // namespace
 
 ModelWeights shard_weights(const ModelConfig& c, const ModelWeights& full, const Shard& s,
-                           ShardBytes* bytes) {
+                           ShardBytes* bytes, bool release_sources) {
   const ModelConfig local = shard_config(c, s);
   ShardBytes b;
   ModelWeights w;
-  Slicer cut(w, b);
+  Slicer cut(w, b, release_sources);
   const int r = s.rank;
   // The embedding is read one row per token and lm_head by this rank's vocabulary block only:
   // both stay whole mappings, counted at the share the rank reads (the lm_head block).

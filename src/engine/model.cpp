@@ -219,7 +219,8 @@ void Model::init() {
   w_ = bind_weights(cfg_, *ckpt_);
   if (shard_.sharded()) {
     full_cfg_ = cfg_;
-    w_ = dist::shard_weights(full_cfg_, w_, shard_, &shard_bytes_);
+    // (The checkpoint is a read-only file mapping: the copies' sources can be let go.)
+    w_ = dist::shard_weights(full_cfg_, w_, shard_, &shard_bytes_, /*release_sources=*/true);
     cfg_ = dist::shard_config(full_cfg_, shard_);
   }
   num_ = numerics_of(cfg_, opt);

@@ -96,6 +96,10 @@ DeviceKind parse_device_kind(std::string_view name) {
   fail("unknown device '{}' (expected cpu, cuda or cuda-sim)", name);
 }
 
+int default_cpu_workers(const Model& m) {
+  return cpus_per_rank(m.shard().world());
+}
+
 std::unique_ptr<Executor> make_executor(Model& model, ExecutorKind kind, int max_batch,
                                         const ExecutorOptions& opt) {
   if (opt.device == DeviceKind::kCpu) return std::make_unique<CpuExecutor>(model, max_batch, kind, opt);

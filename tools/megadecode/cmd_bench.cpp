@@ -149,7 +149,8 @@ void register_bench(CLI::App& app) {
                 "prompt through the plan in --chunks rows per step vs the reference prefill), "
                 "verify (a --verify-rows step of one sequence vs a decode step), mixed (each "
                 "--batch of decode rows beside a --mixed-chunk prefill chunk in one step vs two "
-                "steps)");
+                "steps), collectives (under mpirun with --tp/--ep: the latency of each message "
+                "a decode step of each --batch sends)");
   CLI::Option* batch_opt = c->add_option(
       "--batch", o->batches,
       "decode (and speculative): comma-separated batch sizes, e.g. 1,2,4,8");
@@ -218,14 +219,17 @@ void register_bench(CLI::App& app) {
     std::vector<std::string> plan_names;
     for (const std::string& n : names)
       if (n != "reference") plan_names.push_back(n);
-    bool decode = false, prefill = false, verify = false, mixed = false;
+    bool decode = false, prefill = false, verify = false, mixed = false, collectives = false;
     for (const std::string& w : o->what.empty() ? std::vector<std::string>{} : split(o->what, ',')) {
-      MD_CHECK(w == "decode" || w == "prefill" || w == "verify" || w == "mixed",
-               "--what: unknown benchmark '{}' (decode, prefill, verify, mixed)", w);
+      MD_CHECK(w == "decode" || w == "prefill" || w == "verify" || w == "mixed" ||
+                   w == "collectives",
+               "--what: unknown benchmark '{}' (decode, prefill, verify, mixed, collectives)",
+               w);
       decode |= w == "decode";
       prefill |= w == "prefill";
       verify |= w == "verify";
       mixed |= w == "mixed";
+      collectives |= w == "collectives";
     }
     MD_CHECK(!(prefill || verify || mixed || speculative) || !plan_names.empty(),
              "bench: prefill, verify, mixed and speculative need a plan executor (megakernel or "
@@ -243,7 +247,7 @@ void register_bench(CLI::App& app) {
       tmp.make(o->preset, o->seed);
       dir = tmp.dir;
     }
-    const int W = o->workers > 0 ? o->workers : online_cpus();
+    const int W = o->workers > 0 ? o->workers : cpus_per_rank(o->f.tp * o->f.ep);
     RunFlags rf = o->f;
     rf.model = dir;
     if (rf.threads == 0) rf.threads = W;
@@ -374,6 +378,27 @@ void register_bench(CLI::App& app) {
             "batch size", "tokens / s", series, true);
         MD_CHECK(f.good(), "cannot write {}", o->plot);
       }
+    }
+    if (collectives) {
+      bench::CollectiveOptions co;
+      co.batches = batches;
+      const std::vector<bench::CollectiveCell> cells = bench::run_collectives(m, co);
+      std::printf("\n== collectives: %s over %s, %d calls each after a barrier\n",
+                  dist::describe_shard(m.shard()).c_str(),
+                  std::string(m.communicator()->backend()).c_str(), co.iters);
+      std::printf("%-6s %-36s %12s %10s %10s\n", "batch", "message", "bytes/rank", "us p50",
+                  "us p90");
+      nlohmann::json rows = nlohmann::json::array();
+      for (const bench::CollectiveCell& cl : cells) {
+        std::printf("%-6d %-36s %12s %10.1f %10.1f\n", cl.batch, cl.what.c_str(),
+                    human_bytes(cl.bytes).c_str(), cl.us_median, cl.us_p90);
+        rows.push_back({{"batch", cl.batch},
+                        {"what", cl.what},
+                        {"bytes", cl.bytes},
+                        {"us_median", cl.us_median},
+                        {"us_p90", cl.us_p90}});
+      }
+      j["collectives"] = rows;
     }
     if (prefill) {
       bench::PrefillOptions p;

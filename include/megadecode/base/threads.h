@@ -42,6 +42,12 @@ class ThreadPool {
 };
 
 int online_cpus();
+// The CPUs the process was started on (a launcher's binding or taskset; else online_cpus()).
+int usable_cpus();
+// The CPUs one of `ranks` processes of a distributed run should use: usable_cpus() for one
+// process or a rank its launcher bound to cores; otherwise its share of them (the ranks on this
+// node, OMPI_COMM_WORLD_LOCAL_SIZE, else all `ranks`), so that ranks do not oversubscribe them.
+int cpus_per_rank(int ranks);
 // Pins the calling thread to the cpu-th CPU (mod their count) of those the process was started
 // on: all of them, or a launcher's binding (mpirun's per-rank cores).
 void pin_current_thread(int cpu);

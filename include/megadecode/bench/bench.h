@@ -69,6 +69,22 @@ struct DecodeResult {
 // steps per executor and repetition, every block restarting from the same prefilled state.
 DecodeResult run_decode(Model& m, const DecodeOptions& o);
 
+// ---- collectives (a distributed run) -------------------------------------------------------
+
+struct CollectiveOptions {
+  std::vector<int> batches{1};
+  int iters = 200;
+};
+struct CollectiveCell {
+  int batch = 0;
+  std::string what;  // the collective and the plan op it serves
+  double bytes = 0;  // this rank's message
+  double us_median = 0, us_p90 = 0;  // per call, after a barrier (all ranks start together)
+};
+// Each message a decode step of each batch size sends (sizes from the full model's geometry),
+// timed call by call on the model's communicator. An md::Error unless the model is sharded.
+std::vector<CollectiveCell> run_collectives(Model& m, const CollectiveOptions& o);
+
 // ---- prefill --------------------------------------------------------------------------------
 
 struct PrefillOptions {

@@ -218,6 +218,10 @@ class Executor {
                         std::span<const SampleRow> sampling, const StepOptions& options) = 0;
 };
 
+// CPU workers when ExecutorOptions::workers is 0: cpus_per_rank of the model's world (one per CPU
+// the process may use; a distributed rank that its launcher did not bind: its share).
+int default_cpu_workers(const Model& m);
+
 // A plan executor of the given kind on opt.device (CPU threads, or a CUDA executor).
 std::unique_ptr<Executor> make_executor(Model& model, ExecutorKind kind, int max_batch,
                                         const ExecutorOptions& opt = {});

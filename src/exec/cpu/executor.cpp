@@ -213,7 +213,7 @@ struct CpuExecutor::Impl {
     MD_CHECK(o.workers >= 0 && o.workers <= 4096, "executor: workers {} is outside 0..4096",
              o.workers);
     MD_CHECK(o.watchdog_seconds > 0, "executor: the watchdog timeout must be positive");
-    W = o.workers > 0 ? o.workers : online_cpus();
+    W = o.workers > 0 ? o.workers : default_cpu_workers(model);
     // Oversubscribed workers must hand the CPU over quickly to whoever holds the work.
     spin_seconds = W > online_cpus() ? 5e-6 : 200e-6;
     pool = std::make_unique<ThreadPool>(W, o.pin);
