@@ -14,10 +14,13 @@ widths, a few layers, 64 experts per layer) and its config.json. Outputs, per ba
    2 of the 32 cores' shards (heads split 32 ways, routed experts 8 ways by expert x 4 ways inside
    each expert, shared expert and dense layer 32 ways, embedding and lm_head by vocabulary; router
    and the small low-rank/gate vectors replicated), streamed at `--device-bw` times the fraction of
-   bandwidth the megakernel achieved here, plus collectives modelled as `--allreduce-us` per
-   all-reduce (one after each attention output projection and one after each expert combine) and
-   one latent all-gather per MoE layer. The collective latency is an assumption (no GPU was
-   measured); change it on the command line.
+   bandwidth the megakernel achieved here, plus the seed's collectives (an all-reduce after each
+   attention output projection and after each expert combine, one latent all-gather per MoE layer)
+   at the time NCCL's own cost model gives for each message (`nccl_time_us`: the latency and
+   bandwidth constants of NVIDIA/nccl src/graph/tuning.cc, commit b6475625, for 16 GPUs either in
+   one NVLink domain (`--topology nvl16`, e.g. GB200 NVL72 or MNNVL, which NCCL treats as one node)
+   or two 8-GPU HGX nodes over the network (`--topology 2x8`)), or at `--allreduce-us` if given.
+   No GPU was measured: every figure of this part is a projection.
 
 Usage: python3 bench/project_k3.py bench/k3-slice.json models/k3-slice/config.json
 """
@@ -45,6 +48,45 @@ def k3_geometry(cfg):
     )
     g["mla"] = [i in mla_layers for i in range(L)]
     return g
+
+
+# NCCL's cost model (src/graph/tuning.cc at NVIDIA/nccl b6475625): latencies in us, per algorithm
+# and protocol; the ring / tree latency formulas of ncclTopoTuneModel; LL's bus bandwidth capped at
+# llMaxBw (87.7 GB/s on Hopper, one node; 22.5 multi-node). NCCL picks the fastest candidate.
+NCCL_BASE = {("ring", "LL"): 6.6, ("ring", "LL128"): 14.0, ("ring", "Simple"): 8.4,
+             ("tree", "LL"): 6.8, ("tree", "LL128"): 14.0}
+NCCL_HW = {"nvlink": {("ring", "LL"): 0.6, ("ring", "LL128"): 1.9, ("ring", "Simple"): 3.4,
+                      ("tree", "LL"): 0.6, ("tree", "LL128"): 1.25},
+           "net": {("ring", "LL"): 2.7, ("ring", "LL128"): 4.0, ("ring", "Simple"): 14.0,
+                   ("tree", "LL"): 5.0, ("tree", "LL128"): 8.5}}
+
+
+def nccl_time_us(coll, nbytes, ranks=16, nodes=1):
+    """NCCL's modelled time of one collective of nbytes (all-reduce: the buffer; all-gather: the
+    gathered total) over `ranks` GPUs on `nodes` nodes: min over the LL/LL128/Simple ring and
+    LL/LL128 tree candidates of latency + bytes / algorithm bandwidth."""
+    best = None
+    ll_bw = 87.7 if nodes == 1 else 22.5
+    for (algo, proto), base in NCCL_BASE.items():
+        if coll == "allgather" and algo == "tree":
+            continue
+        steps = 2 * (ranks - 1) if coll == "allreduce" else ranks - 1
+        inter = (2 * nodes if nodes > 1 else 0) if coll == "allreduce" else nodes - 1
+        intra_lat = NCCL_HW["nvlink"][(algo, proto)] * (1.8 if nodes > 1 and proto == "LL" else 1.0)
+        net_lat = NCCL_HW["net"][(algo, proto)]
+        if algo == "ring":
+            lat = base + (steps - inter) * max(intra_lat, 1.0 if nodes > 1 else 0.0) + inter * net_lat
+            ratio = ranks / steps
+        else:
+            lat = base + 2 * ((ranks // nodes - 1) * intra_lat + math.log2(nodes) * net_lat)
+            ratio = 0.5
+        # Bus bandwidth: LL at its cap; LL128 ~0.92 x and Simple ~ the link (~370 GB/s of an H200's
+        # NVLink per direction in one node, ~50 GB/s of a 400 Gb/s NIC across nodes).
+        link = 370.0 if nodes == 1 else 50.0
+        bus = {"LL": ll_bw, "LL128": 0.92 * link, "Simple": link}[proto]
+        t = lat + nbytes / (1000.0 * bus * ratio)
+        best = t if best is None else min(best, t)
+    return best
 
 
 def expected_distinct(E, k, B):
@@ -100,7 +142,10 @@ def main():
     ap.add_argument("bench_json")
     ap.add_argument("slice_config")
     ap.add_argument("--device-bw", type=float, default=4.3e12, help="device read bandwidth, B/s (H200 measured ~4.3 TB/s)")
-    ap.add_argument("--allreduce-us", type=float, default=15.0, help="assumed latency of one small all-reduce over 16 GPUs, us")
+    ap.add_argument("--allreduce-us", type=float, default=None,
+                    help="instead of NCCL's model: an assumed time per collective, us")
+    ap.add_argument("--topology", choices=["nvl16", "2x8"], default="nvl16",
+                    help="16 GPUs in one NVLink domain, or two 8-GPU nodes over the network")
     ap.add_argument("--context", type=int, default=None, help="context for the full-model projection (default: the bench's)")
     a = ap.parse_args()
     bench = json.load(open(a.bench_json))
@@ -127,15 +172,37 @@ def main():
         cpu_ms = r["ms_per_step"] * fb / r["bytes_per_step"]
         dev = step_bytes(full, B, ctx, shard)
         moe_layers = full["L"] - full["dense"]
-        coll_ms = (2 * full["L"] + moe_layers) * a.allreduce_us / 1e3
+        coll_ms, _ = collectives_ms(full, B, a)
         dev_ms = dev / (a.device_bw * frac) * 1e3 + coll_ms
         print(f"{B:>5} {r['executor']:>10} {r['ms_per_step']:>9.1f} {r['bytes_per_step']/1e9:>9.2f} "
               f"{model_slice/1e9:>9.2f} {100*frac:>5.1f}% {fb/1e9:>8.1f} {cpu_ms:>11.0f} "
               f"{dev/1e9:>13.2f} {dev_ms:>13.2f}")
+    ms1, parts = collectives_ms(full, 1, a)
     print(f"16-way: streaming at (device bw {a.device_bw/1e12:.1f} TB/s x the %bw achieved here) + "
-          f"{2*full['L'] + full['L'] - full['dense']} collectives x {a.allreduce_us} us "
-          f"(assumed) = {(2*full['L'] + full['L'] - full['dense'])*a.allreduce_us/1e3:.2f} ms; "
-          "seed: TPU v7 megakernel 4.02 ms/step, GB200 vLLM 7.87 ms/step at batch 1")
+          f"{2*full['L'] + full['L'] - full['dense']} collectives per step; at batch 1 "
+          f"({'assumed' if a.allreduce_us else 'NCCL cost model, ' + a.topology}):")
+    for what, n, nbytes, us in parts:
+        print(f"  {n:>3} x {what:<28} {nbytes/1e3:>8.1f} KB  {us:6.1f} us each  {n*us/1e3:6.2f} ms")
+    print(f"  total {ms1:.2f} ms; seed: TPU v7 megakernel 4.02 ms/step, GB200 vLLM 7.87 ms/step "
+          "at batch 1; 300 tokens/s needs 3.33 ms a step")
+
+
+def collectives_ms(g, B, a):
+    """The seed's collectives of one decode step (per batch B): per layer an all-reduce of the
+    attention output [B, D] and of the expert combine [B, D], and per MoE layer a latent
+    all-gather of [B, latent] (each GPU's 1/16), in bf16. Returns (ms, [(what, count, bytes,
+    us each)])."""
+    D, lat, L = g["D"], g["latent"], g["L"]
+    moe = L - g["dense"]
+    nodes = 1 if a.topology == "nvl16" else 2
+    msgs = [("all-reduce attention out", L, "allreduce", B * D * 2),
+            ("all-reduce FFN / combine", L, "allreduce", B * D * 2),
+            ("all-gather latent (MoE)", moe, "allgather", B * lat * 2)]
+    parts = []
+    for what, n, coll, nbytes in msgs:
+        us = a.allreduce_us if a.allreduce_us else nccl_time_us(coll, nbytes, 16, nodes)
+        parts.append((what, n, nbytes, us))
+    return sum(n * us for _, n, _, us in parts) / 1e3, parts
 
 
 if __name__ == "__main__":

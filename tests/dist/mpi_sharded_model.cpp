@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../exec/exec_test_util.h"
 #include "../test_util.h"
 #include "megadecode/base/error.h"
 #include "megadecode/dist/communicator.h"
@@ -35,14 +36,7 @@ namespace md::dist {
 namespace {
 
 using test::mpi;
-
-ModelOptions opts(Precision p) {
-  ModelOptions o;
-  o.precision = p;
-  o.threads = 1;
-  o.pin_threads = false;
-  return o;
-}
+using test::opts;
 
 std::vector<ShardLayout> layouts(int world) {
   std::vector<ShardLayout> v;
