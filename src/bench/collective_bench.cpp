@@ -30,10 +30,10 @@ std::vector<CollectiveCell> run_collectives(Model& m, const CollectiveOptions& o
     const size_t D = size_t(full.hidden_size);
     std::vector<Msg> msgs = {{"all_reduce attention / dense FFN", false, size_t(B) * D}};
     if (full.num_experts > 0)
-      msgs.push_back({"all_reduce MoE (experts + shared)", false,
-                      size_t(B) * (size_t(full.num_experts_per_token) * size_t(full.expert_dim()) + D)});
-    msgs.push_back({"logits_gather", true,
-                    size_t(B) * size_t((full.vocab_size + W - 1) / W)});
+      msgs.push_back(
+          {"all_reduce MoE (experts + shared)", false,
+           size_t(B) * (size_t(full.num_experts_per_token) * size_t(full.expert_dim()) + D)});
+    msgs.push_back({"logits_gather", true, size_t(B) * size_t((full.vocab_size + W - 1) / W)});
     for (const Msg& g : msgs) {
       std::vector<float> buf(g.floats, 1.0f), recv(g.gather ? g.floats * size_t(W) : 0);
       std::vector<double> us;

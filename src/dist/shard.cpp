@@ -89,8 +89,8 @@ class Slicer {
   // Rows [r0, r1): a view into the mapping.
   Mat rows(const Mat& m, int64_t r0, int64_t r1) {
     if (!m.data) return m;
-    MD_CHECK(r0 >= 0 && r1 <= m.rows && r0 <= r1, "shard: rows [{}, {}) of a [{}, {}] matrix",
-             r0, r1, m.rows, m.cols);
+    MD_CHECK(r0 >= 0 && r1 <= m.rows && r0 <= r1, "shard: rows [{}, {}) of a [{}, {}] matrix", r0,
+             r1, m.rows, m.cols);
     Mat v = m;
     v.data = static_cast<const uint8_t*>(m.data) + size_t(r0) * code_row_bytes(m);
     if (m.mxfp4()) v.scales = m.scales + size_t(r0) * size_t(m.cols / 32);
@@ -104,8 +104,8 @@ class Slicer {
   Mat cols(const Mat& m, int64_t c0, int64_t c1) {
     if (!m.data) return m;
     if (c0 == 0 && c1 == m.cols) return whole(m);
-    MD_CHECK(c0 >= 0 && c1 <= m.cols && c0 < c1, "shard: columns [{}, {}) of a [{}, {}] matrix",
-             c0, c1, m.rows, m.cols);
+    MD_CHECK(c0 >= 0 && c1 <= m.cols && c0 < c1, "shard: columns [{}, {}) of a [{}, {}] matrix", c0,
+             c1, m.rows, m.cols);
     Mat v = m;
     v.cols = c1 - c0;
     const size_t src_row = code_row_bytes(m), dst_row = code_row_bytes(v);
@@ -247,8 +247,7 @@ ModelWeights shard_weights(const ModelConfig& c, const ModelWeights& full, const
     m.experts.resize(f.experts.size());
     const auto [e0, e1] = s.experts(c);
     const int64_t Il = local.moe_intermediate_size, i0 = s.expert_slice() * Il, i1 = i0 + Il;
-    for (int e = e0; e < e1; ++e)
-      m.experts[size_t(e)] = ffn_slice(f.experts[size_t(e)], i0, i1);
+    for (int e = e0; e < e1; ++e) m.experts[size_t(e)] = ffn_slice(f.experts[size_t(e)], i0, i1);
   }
   if (bytes) *bytes = b;
   return w;

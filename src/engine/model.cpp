@@ -269,7 +269,8 @@ void Model::forward(SequenceState& seq, std::span<const int32_t> ids, float* log
                     bool all_positions, const AuxCapture* aux) {
   require_host_weights("the reference path");
   MD_CHECK(!shard_.sharded(),
-           "the reference path runs whole models only; this is {} (use a plan executor)",
+           "the reference path runs whole models only; this is {} (use a plan executor: --executor "
+           "megakernel or opbyop)",
            describe_shard(shard_));
   impl_->forward(seq, ids, logits, all_positions, aux);
 }

@@ -12,7 +12,8 @@ ReferenceExecutor::ReferenceExecutor(Model& model, int max_batch, const PoolOpti
   MD_CHECK(max_batch >= 1 && max_batch <= 1024, "executor: max_batch {} is outside 1..1024",
            max_batch);
   MD_CHECK(!model.shard().sharded(),
-           "the reference executor runs whole models only; this is {} (use a plan executor)",
+           "the reference executor runs whole models only; this is {} (use a plan executor: "
+           "--executor megakernel or opbyop)",
            dist::describe_shard(model.shard()));
   PoolOptions po = states;
   po.max_sequences = std::max(po.max_sequences, max_batch);

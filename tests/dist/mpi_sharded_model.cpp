@@ -122,8 +122,8 @@ void check_golden(const std::string& name, ShardLayout layout, Precision prec, E
       EXPECT_EQ(argmax(got), argmax(want)) << at;
       ++checked;
     }
-    EXPECT_TRUE(same_on_every_rank(got.data(), got.size() * 4)) << "logits differ between ranks, "
-                                                                << at;
+    EXPECT_TRUE(same_on_every_rank(got.data(), got.size() * 4))
+        << "logits differ between ranks, " << at;
     if (i == g.decode.size()) break;
     whole.forward(r, std::span(&g.decode[i], 1), want.data(), false);
     SequenceState* seqs[] = {&s};

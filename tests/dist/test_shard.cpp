@@ -169,25 +169,27 @@ class TwoRanks final : public Communicator {
 TEST(Shard, WhatCannotRunASliceSaysSo) {
   const std::string dir = test::data_dir() + "/data/golden/tiny";
   auto one = local_communicator();
-  EXPECT_NE(error_of([&] { Model m(dir, ModelOptions{}, shard(2, 1, 0), one.get()); })
-                .find("mpirun -np 2"),
+  EXPECT_NE(error_of([&] {
+              Model m(dir, ModelOptions{}, shard(2, 1, 0), one.get());
+            }).find("mpirun -np 2"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { Model m(dir, ModelOptions{}, shard(2, 1, 0), nullptr); })
-                .find("mpirun -np 2"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { Model m(dir, ModelOptions{}, shard(2, 1, 0), nullptr); }).find("mpirun -np 2"),
+      std::string::npos);
   TwoRanks two;
   Model m(dir, ModelOptions{}, shard(2, 1, 0), &two);
   EXPECT_TRUE(m.shard().sharded());
   EXPECT_EQ(m.full_config().kda_num_heads, 2 * m.config().kda_num_heads);
   SequenceState s = m.new_sequence();
   const int32_t tok = 5;
-  EXPECT_NE(error_of([&] { m.forward(s, std::span(&tok, 1), nullptr, false); })
-                .find("whole models only"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { m.forward(s, std::span(&tok, 1), nullptr, false); }).find("whole models only"),
+      std::string::npos);
   EXPECT_NE(error_of([&] { ReferenceExecutor r(m, 1); }).find("whole models only"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { CudaExecutor c(m, 1, ExecutorKind::kMegakernel, CudaTarget::kSim); })
-                .find("whole models only"),
+  EXPECT_NE(error_of([&] {
+              CudaExecutor c(m, 1, ExecutorKind::kMegakernel, CudaTarget::kSim);
+            }).find("whole models only"),
             std::string::npos);
 }
 

@@ -402,7 +402,7 @@ void register_run_commands(CLI::App& app) {
       double t2 = now_seconds();
       std::printf("\n");
       std::fflush(stdout);  // the ids line before the stats on stderr
-      if (m.shard().rank == 0)  // (every rank of a distributed run measures the same)
+      if (!follower_rank())  // (every rank of a distributed run measures the same)
         std::fprintf(stderr, "prefill %zu tokens: %.1f ms; decode %zu tokens: %.2f tok/s\n",
                    ids.size(), (t1 - t0) * 1e3, out.size(),
                    out.size() > 1 ? double(out.size() - 1) / (t2 - t1) : 0.0);

@@ -169,6 +169,7 @@ struct StreamPrinter {
 };
 
 void print_stats(const GenerationResult& r) {
+  if (follower_rank()) return;  // (rank 0 reports a distributed run's)
   std::fprintf(stderr, "\n[%zu prompt tokens (%d run) in %.0f ms; %zu tokens at %.2f tok/s; %s]\n",
                r.prompt_ids.size(), r.prefilled, r.prefill_seconds * 1e3, r.tokens.size(),
                r.decode_tokens_per_second(), r.finish_reason.c_str());

@@ -78,6 +78,14 @@ ModelOptions RunFlags::options() const {
   return o;
 }
 
+namespace {
+bool g_follower = false;
+}  // namespace
+
+bool follower_rank() {
+  return g_follower;
+}
+
 LoadedModel load_model(const RunFlags& f, bool with_tokenizer) {
   LoadedModel lm;
   bool tty = isatty(2);
@@ -94,6 +102,7 @@ LoadedModel load_model(const RunFlags& f, bool with_tokenizer) {
              f.tp, f.ep, shard.world(), lm.comm->size(), shard.world());
     if (shard.rank != 0) {
       tty = false;
+      g_follower = true;
       MD_CHECK(std::freopen("/dev/null", "w", stdout) != nullptr,
                "rank {}: cannot silence stdout", shard.rank);
     }

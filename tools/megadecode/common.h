@@ -46,6 +46,9 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;
 };
 LoadedModel load_model(const RunFlags& f, bool with_tokenizer = true);
+// True on the ranks other than 0 of a distributed run (after load_model): their stdout is
+// silenced, and reports every rank would repeat (timings, statistics) are left to rank 0.
+bool follower_rank();
 
 // Speculative decoding flags (run, chat, generate, bench): --speculative ngram (or a draft
 // directory), --draft DIR, --num-draft-tokens, --fixed-acceptance-length, --ngram-max,

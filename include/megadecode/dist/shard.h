@@ -77,9 +77,8 @@ struct ShardBytes {
 // accounting. release_sources (for weights in a read-only file mapping only): after copying a
 // column slice, its source pages are dropped from the process (madvise), since the copy read
 // them all; they stay in the page cache.
-ModelWeights shard_weights(const ModelConfig& full_cfg, const ModelWeights& full,
-                           const Shard& s, ShardBytes* bytes = nullptr,
-                           bool release_sources = false);
+ModelWeights shard_weights(const ModelConfig& full_cfg, const ModelWeights& full, const Shard& s,
+                           ShardBytes* bytes = nullptr, bool release_sources = false);
 
 // "tp 2 x ep 1, rank 0 of 2"
 std::string describe_shard(const Shard& s);

@@ -356,8 +356,8 @@ void combine_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc)
 size_t scratch_floats(const plan::Plan& p) {
   const ModelConfig& c = p.cfg;
   const int64_t B = p.token_rows(), R = p.rows, D = c.hidden_size;
-  const int64_t I = std::max({c.intermediate_size, c.moe_intermediate_size,
-                              c.shared_intermediate()});
+  const int64_t I =
+      std::max({c.intermediate_size, c.moe_intermediate_size, c.shared_intermediate()});
   const int64_t X = std::max(D, c.expert_dim());                      // the routed experts' width
   int64_t n = 3 * D;                                                  // combine (+ K3's mix)
   n = std::max<int64_t>(n, R * (5 * c.kda_dim() + c.kda_num_heads));  // kda core

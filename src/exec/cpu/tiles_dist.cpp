@@ -25,8 +25,7 @@ std::vector<float>& message(size_t n) {
 }
 
 dist::Communicator& comm_of(const StepCtx& s, const plan::Instr& in) {
-  MD_CHECK(s.comm, "decode plan: #{} is a collective and this executor has no communicator",
-           in.id);
+  MD_CHECK(s.comm, "decode plan: #{} is a collective and this executor has no communicator", in.id);
   return *s.comm;
 }
 
