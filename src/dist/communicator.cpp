@@ -43,6 +43,10 @@ void* Communicator::scratch(size_t bytes) {
   return scratch_.get();
 }
 
+void Communicator::broadcast_polled(void* data, size_t bytes, int root, double) {
+  broadcast(data, bytes, root);
+}
+
 void Communicator::all_reduce_sum(void* data, size_t count, Elem e) {
   const int n = size();
   if (n == 1 || count == 0) return;

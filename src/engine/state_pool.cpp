@@ -110,6 +110,16 @@ int StatePool::sequences_in_use() const {
   return opt_.max_sequences - int(free_slots_.size());
 }
 
+std::vector<int> StatePool::slots_in_use() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<char> taken(size_t(opt_.max_sequences), 1);
+  for (int s : free_slots_) taken[size_t(s)] = 0;
+  std::vector<int> out;
+  for (int s = 0; s < opt_.max_sequences; ++s)
+    if (taken[size_t(s)]) out.push_back(s);
+  return out;
+}
+
 int64_t StatePool::free_pages() const {
   std::lock_guard<std::mutex> g(mu_);
   return int64_t(free_pages_.size());

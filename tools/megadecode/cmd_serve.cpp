@@ -12,6 +12,7 @@
 #include "common.h"
 #include "megadecode/base/error.h"
 #include "megadecode/exec/reference_executor.h"
+#include "megadecode/exec/step_mirror.h"
 #include "megadecode/server/engine_loop.h"
 #include "megadecode/server/http_server.h"
 #include "megadecode/server/metrics.h"
@@ -85,11 +86,14 @@ void register_serve(CLI::App& app) {
              "serve: speculative decoding (--speculative / --draft) needs a plan executor: "
              "--executor megakernel or opbyop (the reference path cannot commit a verify step)");
     LoadedModel lm = load_model(o->f);
-    // (Under mpirun the server would listen on rank 0 and the other ranks follow its steps: not
-    // built yet, docs/distributed.md "Not done".)
-    MD_CHECK(!lm.model->shard().sharded(),
-             "serve: --tp / --ep are not supported by the server yet (run, generate, logits and "
-             "bench are; docs/distributed.md)");
+    // Under mpirun (--tp / --ep) rank 0 listens and decides every step; the other ranks run its
+    // steps on their slices (exec/step_mirror.h) and exit when it stops.
+    const bool sharded = lm.model->shard().sharded();
+    MD_CHECK(!sharded || o->spec.draft_dir().empty(),
+             "serve: a DSpark draft (--draft) does not run under --tp / --ep yet; n-gram "
+             "drafting (--speculative ngram) does (docs/distributed.md)");
+    MD_CHECK(!sharded || o->executor != "reference",
+             "serve: --tp / --ep need a plan executor (--executor megakernel or opbyop)");
     // With --speculative / --draft every slot gets its own drafter (a DSpark draft's weights are
     // loaded once and shared).
     LoadedDrafter drafter;
@@ -105,11 +109,20 @@ void register_serve(CLI::App& app) {
     eo.states.max_sequences = std::max(eo.states.max_sequences, o->engine.max_batch);
     // reference: Model::forward a sequence at a time behind the same step interface (slow; for
     // checking the plan executors' output through the server).
-    std::unique_ptr<Executor> ex =
+    std::unique_ptr<Executor> local =
         o->executor == "reference"
             ? std::make_unique<ReferenceExecutor>(*lm.model, o->engine.max_batch, eo.states)
             : make_executor(*lm.model, parse_executor_kind(o->executor), o->engine.max_batch, eo);
-    drafter.executor = ex.get();  // a DSpark draft runs as draft plans there (if it can)
+    if (sharded && follower_rank()) {
+      const int64_t steps = follow_steps(*local, *lm.comm);
+      std::fprintf(stderr, "megadecode serve: rank %d ran %lld steps of rank 0 and stopped\n",
+                   lm.comm->rank(), static_cast<long long>(steps));
+      return;
+    }
+    std::unique_ptr<StepLeader> leader;  // (destroyed before `local`: it stops the followers)
+    if (sharded) leader = std::make_unique<StepLeader>(*local, *lm.comm);
+    Executor* ex = leader ? static_cast<Executor*>(leader.get()) : local.get();
+    drafter.executor = ex;  // a DSpark draft runs as draft plans there (if it can)
     const PoolOptions& pool = eo.states;
     const int64_t per_slot =
         pool.cache_tokens > 0 ? pool.cache_tokens / pool.max_sequences : kDefaultTokensPerSequence;

@@ -38,6 +38,12 @@ class Communicator {
   virtual void reduce_scatter_sum(const void* send, void* recv, size_t count, Elem e);
   // data[0 .. bytes) of rank root, on every rank.
   virtual void broadcast(void* data, size_t bytes, int root) = 0;
+  // A broadcast whose arrival nobody can predict (a server's next step, exec/step_mirror.h): the
+  // ranks that wait for it poll and sleep between polls (backing off to max_sleep_s) instead of
+  // spinning inside the runtime, so an idle follower costs no CPU. Every rank calls this one,
+  // not broadcast, for the message. Not counted in counters() (its time is idle time, not a
+  // collective's cost). By default: broadcast.
+  virtual void broadcast_polled(void* data, size_t bytes, int root, double max_sleep_s = 1e-3);
   virtual void barrier() = 0;
 
   // The runtime's calls through this communicator since it was made, the bytes this rank sent
@@ -81,6 +87,6 @@ std::unique_ptr<Communicator> mpi_communicator();
 // or the device is not there.
 bool nccl_built();
 std::unique_ptr<Communicator> nccl_communicator(Communicator& bootstrap, int device,
-                                               double timeout_s = 60);
+                                                double timeout_s = 60);
 
 }  // namespace md::dist

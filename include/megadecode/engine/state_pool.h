@@ -145,6 +145,7 @@ class StatePool {
   bool cache_bf16() const { return bf16_; }
   int max_sequences() const { return opt_.max_sequences; }
   int sequences_in_use() const;
+  std::vector<int> slots_in_use() const;  // ascending
   int64_t total_pages() const { return total_pages_; }
   int64_t free_pages() const;
   int64_t pages_for(int64_t tokens) const { return (tokens + opt_.page_rows - 1) / opt_.page_rows; }
@@ -178,8 +179,8 @@ class StatePool {
   size_t slot_floats_ = 0;
   size_t row_bytes_ = 0, layer_page_bytes_ = 0, page_bytes_ = 0;
   int64_t total_pages_ = 0;
-  float* slots_ = nullptr;    // in mem_
-  uint8_t* pages_ = nullptr;  // in mem_
+  float* slots_ = nullptr;                          // in mem_
+  uint8_t* pages_ = nullptr;                        // in mem_
   std::unique_ptr<int32_t[], FreeDeleter> tables_;  // [slot][total_pages]
   mutable std::mutex mu_;
   std::vector<int> free_slots_;
