@@ -68,17 +68,11 @@ ModelConfig shard_config(const ModelConfig& full, const Shard& s) {
 
 namespace {
 
-// Bytes of rows [r0, r1) of a matrix as stored (MXFP4: its codes; the scales separately).
 size_t code_row_bytes(const Mat& m) {
-  return m.mxfp4() ? size_t(m.cols) / 2 : size_t(m.cols) * dtype_size(m.dtype);
+  return m.code_row_bytes();
 }
-
-// Drops the whole pages of [p, p + n) of a read-only file mapping from this process.
 void release(const void* p, size_t n) {
-  const size_t page = size_t(sysconf(_SC_PAGESIZE));
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t lo = (a + page - 1) / page * page, hi = (a + n) / page * page;
-  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // best effort
+  release_mapped(p, n);
 }
 
 class Slicer {
@@ -93,7 +87,7 @@ class Slicer {
              r1, m.rows, m.cols);
     Mat v = m;
     v.data = static_cast<const uint8_t*>(m.data) + size_t(r0) * code_row_bytes(m);
-    if (m.mxfp4()) v.scales = m.scales + size_t(r0) * size_t(m.cols / 32);
+    if (m.packed4()) v.scales = m.scales + size_t(r0) * m.scale_row_bytes();
     v.rows = r1 - r0;
     b_.mapped += double(v.bytes());
     return v;
@@ -109,27 +103,32 @@ class Slicer {
     Mat v = m;
     v.cols = c1 - c0;
     const size_t src_row = code_row_bytes(m), dst_row = code_row_bytes(v);
-    const size_t at = m.mxfp4() ? size_t(c0) / 2 : size_t(c0) * dtype_size(m.dtype);
-    const size_t scale_cols = m.mxfp4() ? size_t(v.cols / 32) : 0;
+    // 4-bit formats: whole scale groups only (a group straddling two ranks has no owner).
+    MD_CHECK(!m.packed4() || (c0 % m.group == 0 && c1 % m.group == 0),
+             "shard: columns [{}, {}) of a [{}, {}] matrix split its scale groups of {}", c0, c1,
+             m.rows, m.cols, m.group);
+    const size_t at = m.packed4() ? size_t(c0) / 2 : size_t(c0) * dtype_size(m.dtype);
+    const size_t scale_cols = v.scale_row_bytes();
+    const size_t scale_at = m.packed4() ? size_t(c0 / m.group) * (m.mxfp4() ? 1 : 2) : 0;
     auto buf = std::make_shared<std::vector<uint8_t>>(size_t(m.rows) * (dst_row + scale_cols));
     uint8_t* codes = buf->data();
     uint8_t* scales = codes + size_t(m.rows) * dst_row;
     const auto* src = static_cast<const uint8_t*>(m.data);
     for (int64_t r = 0; r < m.rows; ++r) {
       std::memcpy(codes + size_t(r) * dst_row, src + size_t(r) * src_row + at, dst_row);
-      if (m.mxfp4())
+      if (m.packed4())
         std::memcpy(scales + size_t(r) * scale_cols,
-                    m.scales + size_t(r) * size_t(m.cols / 32) + size_t(c0 / 32), scale_cols);
+                    m.scales + size_t(r) * m.scale_row_bytes() + scale_at, scale_cols);
     }
     v.data = codes;
-    v.scales = m.mxfp4() ? scales : nullptr;
+    v.scales = m.packed4() ? scales : nullptr;
     out_.owned.push_back(std::move(buf));
     // The copy read every page of the source (its rows interleave the ranks' columns); let them
     // go from this process, so that its resident memory is its slice (they stay in the page
     // cache for the other ranks, and a later read would fault them back in).
     if (release_sources_) {
       release(m.data, size_t(m.rows) * src_row);
-      if (m.mxfp4()) release(m.scales, size_t(m.rows) * size_t(m.cols / 32));
+      if (m.packed4()) release(m.scales, size_t(m.rows) * m.scale_row_bytes());
     }
     b_.copied += double(v.bytes());
     return v;

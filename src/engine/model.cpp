@@ -13,6 +13,7 @@
 #include "megadecode/base/error.h"
 #include "megadecode/dist/communicator.h"
 #include "megadecode/kernels/cpu/attn_res.h"
+#include "megadecode/kernels/cpu/linear.h"
 #include "megadecode/kernels/cpu/matmul.h"
 #include "megadecode/kernels/cpu/mxfp4.h"
 #include "megadecode/kernels/cpu/ops.h"
@@ -32,14 +33,9 @@ void run_matmuls(ThreadPool& pool, std::span<const MatJob> jobs, bool x_bf16) {
           int64_t r0 = std::max<int64_t>(int64_t(b) - base, 0);
           int64_t r1 = std::min<int64_t>(int64_t(e) - base, j.w->rows);
           if (r0 < r1) {
-            if (j.w->mxfp4())
-              cpu::matmul_mxfp4(j.w->packed_data(), j.w->scales, j.w->cols, r0, r1, j.x, j.B, j.ldx,
-                                j.y, j.ldy, x_bf16);
-            else if (j.w->dtype == DType::F32)
-              cpu::matmul_f32(j.w->f32_data(), j.w->cols, r0, r1, j.x, j.B, j.ldx, j.y, j.ldy);
-            else
-              cpu::matmul_bf16(j.w->bf16_data(), j.w->cols, r0, r1, j.x, j.B, j.ldx, j.y, j.ldy,
-                               x_bf16);
+            const Mat& m = *j.w;
+            const cpu::LinearWeights lw{m.data, m.scales, m.dtype, m.quant, m.cols, m.group};
+            cpu::linear_rows(lw, r0, r1, j.x, j.B, j.ldx, j.y, j.ldy, x_bf16);
           }
           base += j.w->rows;
         }
@@ -222,6 +218,11 @@ void Model::init() {
     // (The checkpoint is a read-only file mapping: the copies' sources can be let go.)
     w_ = dist::shard_weights(full_cfg_, w_, shard_, &shard_bytes_, /*release_sources=*/true);
     cfg_ = dist::shard_config(full_cfg_, shard_);
+  }
+  if (opt.quantize.scheme != QuantScheme::kNone) {
+    require_host_weights("--quantize");
+    ThreadPool qpool(opt.threads, opt.pin_threads);
+    quant_ = quantize_weights(cfg_, w_, opt.quantize, qpool);
   }
   num_ = numerics_of(cfg_, opt);
   if (num_.round_a_log) {  // Numerics::round_a_log

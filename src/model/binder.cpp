@@ -32,6 +32,8 @@ Mat Binder::mxfp4(const std::string& base, int64_t rows, int64_t cols) {
   m.rows = rows;
   m.cols = cols;
   m.dtype = DType::U8;
+  m.quant = WeightQuant::kMxfp4;
+  m.group = 32;
   const TensorInfo* p = lookup(base + ".weight_packed", {rows, cols / 2}, DType::U8);
   const TensorInfo* s = lookup(base + ".weight_scale", {rows, cols / 32}, DType::U8);
   if (!p) return m;

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <set>
 
 #include "megadecode/base/error.h"
@@ -10,6 +13,13 @@
 #include "megadecode/model/safetensors.h"
 
 namespace md {
+
+void release_mapped(const void* p, size_t n) {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t lo = (a + page - 1) / page * page, hi = (a + n) / page * page;
+  if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
 
 namespace {
 

@@ -228,12 +228,17 @@ class Builder {
 
   // ---- sizes --------------------------------------------------------------------------------
 
-  size_t elt(const Mat* m, DType dflt = DType::BF16) const {
-    return dtype_size(m && m->data ? m->dtype : dflt);
+  // Bytes per weight of a matrix as stored: its codes and scales (MXFP4 4.25 bits, int4 with
+  // group g 4 + 16/g bits), so tiles and the step's byte counts follow the real traffic.
+  static double elt(const Mat* m, DType dflt = DType::BF16) {
+    if (m && m->data && m->rows > 0 && m->cols > 0)
+      return double(m->bytes()) / (double(m->rows) * double(m->cols));
+    return double(dtype_size(m && m->data ? m->dtype : dflt));
   }
-  // Bytes per weight of a routed expert matrix: MXFP4 counts 4.25 bits (codes + E8M0 scales).
+  // The same for a routed expert matrix, whose default (no weights: a plan for a config alone)
+  // follows the config's expert format.
   double expert_elt(const Mat* m) const {
-    if (m && m->data) return m->mxfp4() ? 17.0 / 32.0 : double(dtype_size(m->dtype));
+    if (m && m->data) return elt(m);
     return c_.experts_mxfp4 ? 17.0 / 32.0 : 2.0;
   }
   const LayerWeights* lw(int l) const { return w_ ? &w_->layers[l] : nullptr; }
@@ -241,7 +246,7 @@ class Builder {
   // ---- the program --------------------------------------------------------------------------
 
   // Y[b][r0:r1] = round(W X[b]) row blocks of one matrix; returns nothing, signals `sig`.
-  void gemv_tiles(Op op, int layer, const BufferDesc& wbuf, int64_t rows, int64_t cols, size_t e,
+  void gemv_tiles(Op op, int layer, const BufferDesc& wbuf, int64_t rows, int64_t cols, double e,
                   const BufferDesc& x, const BufferDesc& y, Wait wt, uint32_t sig,
                   int64_t rb_override = 0, uint32_t flags = 0, const BufferDesc* resid = nullptr,
                   const BufferDesc* out = nullptr) {
@@ -256,7 +261,7 @@ class Builder {
       in.r0 = uint32_t(r);
       in.r1 = uint32_t(std::min(rows, r + rb));
       emit(in, a,
-           uint64_t(in.r1 - in.r0) * uint64_t(cols) * e +
+           uint64_t(double(in.r1 - in.r0) * double(cols) * e) +
                uint64_t(N_) * uint64_t(cols + (in.r1 - in.r0)) * 4);
     }
   }
@@ -341,7 +346,7 @@ class Builder {
     return io;
   }
   void moe_ffn(int l, const FfnIo& io);
-  void gate_up_tiles(Op op, int l, const BufferDesc& g, const BufferDesc& u, int64_t I, size_t e,
+  void gate_up_tiles(Op op, int l, const BufferDesc& g, const BufferDesc& u, int64_t I, double e,
                      const BufferDesc& x, const BufferDesc& act, Wait wt, uint32_t sig);
   // The per-sequence combine tiles: `base` operands (ending in x_next, next_norm, h_next), then
   // K3's mix operands.

@@ -36,7 +36,7 @@ std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> Builder::kda_layer(int l, 
   const int ranges = int(std::clamp<int64_t>(ceil_div(2 * int64_t(W_), B_), 1, H));
   const int hpr = int(ceil_div(H, ranges));
   // q, k, v row blocks aligned to heads and nested in the core ranges; one counter per range.
-  const size_t e = elt(L ? &L->kda.q : nullptr);
+  const double e = elt(L ? &L->kda.q : nullptr);
   HeadTiling ht = head_tiling(H, K, double(D) * double(e), p_.options, W_);
   if (ht.group > 1) {
     ht.group = std::min(ht.group, hpr);
@@ -124,7 +124,7 @@ std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> Builder::mla_layer(int l, 
   if (Q > 0) {
     // q = round(q_b RMSNorm(q_a h)): each row block normalises the batch's q_a rows itself
     // (Q values per sequence, cheap next to its rows of q_b), which saves a synchronisation.
-    const size_t e = elt(L ? &L->mla.q_b : nullptr);
+    const double e = elt(L ? &L->mla.q_b : nullptr);
     const int64_t rb = tile_rows(QW, double(Q) * double(e), p_.options, W_);
     auto a = args({weight(WeightKind::kMlaQB, l), qa, weight(WeightKind::kMlaQANorm, l), q});
     for (int64_t r = 0; r < QW; r += rb) {
@@ -172,7 +172,7 @@ std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> Builder::mla_layer(int l, 
     const int64_t units = int64_t(B_) * ranges;
     S = 4 * units <= W_ ? int(std::clamp<int64_t>(ceil_div(W_, units), 1, 16)) : 1;
   }
-  const size_t e = elt(L ? &L->mla.kv_b : nullptr);
+  const double e = elt(L ? &L->mla.kv_b : nullptr);
   if (S == 1) {
     const uint32_t core_done = counter(Op::kMlaCore, l);
     auto a = args({q, weight(WeightKind::kMlaKvB, l), state(StateKind::kMlaCache, l), att, gate});

@@ -47,7 +47,7 @@ void Builder::dense_ffn(int l, const FfnIo& io) {
 }
 
 void Builder::gate_up_tiles(Op op, int l, const BufferDesc& g, const BufferDesc& u, int64_t I,
-                            size_t e, const BufferDesc& x, const BufferDesc& act, Wait wt,
+                            double e, const BufferDesc& x, const BufferDesc& act, Wait wt,
                             uint32_t sig) {
   const int64_t D = c_.hidden_size;
   const int64_t rb = tile_rows(I, 2.0 * double(D) * double(e), p_.options, W_);
@@ -77,7 +77,7 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
   const uint32_t routed = counter(Op::kRouter, l);
   {
     // Without weights: the released dtype (what make-model writes).
-    const size_t re = elt(L ? &L->moe.router : nullptr, c.released_router_dtype());
+    const double re = elt(L ? &L->moe.router : nullptr, c.released_router_dtype());
     auto a =
         args({io.h2, weight(WeightKind::kRouter, l), weight(WeightKind::kRouterBias, l), ids, wts});
     p_.router_ids_buffer[size_t(l)] = a.first + 3;
@@ -102,7 +102,7 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
 
   // Shared expert gate/up: needs only the normed input, so it overlaps the routing.
   uint32_t sgu = kNone, sdn = kNone;
-  const size_t se = elt(L && shared ? &L->moe.shared.gate : nullptr);
+  const double se = elt(L && shared ? &L->moe.shared.gate : nullptr);
   if (shared) {
     sgu = counter(Op::kSharedGateUp, l);
     gate_up_tiles(Op::kSharedGateUp, l, weight(WeightKind::kSharedGate, l),

@@ -59,6 +59,14 @@ void RunFlags::add(CLI::App* app, bool model_required) {
                   "where the plan executors run: cpu, cuda (a GPU), or cuda-sim (the CUDA kernels "
                   "on the host simulation of the CUDA execution model; slow, for checking)")
       ->check(CLI::IsMember({"cpu", "cuda", "cuda-sim"}));
+  app->add_option("--quantize", quantize,
+                  "quantize the bf16 projections and experts at load: none or int4 (W4A16, "
+                  "symmetric, group-wise bf16 scales; docs/quantization.md)")
+      ->check(CLI::IsMember({"none", "int4"}));
+  app->add_option("--quant-group", quant_group,
+                  "--quantize: columns per scale, a multiple of 32 (0: one scale per row)")
+      ->check(CLI::Range(0, 1 << 20));
+  app->add_flag("--quantize-lm-head", quant_lm_head, "--quantize: the output head too");
   app->add_option("--tp", tp,
                   "distributed (under mpirun -np tp*ep): attention heads, dense and shared-expert "
                   "channels and the vocabulary over all ranks, routed experts tp ways inside each "
@@ -75,6 +83,10 @@ ModelOptions RunFlags::options() const {
   o.threads = threads;
   o.router_biased_weights = biased_router;
   o.states = states;
+  o.quantize.scheme = *parse_quant_scheme(quantize);
+  o.quantize.group = quant_group;
+  o.quantize.lm_head = quant_lm_head;
+  o.quantize.progress = true;
   return o;
 }
 
@@ -117,8 +129,20 @@ LoadedModel load_model(const RunFlags& f, bool with_tokenizer) {
     lm.tokenizer =
         std::make_unique<Tokenizer>(Tokenizer::load(f.model, lm.model->config().vocab_size));
   // (A rank of a distributed run reads only its slices: touching the whole checkpoint would make
-  // all of it resident.)
-  if (tty && !lm.model->shard().sharded()) {
+  // all of it resident. Quantization read its sources already and let their pages go.)
+  const QuantizeReport& q = lm.model->quantize_report();
+  if (q.matrices > 0 && !follower_rank()) {
+    if (tty) std::fprintf(stderr, "\n");
+    std::fprintf(stderr, "quantized %d matrices to %s (%s): %s -> %s in %.1f s\n", q.matrices,
+                 std::string(quant_scheme_name(f.options().quantize.scheme)).c_str(),
+                 f.quant_group ? ("group " + std::to_string(f.quant_group)).c_str() : "per row",
+                 human_bytes(q.bytes_before).c_str(), human_bytes(q.bytes_after).c_str(),
+                 q.seconds);
+    if (q.kept > 0)
+      std::fprintf(stderr, "kept %d matrices as loaded (the group does not divide their columns, "
+                   "e.g. %s)\n", q.kept, q.first_kept.c_str());
+  }
+  if (tty && !lm.model->shard().sharded() && q.matrices == 0) {
     lm.model->touch_weights([&](double done, double total) {
       std::fprintf(stderr, "\rloading %s: %5.1f%% of %s", f.model.c_str(), 100.0 * done / total,
                    human_bytes(total).c_str());

@@ -31,6 +31,10 @@ struct RunFlags {
   std::string device = "cpu";  // --device: where the plan executors run
   // --tp / --ep: a distributed run under mpirun (dist/shard.h), world = tp x ep ranks.
   int tp = 1, ep = 1;
+  // --quantize / --quant-group / --quantize-lm-head: load-time quantization (engine/quantize.h).
+  std::string quantize = "none";
+  int quant_group = 128;
+  bool quant_lm_head = false;
   DeviceKind device_kind() const { return parse_device_kind(device); }
   void add(CLI::App* app, bool model_required = true);
   ModelOptions options() const;

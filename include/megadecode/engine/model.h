@@ -47,12 +47,17 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   const ModelWeights& weights() const { return w_; }
+  // For tests and tools that transform the bound weights after load (a reference built from
+  // dequantized copies): the forward path and executors made afterwards read them.
+  ModelWeights& mutable_weights() { return w_; }
   const ModelOptions& options() const { return opt_; }
   const dist::Shard& shard() const { return shard_; }
   dist::Communicator* communicator() const { return comm_; }
   const ModelConfig& full_config() const { return shard_.sharded() ? full_cfg_ : cfg_; }
   // What this rank holds (sharded models; zeros otherwise).
   const dist::ShardBytes& shard_bytes() const { return shard_bytes_; }
+  // What load-time quantization did (ModelOptions::quantize; zeros when it was off).
+  const QuantizeReport& quantize_report() const { return quant_; }
   // The numeric policy of this model and options (engine/numerics.h).
   const Numerics& numerics() const { return num_; }
   const Checkpoint& checkpoint() const { return *ckpt_; }
@@ -86,6 +91,7 @@ class Model {
   dist::Communicator* comm_ = nullptr;
   ModelConfig full_cfg_;
   dist::ShardBytes shard_bytes_;
+  QuantizeReport quant_;
   Numerics num_;
   std::unique_ptr<Checkpoint> ckpt_;
   ModelWeights w_;

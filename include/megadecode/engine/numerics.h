@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 
+#include "megadecode/engine/quantize.h"
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/dtype.h"
 #include "megadecode/engine/state_pool.h"
@@ -29,6 +30,7 @@ struct ModelOptions {
   bool pin_threads = true;
   bool router_biased_weights = false;  // the original remote code's expert-weight variant
   PoolOptions states;  // the reference path's state pool (Model::new_sequence)
+  QuantizeOptions quantize;  // load-time quantization (engine/quantize.h)
 };
 
 enum class ResidualKind : uint8_t {

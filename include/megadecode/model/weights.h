@@ -15,25 +15,36 @@ namespace md {
 
 class Checkpoint;
 
-// A [rows, cols] row-major matrix in the mapping (Hugging Face Linear layout [out, in]).
-// dtype BF16 or F32; or U8 for an MXFP4 matrix (compressed-tensors mxfp4-pack-quantized): `data`
-// is weight_packed [rows, cols/2] (two e2m1 codes per byte, low nibble first) and `scales` is
-// weight_scale [rows, cols/32] (E8M0, 2^(s-127)).
+// A [rows, cols] row-major matrix in the mapping (Hugging Face Linear layout [out, in]), or in
+// memory the weights own (ModelWeights::owned: a load-time quantized or sliced copy).
+// dtype BF16 or F32 (quant kNone); or U8 with 4-bit codes, `data` [rows, cols/2] (two codes per
+// byte, low nibble first) and `scales` per group of `group` columns of a row:
+//  * kMxfp4 (compressed-tensors mxfp4-pack-quantized): E8M0 bytes [rows, cols/32], group 32;
+//  * kInt4 (pack-quantized int4, symmetric, or --quantize int4): bf16 [rows, cols/group].
 struct Mat {
   const void* data = nullptr;
   DType dtype = DType::BF16;
   int64_t rows = 0, cols = 0;
-  const uint8_t* scales = nullptr;  // MXFP4 only
-  bool mxfp4() const { return dtype == DType::U8; }
+  const uint8_t* scales = nullptr;  // 4-bit formats only
+  WeightQuant quant = WeightQuant::kNone;
+  int32_t group = 0;  // 4-bit formats: columns per scale
+  bool mxfp4() const { return quant == WeightQuant::kMxfp4; }
+  bool int4() const { return quant == WeightQuant::kInt4; }
+  bool packed4() const { return quant != WeightQuant::kNone; }
   const bf16* bf16_data() const { return static_cast<const bf16*>(data); }
   const float* f32_data() const { return static_cast<const float*>(data); }
   const uint8_t* packed_data() const { return static_cast<const uint8_t*>(data); }
-  size_t bytes() const {
-    if (mxfp4()) return size_t(rows) * size_t(cols) / 2 + size_t(rows) * size_t(cols) / 32;
-    return size_t(rows) * size_t(cols) * dtype_size(dtype);
+  // Bytes of one row of codes or values, and of one row's scales (for `cols` columns).
+  size_t code_row_bytes() const {
+    return packed4() ? size_t(cols) / 2 : size_t(cols) * dtype_size(dtype);
   }
+  size_t scale_row_bytes() const {
+    if (!packed4()) return 0;
+    return mxfp4() ? size_t(cols) / 32 : size_t(cols) / size_t(group) * 2;
+  }
+  size_t bytes() const { return size_t(rows) * (code_row_bytes() + scale_row_bytes()); }
   const void* row(int64_t r) const {
-    return static_cast<const uint8_t*>(data) + size_t(r) * size_t(cols) * dtype_size(dtype);
+    return static_cast<const uint8_t*>(data) + size_t(r) * code_row_bytes();
   }
 };
 
@@ -105,6 +116,11 @@ struct ModelWeights {
   // dist/shard.h): shared, so that copies of these weights stay valid.
   std::vector<std::shared_ptr<const std::vector<uint8_t>>> owned;
 };
+
+// Drops the whole pages of [p, p + n) from this process (madvise DONTNEED, best effort): for the
+// read-only file mapping, after a matrix was copied (sliced, quantized) and its source is no
+// longer read; the pages stay in the page cache and fault back in if read again.
+void release_mapped(const void* p, size_t n);
 
 // Binds every tensor the architecture needs; a missing tensor, a wrong shape or dtype, or a tensor
 // the architecture does not use is an md::Error naming it.

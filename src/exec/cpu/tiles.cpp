@@ -18,6 +18,7 @@
 #include "megadecode/kernels/cpu/attn_res.h"
 #include "megadecode/kernels/cpu/expert_slots.h"
 #include "megadecode/kernels/cpu/kda.h"
+#include "megadecode/kernels/cpu/linear.h"
 #include "megadecode/kernels/cpu/matmul.h"
 #include "megadecode/kernels/cpu/mla.h"
 #include "megadecode/kernels/cpu/mxfp4.h"
@@ -35,17 +36,9 @@ namespace detail {
 
 void gemv_rows(const WeightView& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
                float* Y, int64_t ldy, bool x_bf16) {
-  if (w.dtype == DType::U8) {  // MXFP4: rows r0.. of the packed codes and of the scales
-    const uint8_t* P = static_cast<const uint8_t*>(w.data) + r0 * (w.cols / 2);
-    cpu::matmul_mxfp4(P, w.scales + r0 * (w.cols / 32), w.cols, 0, r1 - r0, X, B, ldx, Y, ldy,
-                      x_bf16);
-  } else if (w.dtype == DType::F32) {
-    const float* W = static_cast<const float*>(w.data) + r0 * w.cols;
-    cpu::matmul_f32(W, w.cols, 0, r1 - r0, X, B, ldx, Y, ldy);
-  } else {
-    const bf16* W = static_cast<const bf16*>(w.data) + r0 * w.cols;
-    cpu::matmul_bf16(W, w.cols, 0, r1 - r0, X, B, ldx, Y, ldy, x_bf16);
-  }
+  // Y holds the outputs of rows r0..: the kernel writes Y[b * ldy + r] for r in [r0, r1).
+  const cpu::LinearWeights lw{w.data, w.scales, w.dtype, w.quant, w.cols, w.group};
+  cpu::linear_rows(lw, r0, r1, X, B, ldx, Y - r0, ldy, x_bf16);
 }
 
 }  // namespace detail

@@ -31,6 +31,8 @@ struct WeightView {
   DType dtype = DType::BF16;
   int64_t rows = 0, cols = 0;
   const uint8_t* scales = nullptr;
+  WeightQuant quant = WeightQuant::kNone;  // Mat's meaning (model/weights.h)
+  int32_t group = 0;
 };
 
 // Per (sequence, layer) state pointers, resolved before every step. With a row log (a step

@@ -44,6 +44,10 @@ CudaExecutor::CudaExecutor(Model& model, int max_batch, ExecutorKind kind, CudaT
         MD_CHECK(!model.shard().sharded(),
                  "the CUDA executors run whole models only; this is {} (use --device cpu)",
                  dist::describe_shard(model.shard()));
+        MD_CHECK(model.quantize_report().matrices == 0,
+                 "the CUDA executors have no int4 kernels yet; --quantize {} runs with "
+                 "--device cpu",
+                 quant_scheme_name(model.options().quantize.scheme));
         return std::make_unique<Impl>(model, max_batch, kind, target, opt);
       }()) {}
 CudaExecutor::~CudaExecutor() = default;

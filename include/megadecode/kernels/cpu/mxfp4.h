@@ -46,8 +46,9 @@ const char* matmul_mxfp4_isa();
 //    group's scale is applied once per run, acc += r * 2^(s - 127) (exact multiply unless it
 //    under- or overflows). So scales far outside bf16's exponent range never touch the products.
 //    (Portable: runs of 4 products, 8 lanes. AVX-512: runs of 8 products, 16 lanes, each lane
-//    covering 8 columns of one group in a chunk of 4 groups; see mxfp4_avx512.cpp. AVX2: the same
-//    with 8 lanes and chunks of 2 groups; see mxfp4_avx2.cpp.)
+//    covering 8 columns of one group in a chunk of 4 groups; see q4_avx512.cpp. AVX2: the same
+//    with 8 lanes and chunks of 2 groups; see q4_avx2.cpp. The kernels are shared with int4,
+//    int4.h.)
 //  * Y[b, r] is one fixed sequence of fp32 operations that depends only on row r, vector b and K:
 //    not on [r0, r1), B, other rows or vectors, or the thread. Splitting rows or batching gives
 //    bit-identical results (unit-tested).
@@ -68,17 +69,5 @@ const char* matmul_mxfp4_isa();
 // widening), the scale one vpermps + one FMA per 128 weights; in L2 the kernel runs at ~15-24 G
 // weights/s per CPU-second at B = 1. vdpbf16ps sustains one per ~2.3 cycles here (two fp32 FMAs
 // per cycle), which made a bf16 variant no faster at B = 1 and ~1.5x slower at B = 4..8.
-
-namespace detail {
-// ISA entry points; only mxfp4.cpp calls them, after checking the level (cpu_features.h).
-// mxfp4_avx512.cpp (AVX-512 F/BW/VL/DQ; the avx512 and avx512bf16 levels):
-void matmul_mxfp4_avx512(const uint8_t* packed, const uint8_t* scales, int64_t K, int64_t r0,
-                         int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy);
-// mxfp4_avx2.cpp (AVX2 + FMA):
-void matmul_mxfp4_avx2(const uint8_t* packed, const uint8_t* scales, int64_t K, int64_t r0,
-                       int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy);
-// The fp32 value of each scale byte (2^(s-127), NaN for 255); shared by every path.
-extern const float kMxfp4ScaleTable[256];
-}  // namespace detail
 
 }  // namespace md::cpu

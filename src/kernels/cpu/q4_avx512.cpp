@@ -1,5 +1,6 @@
-// AVX-512 MXFP4 kernel. Compiled for the avx512 level (AVX-512 F/BW/VL/DQ, CMakeLists.txt), which
-// mxfp4.cpp checks (cpu_features.h) before entering; it serves the avx512bf16 level too. No BF16
+// AVX-512 kernel of the 4-bit formats (q4_kernels.h: MXFP4 and int4). Compiled for the avx512
+// level (AVX-512 F/BW/VL/DQ, CMakeLists.txt), which mxfp4.cpp / int4.cpp check (cpu_features.h)
+// before entering; it serves the avx512bf16 level too. No BF16
 // instruction: it is one fp32-FMA kernel for both X modes, because on this CPU vdpbf16ps sustains
 // one per ~2.3 cycles against two fp32 FMAs per cycle, so it would be no faster at B = 1 and up to
 // ~1.5x slower for batches (and the kernel may not depend on B).
@@ -7,13 +8,14 @@
 // Weights are decoded a chunk at a time: 4 groups = 128 columns = 64 packed bytes of a row, one
 // zmm load (one cache line). No byte widening: dword d of the chunk holds the 8 codes of columns
 // 8d..8d+7 (nibble s = column 8d + s), vpermps reads the low 4 bits of each dword as an index into
-// the 16 code values, and shifting the whole register right by 4s brings nibble s to the bottom.
-// So decode step s (one shift, one vpermps) gives column 8d + s in lane d, and the activations
-// are repacked once per call into the same order (register s of a chunk: lane d = x[8d + s]).
-// Lane d only ever sees columns 8d..8d+7 of a chunk, all in its group 4c + d/4. Each output
-// Y[b, r] has one zmm accumulator that walks the chunks in order:
-//   g   = fma(w[8d+7], x[8d+7], ... fma(w[8d+1], x[8d+1], w[8d] * x[8d]))   [unscaled e2m1 values]
-//   acc = fma(g, scale, acc)    with lane d of scale = 2^(s - 127) of group 4c + d/4
+// the 16 code values (the format's table), and shifting the whole register right by 4s brings
+// nibble s to the bottom. So decode step s (one shift, one vpermps) gives column 8d + s in lane d,
+// and the activations are repacked once per call into the same order (register s of a chunk: lane d
+// = x[8d + s]). Lane d only ever sees columns 8d..8d+7 of a chunk, all in its group 4c + d/4. Each
+// output Y[b, r] has one zmm accumulator that walks the chunks in order:
+//   g   = fma(w[8d+7], x[8d+7], ... fma(w[8d+1], x[8d+1], w[8d] * x[8d]))   [unscaled code values]
+//   acc = fma(g, scale, acc)    with lane d of scale = the scale of sub-group 4c + d/4
+// (MXFP4: 2^(s - 127) of that group; int4: the bf16 scale of the group that holds those columns).
 // and ends with a fixed pairwise reduction of its 16 lanes. When K is not a multiple of 128 the
 // last chunk is partial: its missing bytes load as zero, its missing activations are packed as
 // zero, and the accumulation is masked to the lanes of groups that exist. Per 16 weights that is
@@ -35,13 +37,14 @@
 #include <cstring>
 
 #include "isa_scratch.h"
-#include "megadecode/kernels/cpu/mxfp4.h"
+#include "q4_kernels.h"
 
 namespace md::cpu::detail {
 namespace {
 
 // Per-thread buffer for the repacked activations.
 thread_local IsaScratch t_xscratch;
+thread_local IsaScratch t_mapscratch;  // the int4 sub-group -> group table of the call
 
 constexpr int64_t kChunkCols = 128;  // 4 groups, 64 packed bytes per row
 constexpr int kBlockGroups = 16;     // groups whose scales are decoded together (one zmm)
@@ -74,6 +77,59 @@ inline __m512 scale_vec(__m128i bytes) {
   return _mm512_castsi512_ps(_mm512_mask_or_epi32(t, edge, t, _mm512_set1_epi32(0x00400000)));
 }
 
+// 16 bf16 scales (the low 16 bits of each dword after widening) -> fp32.
+inline __m512 bf16_vec(__m256i halves) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
+}
+
+// The scales of a block of n <= 16 consecutive 32-column sub-groups g.., one lane per sub-group:
+// the formats' scale decode, kept apart from the tiling. `prepare` runs once per block for all the
+// rows of a tile (it depends only on the columns), `row` once per row.
+struct E2m1Scales {
+  static constexpr Q4Codes kCodes = Q4Codes::kE2m1;
+  static __m512 lut() {
+    return _mm512_set_ps(-6.0f, -4.0f, -3.0f, -2.0f, -1.5f, -1.0f, -0.5f, -0.0f, 6.0f, 4.0f, 3.0f,
+                         2.0f, 1.5f, 1.0f, 0.5f, 0.0f);
+  }
+  struct Block {
+    int64_t g;
+    __mmask16 mask;
+  };
+  static Block prepare(const int32_t*, int64_t g, int n) {
+    return {g, static_cast<__mmask16>((1u << n) - 1)};
+  }
+  static __m512 row(const uint8_t* srow, const Block& b) {
+    return scale_vec(_mm_maskz_loadu_epi8(b.mask, srow + b.g));
+  }
+};
+
+// int4: sub-group j lies in group map[j] (= 32 j / group); a block spans groups first..last, at
+// most 16 of them, which are loaded once and spread to the sub-groups' lanes with one vpermps.
+struct Int4Scales {
+  static constexpr Q4Codes kCodes = Q4Codes::kInt4;
+  static __m512 lut() {
+    return _mm512_set_ps(7.0f, 6.0f, 5.0f, 4.0f, 3.0f, 2.0f, 1.0f, 0.0f, -1.0f, -2.0f, -3.0f, -4.0f,
+                         -5.0f, -6.0f, -7.0f, -8.0f);
+  }
+  struct Block {
+    int64_t first;
+    __mmask16 mask;
+    __m512i idx;
+  };
+  static Block prepare(const int32_t* map, int64_t g, int n) {
+    const __mmask16 lanes = static_cast<__mmask16>((1u << n) - 1);
+    const int32_t first = map[g];
+    const int cnt = map[g + n - 1] - first + 1;
+    const __m512i idx =
+        _mm512_sub_epi32(_mm512_maskz_loadu_epi32(lanes, map + g), _mm512_set1_epi32(first));
+    return {first, static_cast<__mmask16>((1u << cnt) - 1), _mm512_maskz_mov_epi32(lanes, idx)};
+  }
+  static __m512 row(const uint8_t* srow, const Block& b) {
+    const __m512 v = bf16_vec(_mm256_maskz_loadu_epi16(b.mask, srow + 2 * b.first));
+    return _mm512_permutexvar_ps(b.idx, v);
+  }
+};
+
 // Lane i -> lane 4c + i/4 of a block's scale vector: the scales of chunk c's lanes.
 inline __m512i chunk_scale_index(int c) {
   return _mm512_add_epi32(_mm512_set1_epi32(4 * c),
@@ -83,7 +139,7 @@ inline __m512i chunk_scale_index(int c) {
 // The kernel's activation format and decode, kept apart from the tiling:
 //   pack_x   writes ceil(K / 128) chunks of 128 fp32 in the decoded order (zero past K)
 //   load_x   decode step s's 16 activations of a chunk
-//   decode   decode step s's 16 weights (unscaled e2m1 values) from the chunk's 64 packed bytes
+//   decode   decode step s's 16 weights (unscaled code values, table lut) from the chunk's 64 bytes
 //   madd     step s of the per-lane product chain (a plain multiply for s = 0)
 struct OpFma {
   using XT = float;
@@ -100,9 +156,7 @@ struct OpFma {
     }
   }
   static XV load_x(const XT* p, int s) { return _mm512_load_ps(p + 16 * s); }
-  static WV decode(__m512i p, int s) {
-    const __m512 lut = _mm512_set_ps(-6.0f, -4.0f, -3.0f, -2.0f, -1.5f, -1.0f, -0.5f, -0.0f, 6.0f,
-                                     4.0f, 3.0f, 2.0f, 1.5f, 1.0f, 0.5f, 0.0f);
+  static WV decode(__m512i p, int s, __m512 lut) {
     return _mm512_permutexvar_ps(s == 0 ? p : _mm512_srli_epi32(p, 4 * s), lut);
   }
   static __m512 madd(int s, __m512 g, WV w, XV x) {
@@ -116,7 +170,7 @@ struct OpFma {
 // The loop runs over the Op's decode steps outermost, so only one step's activations and decoded
 // weights are live at a time (no spills for the batch tiles).
 template <class Op, int NR, int NB, bool kMasked>
-inline void chunk_step(__m512 (&acc)[NR][NB], const __m512 (&sv)[NR], __m512i sidx,
+inline void chunk_step(__m512 (&acc)[NR][NB], const __m512 (&sv)[NR], __m512i sidx, __m512 lut,
                        const uint8_t* w, int64_t rb, const typename Op::XT* x, int64_t xs,
                        __mmask64 bytes, __mmask16 lanes) {
   if constexpr (NB == 1) {
@@ -128,7 +182,7 @@ inline void chunk_step(__m512 (&acc)[NR][NB], const __m512 (&sv)[NR], __m512i si
       const __m512i p =
           kMasked ? _mm512_maskz_loadu_epi8(bytes, w + i * rb) : _mm512_loadu_si512(w + i * rb);
       __m512 g = _mm512_setzero_ps();
-      for (int s = 0; s < Op::kSteps; ++s) g = Op::madd(s, g, Op::decode(p, s), xv[s]);
+      for (int s = 0; s < Op::kSteps; ++s) g = Op::madd(s, g, Op::decode(p, s, lut), xv[s]);
       const __m512 sc = _mm512_permutexvar_ps(sidx, sv[i]);
       if constexpr (kMasked) {
         acc[i][0] = _mm512_mask3_fmadd_ps(g, sc, acc[i][0], lanes);
@@ -146,7 +200,7 @@ inline void chunk_step(__m512 (&acc)[NR][NB], const __m512 (&sv)[NR], __m512i si
     typename Op::XV xv[NB];
     for (int j = 0; j < NB; ++j) xv[j] = Op::load_x(x + j * xs, s);
     for (int i = 0; i < NR; ++i) {
-      const typename Op::WV wv = Op::decode(p[i], s);
+      const typename Op::WV wv = Op::decode(p[i], s, lut);
       for (int j = 0; j < NB; ++j) g[i][j] = Op::madd(s, g[i][j], wv, xv[j]);
     }
   }
@@ -162,39 +216,40 @@ inline void chunk_step(__m512 (&acc)[NR][NB], const __m512 (&sv)[NR], __m512i si
   }
 }
 
-// NR consecutive rows (packed at w, scales at s) times NB repacked vectors at x (stride xs);
-// writes y[j * ldy + i] for row i, vector j.
-template <class Op, int NR, int NB, bool kPrefetch>
-void tile(const uint8_t* w, const uint8_t* s, int64_t K, const typename Op::XT* x, int64_t xs,
-          float* y, int64_t ldy) {
+// NR consecutive rows (packed at w, scales at s, sb bytes per row) times NB repacked vectors at x
+// (stride xs); writes y[j * ldy + i] for row i, vector j. map: the sub-group -> group table (int4).
+template <class Op, class Sc, int NR, int NB, bool kPrefetch>
+void tile(const uint8_t* w, const uint8_t* s, int64_t sb, const int32_t* map, int64_t K,
+          const typename Op::XT* x, int64_t xs, float* y, int64_t ldy) {
   const int64_t G = K / 32, rb = K / 2;
+  const __m512 lut = Sc::lut();
   __m512 acc[NR][NB];
   for (int i = 0; i < NR; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
   __m512 sv[NR];
   int64_t g = 0;
   for (; g + kBlockGroups <= G; g += kBlockGroups) {  // 4 whole chunks
-    for (int i = 0; i < NR; ++i) sv[i] = scale_vec(_mm_loadu_si128(
-                                     reinterpret_cast<const __m128i*>(s + i * G + g)));
+    const typename Sc::Block blk = Sc::prepare(map, g, kBlockGroups);
+    for (int i = 0; i < NR; ++i) sv[i] = Sc::row(s + i * sb, blk);
     for (int c = 0; c < 4; ++c) {
       const uint8_t* wc = w + (g + 4 * c) * 16;
       if constexpr (kPrefetch) {
-        for (int i = 0; i < NR; ++i) _mm_prefetch(reinterpret_cast<const char*>(wc + i * rb) +
-                                                      kPrefetchBytes, _MM_HINT_T0);
+        for (int i = 0; i < NR; ++i)
+          _mm_prefetch(reinterpret_cast<const char*>(wc + i * rb) + kPrefetchBytes, _MM_HINT_T0);
       }
-      chunk_step<Op, NR, NB, false>(acc, sv, chunk_scale_index(c), wc, rb, x + (g + 4 * c) * 32,
-                                    xs, 0, 0);
+      chunk_step<Op, NR, NB, false>(acc, sv, chunk_scale_index(c), lut, wc, rb,
+                                    x + (g + 4 * c) * 32, xs, 0, 0);
     }
   }
-  if (g < G) {  // 1..15 groups left: masked loads, partial last chunk
+  if (g < G) {  // 1..15 sub-groups left: masked loads, partial last chunk
     const int ng = static_cast<int>(G - g);
-    const __mmask16 smask = static_cast<__mmask16>((1u << ng) - 1);
-    for (int i = 0; i < NR; ++i) sv[i] = scale_vec(_mm_maskz_loadu_epi8(smask, s + i * G + g));
+    const typename Sc::Block blk = Sc::prepare(map, g, ng);
+    for (int i = 0; i < NR; ++i) sv[i] = Sc::row(s + i * sb, blk);
     for (int c = 0; 4 * c < ng; ++c) {
-      const int t = std::min(4, ng - 4 * c);  // groups in this chunk
+      const int t = std::min(4, ng - 4 * c);  // sub-groups in this chunk
       const __mmask64 bytes = t == 4 ? ~__mmask64{0} : (__mmask64{1} << (16 * t)) - 1;
       const __mmask16 lanes = static_cast<__mmask16>((1u << (4 * t)) - 1);
-      chunk_step<Op, NR, NB, true>(acc, sv, chunk_scale_index(c), w + (g + 4 * c) * 16, rb,
+      chunk_step<Op, NR, NB, true>(acc, sv, chunk_scale_index(c), lut, w + (g + 4 * c) * 16, rb,
                                    x + (g + 4 * c) * 32, xs, bytes, lanes);
     }
   }
@@ -202,14 +257,24 @@ void tile(const uint8_t* w, const uint8_t* s, int64_t K, const typename Op::XT* 
     for (int j = 0; j < NB; ++j) y[j * ldy + i] = hsum(acc[i][j]);
 }
 
+// One call's matrix as the tiles see it.
+struct Mat4 {
+  const uint8_t* P;
+  const uint8_t* S;
+  int64_t sb;          // scale bytes per row
+  const int32_t* map;  // sub-group -> group (int4)
+  int64_t K;
+};
+
 // Rows [r, r1) for NB vectors: tiles of NR rows, then the rest in tiles of NR/2, NR/4, .., 1.
-template <class Op, int NB, bool kPrefetch, int NR>
-void row_tiles(const uint8_t* P, const uint8_t* S, int64_t K, int64_t r, int64_t r1,
-               const typename Op::XT* x, int64_t xs, float* y, int64_t ldy) {
-  const int64_t rb = K / 2, G = K / 32;
+template <class Op, class Sc, int NB, bool kPrefetch, int NR>
+void row_tiles(const Mat4& m, int64_t r, int64_t r1, const typename Op::XT* x, int64_t xs, float* y,
+               int64_t ldy) {
+  const int64_t rb = m.K / 2;
   for (; r + NR <= r1; r += NR)
-    tile<Op, NR, NB, kPrefetch>(P + r * rb, S + r * G, K, x, xs, y + r, ldy);
-  if constexpr (NR > 1) row_tiles<Op, NB, kPrefetch, NR / 2>(P, S, K, r, r1, x, xs, y, ldy);
+    tile<Op, Sc, NR, NB, kPrefetch>(m.P + r * rb, m.S + r * m.sb, m.sb, m.map, m.K, x, xs, y + r,
+                                    ldy);
+  if constexpr (NR > 1) row_tiles<Op, Sc, NB, kPrefetch, NR / 2>(m, r, r1, x, xs, y, ldy);
 }
 
 // Rows per tile for NB vectors, sized to fit the 32 zmm registers without spills in the chunk
@@ -222,33 +287,33 @@ constexpr int tile_rows() {
 
 // One batch tile of nv <= kTileVecs vectors over rows [r0, r1). kTall: this pass reads the
 // weights from DRAM, so use the taller, prefetching tiles.
-template <class Op, bool kTall>
-void batch_tile(int nv, const uint8_t* P, const uint8_t* S, int64_t K, int64_t r0, int64_t r1,
-                const typename Op::XT* x, int64_t xs, float* y, int64_t ldy) {
+template <class Op, class Sc, bool kTall>
+void batch_tile(int nv, const Mat4& m, int64_t r0, int64_t r1, const typename Op::XT* x, int64_t xs,
+                float* y, int64_t ldy) {
   switch (nv) {
     case 1:
-      row_tiles<Op, 1, kTall, tile_rows<Op, 1, kTall>()>(P, S, K, r0, r1, x, xs, y, ldy);
+      row_tiles<Op, Sc, 1, kTall, tile_rows<Op, 1, kTall>()>(m, r0, r1, x, xs, y, ldy);
       break;
     case 2:
-      row_tiles<Op, 2, kTall, tile_rows<Op, 2, kTall>()>(P, S, K, r0, r1, x, xs, y, ldy);
+      row_tiles<Op, Sc, 2, kTall, tile_rows<Op, 2, kTall>()>(m, r0, r1, x, xs, y, ldy);
       break;
     case 3:
-      row_tiles<Op, 3, kTall, tile_rows<Op, 3, kTall>()>(P, S, K, r0, r1, x, xs, y, ldy);
+      row_tiles<Op, Sc, 3, kTall, tile_rows<Op, 3, kTall>()>(m, r0, r1, x, xs, y, ldy);
       break;
     default:
-      row_tiles<Op, 4, kTall, tile_rows<Op, 4, kTall>()>(P, S, K, r0, r1, x, xs, y, ldy);
+      row_tiles<Op, Sc, 4, kTall, tile_rows<Op, 4, kTall>()>(m, r0, r1, x, xs, y, ldy);
       break;
   }
 }
 
-template <class Op>
-void matmul(const uint8_t* P, const uint8_t* S, int64_t K, int64_t r0, int64_t r1, const float* X,
-            int B, int64_t ldx, float* Y, int64_t ldy) {
-  if (r0 >= r1 || B <= 0 || K < 32) return;
+template <class Op, class Sc>
+void matmul(const Mat4& m, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx, float* Y,
+            int64_t ldy) {
   using XT = typename Op::XT;
+  const int64_t K = m.K;
   // Whole chunks (zero padded): rows of the repacked block stay 64-byte aligned.
   const int64_t xs = (K + kChunkCols - 1) / kChunkCols * kChunkCols;
-  const int64_t row_bytes = K / 2 + K / 32;
+  const int64_t row_bytes = K / 2 + m.sb;
   const int64_t chunk_rows =
       std::max<int64_t>(kTileRows, kRowChunkBytes / row_bytes / kTileRows * kTileRows);
   for (int bs = 0; bs < B; bs += kBatchBlock) {
@@ -257,7 +322,7 @@ void matmul(const uint8_t* P, const uint8_t* S, int64_t K, int64_t r0, int64_t r
     for (int j = 0; j < nb; ++j) Op::pack_x(X + (bs + j) * ldx, K, xb + j * xs);
     float* yb = Y + bs * ldy;
     if (nb <= kTileVecs) {
-      batch_tile<Op, true>(nb, P, S, K, r0, r1, xb, xs, yb, ldy);
+      batch_tile<Op, Sc, true>(nb, m, r0, r1, xb, xs, yb, ldy);
       continue;
     }
     for (int64_t rc = r0; rc < r1; rc += chunk_rows) {
@@ -265,9 +330,9 @@ void matmul(const uint8_t* P, const uint8_t* S, int64_t K, int64_t r0, int64_t r
       for (int j = 0; j < nb; j += kTileVecs) {
         const int nv = std::min(kTileVecs, nb - j);
         if (j == 0) {
-          batch_tile<Op, true>(nv, P, S, K, rc, rce, xb, xs, yb, ldy);
+          batch_tile<Op, Sc, true>(nv, m, rc, rce, xb, xs, yb, ldy);
         } else {
-          batch_tile<Op, false>(nv, P, S, K, rc, rce, xb + j * xs, xs, yb + j * ldy, ldy);
+          batch_tile<Op, Sc, false>(nv, m, rc, rce, xb + j * xs, xs, yb + j * ldy, ldy);
         }
       }
     }
@@ -276,9 +341,19 @@ void matmul(const uint8_t* P, const uint8_t* S, int64_t K, int64_t r0, int64_t r
 
 }  // namespace
 
-void matmul_mxfp4_avx512(const uint8_t* packed, const uint8_t* scales, int64_t K, int64_t r0,
-                         int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy) {
-  matmul<OpFma>(packed, scales, K, r0, r1, X, B, ldx, Y, ldy);
+void matmul_q4_avx512(const Q4Matrix& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
+                      float* Y, int64_t ldy) {
+  if (r0 >= r1 || B <= 0 || w.K < 32) return;
+  Mat4 m{w.packed, w.scales, w.scale_row_bytes(), nullptr, w.K};
+  if (w.codes == Q4Codes::kE2m1) {
+    matmul<OpFma, E2m1Scales>(m, r0, r1, X, B, ldx, Y, ldy);
+    return;
+  }
+  const int64_t G = w.K / 32;
+  auto* map = static_cast<int32_t*>(t_mapscratch.get(static_cast<size_t>(G) * sizeof(int32_t)));
+  for (int64_t j = 0; j < G; ++j) map[j] = static_cast<int32_t>(32 * j / w.group);
+  m.map = map;
+  matmul<OpFma, Int4Scales>(m, r0, r1, X, B, ldx, Y, ldy);
 }
 
 }  // namespace md::cpu::detail

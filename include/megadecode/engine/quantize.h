@@ -1,0 +1,51 @@
+// Load-time quantization of a bf16 checkpoint's matrices (--quantize int4): done once, after the
+// weights are bound (and, on a distributed rank, sliced), into memory the weights own; the
+// quantized matrices then run through the int4 kernels (kernels/cpu/int4.h) on every CPU path.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace md {
+
+class ThreadPool;
+struct ModelConfig;
+struct ModelWeights;
+
+enum class QuantScheme : uint8_t { kNone, kInt4 };
+
+struct QuantizeOptions {
+  QuantScheme scheme = QuantScheme::kNone;
+  // Columns per scale: a multiple of 32 dividing every quantized matrix's columns; 0 = one scale
+  // per row (compressed-tensors' "channel" strategy).
+  int group = 128;
+  bool lm_head = false;   // quantize the output head too (off by default, as llm-compressor's
+                          // recipes leave lm_head out)
+  bool progress = false;  // a progress line on stderr while it runs
+};
+
+// "none" / "int4"; nullopt for anything else.
+std::optional<QuantScheme> parse_quant_scheme(std::string_view name);
+std::string_view quant_scheme_name(QuantScheme s);
+
+struct QuantizeReport {
+  int matrices = 0;         // matrices quantized
+  double bytes_before = 0;  // their bytes as loaded
+  double bytes_after = 0;   // codes + scales
+  double seconds = 0;
+  int kept = 0;            // eligible matrices left as loaded: columns not divisible by the group
+  std::string first_kept;  // the first of them, with its columns
+};
+
+// Which matrices: every bf16 projection of attention (KDA q/k/v/f/b/g/o, MLA q/q_a/q_b/g/kv_a/o),
+// dense MLPs, routed and shared experts, K3's latent MoE projections, and lm_head when asked. Not:
+// the embedding (a row lookup), norms and biases (vectors), the router gate (kept as loaded, its
+// top-k decides the routing), MLA's kv_b (the absorbed attention reads it as bf16 rows), and
+// matrices already quantized (K3's MXFP4 experts). A matrix whose columns the group does not divide
+// stays as loaded (QuantizeReport::kept); a group that divides none, or a weight that is not
+// finite, is an md::Error naming it.
+QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const QuantizeOptions& opt,
+                                ThreadPool& pool);
+
+}  // namespace md

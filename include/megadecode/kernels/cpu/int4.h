@@ -1,0 +1,44 @@
+// Matrix-vector / matrix-matrix products against int4 weights with group-wise bf16 scales (W4A16,
+// the compressed-tensors "pack-quantized" int4 format, symmetric), decoded on the fly from the
+// packed codes: no matrix is ever dequantised into memory. These share their kernels with MXFP4
+// (mxfp4.h; src/kernels/cpu/q4_kernels.h): only the code table and the scales differ.
+//
+// Format, for a weight of N rows and K columns and a group size g (a multiple of 32 dividing K):
+//  * packed uint8 [N, K/2]: two codes per byte, the low nibble is column 2j, the high nibble
+//    column 2j+1 (compressed-tensors' int32 weight_packed [N, K/8], eight codes per int32 from
+//    the least significant nibble, is this byte array on a little-endian machine). Code c holds
+//    the integer q = c - 8 in [-8, 7].
+//  * scales bf16 [N, K/g]: one per group of g consecutive columns of a row. W[r][k] =
+//    q * scale[r][k / g].
+#pragma once
+#include <cstdint>
+
+#include "megadecode/base/bf16.h"
+
+namespace md::cpu {
+
+// Y[b * ldy + r] = sum_k W[r][k] * X[b * ldx + k]   for r in [r0, r1), b in [0, B).
+// packed/scales point at row 0 of the matrix (not at row r0). Accumulation is fp32. The numerics
+// are those of matmul_mxfp4 (mxfp4.h, "Numerics"): each 32-column run's sum of unscaled q * x
+// products is multiplied by its group's scale once per run (an fma into the accumulator: one
+// rounding), so Y[b, r] is one fixed sequence of fp32 operations that depends only on row r,
+// vector b, K and g: splitting rows, batching and threads give bit-identical results; ISAs agree
+// within the fp32 accumulation bound.
+void matmul_int4(const uint8_t* packed, const bf16* scales, int64_t K, int group, int64_t r0,
+                 int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy);
+
+// Row of K decoded values (tests and reference code only).
+void dequantize_int4_row(const uint8_t* packed, const bf16* scales, int64_t K, int group,
+                         float* out);
+
+// Quantizes one row of K bf16 weights the way compressed-tensors' min-max observer does for
+// symmetric int4 (num_bits 4, strategy group): per group, scale = max|w| / 7.5 (the half range of
+// [-8, 7]) rounded to bf16 and at least fp32 epsilon, then q = clamp(round-half-even(w / scale),
+// -8, 7). Writes K/2 packed bytes and K/group scales.
+void quantize_int4_row(const bf16* w, int64_t K, int group, uint8_t* packed, bf16* scales);
+
+// Which implementation matmul_int4 uses at the active ISA level (the MXFP4 one: "avx512",
+// "avx2" or "portable").
+const char* matmul_int4_isa();
+
+}  // namespace md::cpu

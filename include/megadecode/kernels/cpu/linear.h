@@ -1,0 +1,26 @@
+// The one entry from a weight matrix of any format to its kernel: bf16 / fp32 values
+// (matmul.h), MXFP4 (mxfp4.h) or int4 (int4.h) codes. The reference path (engine/model.cpp) and
+// the plan's CPU tiles (exec/cpu/tiles.cpp) both call it, so a format is added in one place.
+#pragma once
+#include <cstdint>
+
+#include "megadecode/base/dtype.h"
+
+namespace md::cpu {
+
+struct LinearWeights {
+  const void* data = nullptr;       // row 0 of the values or codes
+  const uint8_t* scales = nullptr;  // row 0 of the scales (4-bit formats)
+  DType dtype = DType::BF16;        // BF16 or F32 values; U8 for 4-bit codes
+  WeightQuant quant = WeightQuant::kNone;
+  int64_t cols = 0;
+  int32_t group = 0;  // int4: columns per scale
+};
+
+// Y[b * ldy + r] = sum_k W[r][k] * X[b * ldx + k]  for r in [r0, r1), b in [0, B), with each
+// format's numerics (one fixed fp32 sequence per output: row splits and batches do not change
+// results). x_is_bf16 as in matmul_bf16.
+void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
+                 float* Y, int64_t ldy, bool x_is_bf16);
+
+}  // namespace md::cpu

@@ -1,0 +1,168 @@
+// Load-time int4 quantization (engine/quantize.h): one pass over the eligible matrices, rows in
+// parallel over the model's thread pool, each matrix written into one owned buffer (codes, then
+// scales) and its source pages released from the process.
+#include "megadecode/engine/quantize.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "megadecode/base/error.h"
+#include "megadecode/base/threads.h"
+#include "megadecode/base/util.h"
+#include "megadecode/kernels/cpu/int4.h"
+#include "megadecode/model/config.h"
+#include "megadecode/model/weights.h"
+
+namespace md {
+
+std::optional<QuantScheme> parse_quant_scheme(std::string_view name) {
+  if (name == "none") return QuantScheme::kNone;
+  if (name == "int4") return QuantScheme::kInt4;
+  return std::nullopt;
+}
+
+std::string_view quant_scheme_name(QuantScheme s) {
+  return s == QuantScheme::kInt4 ? "int4" : "none";
+}
+
+namespace {
+
+struct Target {
+  Mat* m;
+  std::string name;
+};
+
+// The eligible matrices, named as in the checkpoint (without ".weight").
+std::vector<Target> targets(const ModelConfig& cfg, ModelWeights& w, bool lm_head) {
+  std::vector<Target> t;
+  auto add = [&](Mat& m, const std::string& name) {
+    if (m.data && !m.packed4() && m.dtype == DType::BF16) t.push_back({&m, name});
+  };
+  auto ffn = [&](FfnWeights& f, const std::string& p) {
+    add(f.gate, p + ".gate_proj");
+    add(f.up, p + ".up_proj");
+    add(f.down, p + ".down_proj");
+  };
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    LayerWeights& L = w.layers[l];
+    const std::string p = "model.layers." + std::to_string(l);
+    KdaWeights& k = L.kda;
+    for (auto [m, n] : {std::pair{&k.q, "q_proj"},
+                        {&k.k, "k_proj"},
+                        {&k.v, "v_proj"},
+                        {&k.f_a, "f_a_proj"},
+                        {&k.f_b, "f_b_proj"},
+                        {&k.b, "b_proj"},
+                        {&k.g_a, "g_a_proj"},
+                        {&k.g_b, "g_b_proj"},
+                        {&k.g, "g_proj"},
+                        {&k.o, "o_proj"}})
+      add(*m, p + ".self_attn." + n);
+    MlaWeights& a = L.mla;
+    for (auto [m, n] : {std::pair{&a.q, "q_proj"},
+                        {&a.q_a, "q_a_proj"},
+                        {&a.q_b, "q_b_proj"},
+                        {&a.g, "g_proj"},
+                        {&a.kv_a, "kv_a_proj_with_mqa"},
+                        {&a.o, "o_proj"}})
+      add(*m, p + ".self_attn." + n);
+    ffn(L.dense, p + ".mlp");
+    for (size_t e = 0; e < L.moe.experts.size(); ++e)
+      ffn(L.moe.experts[e], p + ".mlp.experts." + std::to_string(e));
+    if (L.moe.has_shared) ffn(L.moe.shared, p + ".mlp.shared_experts");
+    add(L.moe.latent_down, p + ".mlp.latent_down");
+    add(L.moe.latent_up, p + ".mlp.latent_up");
+  }
+  if (lm_head) add(w.lm_head, "lm_head");
+  (void)cfg;
+  return t;
+}
+
+}  // namespace
+
+QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const QuantizeOptions& opt,
+                                ThreadPool& pool) {
+  QuantizeReport rep;
+  if (opt.scheme == QuantScheme::kNone) return rep;
+  MD_CHECK(opt.group == 0 || (opt.group >= 32 && opt.group % 32 == 0),
+           "--quant-group {}: the int4 kernels need a positive multiple of 32 (or 0: one scale "
+           "per row)",
+           opt.group);
+  const double t0 = now_seconds();
+  std::vector<Target> all = targets(cfg, w, opt.lm_head), ts;
+  // A matrix whose columns the group does not divide (or that are not a multiple of 32) stays as
+  // loaded, as llama.cpp keeps such tensors in a wider type; it is reported, and a group that
+  // fits no matrix at all is an error.
+  double total = 0;
+  for (const Target& t : all) {
+    const int64_t g = opt.group ? opt.group : t.m->cols;
+    if (t.m->cols % 32 == 0 && t.m->cols % g == 0) {
+      ts.push_back(t);
+      total += double(t.m->bytes());
+    } else {
+      ++rep.kept;
+      if (rep.first_kept.empty())
+        rep.first_kept = t.name + " (" + std::to_string(t.m->cols) + " columns)";
+    }
+  }
+  MD_CHECK(all.empty() || !ts.empty(),
+           "--quantize int4 --quant-group {}: the group divides the columns of none of the {} "
+           "matrices to quantize (e.g. {}); choose a multiple of 32 that divides them, or 0 for "
+           "one scale per row",
+           opt.group, all.size(), rep.first_kept);
+  const bool tty = opt.progress && isatty(2);
+  double done = 0, last_print = 0;
+  for (const Target& t : ts) {
+    Mat& m = *t.m;
+    const int group = int(opt.group ? opt.group : m.cols);
+    Mat q = m;
+    q.dtype = DType::U8;
+    q.quant = WeightQuant::kInt4;
+    q.group = group;
+    const size_t code_row = q.code_row_bytes(), scale_row = q.scale_row_bytes();
+    auto buf = std::make_shared<std::vector<uint8_t>>(size_t(m.rows) * (code_row + scale_row));
+    uint8_t* codes = buf->data();
+    auto* scales = reinterpret_cast<bf16*>(codes + size_t(m.rows) * code_row);
+    std::atomic<int64_t> bad_row{-1};
+    pool.parallel_for(size_t(m.rows), [&](size_t r0, size_t r1) {
+      for (size_t r = r0; r < r1; ++r) {
+        const bf16* src = m.bf16_data() + r * size_t(m.cols);
+        for (int64_t k = 0; k < m.cols; ++k) {
+          if ((src[k] & 0x7f80) == 0x7f80) {  // inf or NaN
+            bad_row.store(int64_t(r));
+            return;
+          }
+        }
+        cpu::quantize_int4_row(src, m.cols, group, codes + r * code_row,
+                               scales + r * size_t(m.cols / group));
+      }
+    });
+    MD_CHECK(bad_row.load() < 0, "--quantize int4: {} row {} holds a weight that is not finite",
+             t.name, bad_row.load());
+    q.data = codes;
+    q.scales = reinterpret_cast<const uint8_t*>(scales);
+    rep.bytes_before += double(m.bytes());
+    rep.bytes_after += double(q.bytes());
+    if (m.data != w.embed.data) release_mapped(m.data, m.bytes());  // (tied lm_head: still read)
+    w.owned.push_back(std::move(buf));
+    m = q;
+    ++rep.matrices;
+    done += double(m.rows) * double(m.cols) * 2;
+    if (tty && (done - last_print > total / 100 || done >= total)) {
+      last_print = done;
+      std::fprintf(stderr, "\rquantizing to int4 (group %s): %3.0f%%",
+                   opt.group ? std::to_string(opt.group).c_str() : "per row",
+                   total > 0 ? 100.0 * done / total : 100.0);
+    }
+  }
+  if (tty) std::fprintf(stderr, "\n");
+  rep.seconds = now_seconds() - t0;
+  return rep;
+}
+
+}  // namespace md

@@ -1,0 +1,70 @@
+// int4 (W4A16) matmul: the code table, the run-time dispatch into the 4-bit kernels shared with
+// MXFP4 (q4_kernels.h), the reference decode and the load-time quantizer.
+#include "megadecode/kernels/cpu/int4.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+
+#include "q4_kernels.h"
+
+namespace md::cpu {
+
+namespace detail {
+constinit const float kInt4Values[16] = {-8.0f, -7.0f, -6.0f, -5.0f, -4.0f, -3.0f, -2.0f, -1.0f,
+                                         0.0f,  1.0f,  2.0f,  3.0f,  4.0f,  5.0f,  6.0f,  7.0f};
+}  // namespace detail
+
+namespace {
+
+detail::Q4Matrix int4_matrix(const uint8_t* packed, const bf16* scales, int64_t K, int group) {
+  detail::Q4Matrix m;
+  m.packed = packed;
+  m.scales = reinterpret_cast<const uint8_t*>(scales);
+  m.K = K;
+  m.group = group;
+  m.codes = detail::Q4Codes::kInt4;
+  return m;
+}
+
+}  // namespace
+
+void matmul_int4(const uint8_t* packed, const bf16* scales, int64_t K, int group, int64_t r0,
+                 int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy) {
+  if (r0 >= r1 || B <= 0 || K <= 0) return;
+  detail::matmul_q4(int4_matrix(packed, scales, K, group), r0, r1, X, B, ldx, Y, ldy);
+}
+
+void dequantize_int4_row(const uint8_t* packed, const bf16* scales, int64_t K, int group,
+                         float* out) {
+  for (int64_t k = 0; k < K; ++k) {
+    const uint8_t byte = packed[k / 2];
+    const int code = k % 2 ? byte >> 4 : byte & 15;
+    out[k] = detail::kInt4Values[code] * bf16_to_f32(scales[k / group]);
+  }
+}
+
+void quantize_int4_row(const bf16* w, int64_t K, int group, uint8_t* packed, bf16* scales) {
+  for (int64_t g0 = 0; g0 < K; g0 += group) {
+    float amax = 0.0f;
+    for (int64_t k = g0; k < g0 + group; ++k) amax = std::max(amax, std::fabs(bf16_to_f32(w[k])));
+    float s = round_bf16(amax / 7.5f);
+    if (!(s >= FLT_EPSILON))
+      s = round_bf16(FLT_EPSILON);  // all-zero group (or a NaN: rejected
+                                    // by the caller before this)
+    scales[g0 / group] = f32_to_bf16(s);
+    for (int64_t k = g0; k < g0 + group; ++k) {
+      const float q = std::clamp(std::nearbyint(bf16_to_f32(w[k]) / s), -8.0f, 7.0f);
+      const auto code = static_cast<uint8_t>(static_cast<int>(q) + 8);
+      uint8_t& byte = packed[k / 2];
+      byte = k % 2 ? static_cast<uint8_t>((byte & 0x0F) | (code << 4))
+                   : static_cast<uint8_t>((byte & 0xF0) | code);
+    }
+  }
+}
+
+const char* matmul_int4_isa() {
+  return detail::matmul_q4_isa();
+}
+
+}  // namespace md::cpu

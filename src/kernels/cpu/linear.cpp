@@ -1,0 +1,31 @@
+// Format dispatch of linear_rows (linear.h).
+#include "megadecode/kernels/cpu/linear.h"
+
+#include "megadecode/kernels/cpu/int4.h"
+#include "megadecode/kernels/cpu/matmul.h"
+#include "megadecode/kernels/cpu/mxfp4.h"
+
+namespace md::cpu {
+
+void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
+                 float* Y, int64_t ldy, bool x_is_bf16) {
+  switch (w.quant) {
+    case WeightQuant::kMxfp4:
+      matmul_mxfp4(static_cast<const uint8_t*>(w.data), w.scales, w.cols, r0, r1, X, B, ldx, Y, ldy,
+                   x_is_bf16);
+      return;
+    case WeightQuant::kInt4:
+      matmul_int4(static_cast<const uint8_t*>(w.data), reinterpret_cast<const bf16*>(w.scales),
+                  w.cols, w.group, r0, r1, X, B, ldx, Y, ldy);
+      return;
+    case WeightQuant::kNone:
+      break;
+  }
+  if (w.dtype == DType::F32) {
+    matmul_f32(static_cast<const float*>(w.data), w.cols, r0, r1, X, B, ldx, Y, ldy);
+  } else {
+    matmul_bf16(static_cast<const bf16*>(w.data), w.cols, r0, r1, X, B, ldx, Y, ldy, x_is_bf16);
+  }
+}
+
+}  // namespace md::cpu

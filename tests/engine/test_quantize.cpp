@@ -1,0 +1,195 @@
+// Load-time int4 quantization (engine/quantize.h) on whole models: the quantized logits against a
+// float64-checked reference of the same model with every quantized matrix replaced by its
+// dequantized fp32 copy; the CPU executors bit for bit against the reference path; what is and is
+// not quantized; bad options.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "megadecode/base/error.h"
+#include "megadecode/engine/model.h"
+#include "megadecode/engine/quantize.h"
+#include "megadecode/exec/cpu_executor.h"
+#include "megadecode/kernels/cpu/int4.h"
+#include "test_util.h"
+
+namespace md {
+namespace {
+
+ModelOptions opts(Precision p, int group) {
+  ModelOptions o;
+  o.precision = p;
+  o.threads = 1;
+  o.pin_threads = false;
+  o.quantize.scheme = QuantScheme::kInt4;
+  o.quantize.group = group;
+  return o;
+}
+
+// Replaces every int4 matrix of w by its dequantized values as an fp32 matrix (owned by w).
+int dequantize_all(ModelWeights& w) {
+  int n = 0;
+  auto fix = [&](Mat& m) {
+    if (!m.int4()) return;
+    auto buf = std::make_shared<std::vector<uint8_t>>(size_t(m.rows * m.cols) * 4);
+    auto* out = reinterpret_cast<float*>(buf->data());
+    const auto* scales = reinterpret_cast<const bf16*>(m.scales);
+    for (int64_t r = 0; r < m.rows; ++r)
+      cpu::dequantize_int4_row(m.packed_data() + r * m.cols / 2, scales + r * (m.cols / m.group),
+                               m.cols, m.group, out + r * m.cols);
+    Mat f;
+    f.data = out;
+    f.dtype = DType::F32;
+    f.rows = m.rows;
+    f.cols = m.cols;
+    m = f;
+    w.owned.push_back(buf);
+    ++n;
+  };
+  auto ffn = [&](FfnWeights& f) {
+    fix(f.gate);
+    fix(f.up);
+    fix(f.down);
+  };
+  for (LayerWeights& L : w.layers) {
+    for (Mat* m : {&L.kda.q,    &L.kda.k,   &L.kda.v,           &L.kda.f_a,       &L.kda.f_b,
+                   &L.kda.b,    &L.kda.g_a, &L.kda.g_b,         &L.kda.g,         &L.kda.o,
+                   &L.mla.q,    &L.mla.q_a, &L.mla.q_b,         &L.mla.g,         &L.mla.kv_a,
+                   &L.mla.kv_b, &L.mla.o,   &L.moe.latent_down, &L.moe.latent_up, &L.moe.router})
+      fix(*m);
+    ffn(L.dense);
+    ffn(L.moe.shared);
+    for (FfnWeights& e : L.moe.experts) ffn(e);
+  }
+  fix(w.lm_head);
+  return n;
+}
+
+std::vector<float> run(Model& m, const std::vector<int32_t>& ids) {
+  const int64_t V = m.config().vocab_size;
+  std::vector<float> out(ids.size() * size_t(V));
+  SequenceState s = m.new_sequence();
+  for (size_t i = 0; i < ids.size(); ++i)
+    m.forward(s, std::span(ids.data() + i, 1), out.data() + i * size_t(V), false);
+  return out;
+}
+
+std::vector<int32_t> ids_for(const Model& m, int n) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) ids[size_t(i)] = int32_t((i * 37 + 11) % (m.config().vocab_size - 1));
+  return ids;
+}
+
+class QuantizeTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  std::string dir() const { return test::shared_checkpoint(GetParam(), 5); }
+};
+
+// In FP32 precision (no bf16 rounding points) the int4 model and its dequantized fp32 twin
+// compute the same function with the same weights; they differ only in the fp32 accumulation
+// order of each matmul (the int4 kernel's 32-column runs vs the fp32 kernel's lanes), which is
+// ~sqrt(K) u relative per output and stays at that order through the layers (norms rescale,
+// nothing amplifies it by more than the layer count). So |dlogit| <= 1e-4 * rms(logits) is ~50x
+// the expected gap; a wrong scale, group or nibble anywhere moves logits by ~rms (the test of the
+// bf16 model below shows quantization itself moves them by far more than this tolerance).
+TEST_P(QuantizeTest, Int4LogitsMatchTheDequantizedFp32Model) {
+  for (int group : {32, 0}) {
+    Model q(dir(), opts(Precision::FP32, group));
+    ASSERT_GT(q.quantize_report().matrices, 0);
+    EXPECT_LT(q.quantize_report().bytes_after, 0.35 * q.quantize_report().bytes_before);
+    ModelOptions plain = opts(Precision::FP32, group);
+    plain.quantize.scheme = QuantScheme::kNone;
+    Model ref(dir(), plain);
+    Model deq(dir(), opts(Precision::FP32, group));
+    EXPECT_EQ(dequantize_all(deq.mutable_weights()), q.quantize_report().matrices);
+    const std::vector<int32_t> ids = ids_for(q, 12);
+    const auto yq = run(q, ids), yd = run(deq, ids), yr = run(ref, ids);
+    double ss = 0, dmax = 0, qgap = 0;
+    for (size_t i = 0; i < yq.size(); ++i) {
+      ss += double(yd[i]) * yd[i];
+      dmax = std::max(dmax, std::fabs(double(yq[i]) - yd[i]));
+      qgap = std::max(qgap, std::fabs(double(yr[i]) - yd[i]));
+    }
+    const double rms = std::sqrt(ss / double(yq.size()));
+    EXPECT_LE(dmax, 1e-4 * rms) << GetParam() << " group " << group;
+    // Quantization is not a no-op: the bf16 weights give other logits.
+    EXPECT_GT(qgap, 100 * 1e-4 * rms) << GetParam() << " group " << group;
+  }
+}
+
+// The plan executors run int4 matrices through the same kernel entry as the reference path, so
+// they stay bit-identical to it (BF16 precision, batches of 2).
+TEST_P(QuantizeTest, ExecutorsAreBitIdenticalToTheReferencePath) {
+  Model m(dir(), opts(Precision::BF16, 32));
+  const int64_t V = m.config().vocab_size;
+  const std::vector<int32_t> ids = ids_for(m, 6);
+  const auto want = run(m, ids);
+  for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
+    CpuExecutor ex(m, 2, 2, kind);
+    SequenceState a = ex.new_sequence(), b = ex.new_sequence();
+    std::vector<float> out(2 * size_t(V));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::vector<SequenceState*> seqs = {&a, &b};
+      std::vector<int32_t> toks = {ids[i], ids[(i + 3) % ids.size()]};
+      ex.step(seqs, toks, out.data());
+      ASSERT_EQ(0, std::memcmp(out.data(), want.data() + i * size_t(V), size_t(V) * 4))
+          << GetParam() << " " << executor_name(kind) << " step " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, QuantizeTest, ::testing::Values("tiny", "k3-tiny"),
+                         [](const auto& info) {
+                           return std::string(info.param) == "tiny" ? "KimiLinear" : "K3";
+                         });
+
+TEST(Quantize, WhatIsQuantized) {
+  Model m(test::shared_checkpoint("tiny", 5), opts(Precision::BF16, 32));
+  const ModelWeights& w = m.weights();
+  EXPECT_FALSE(w.embed.packed4());
+  EXPECT_FALSE(w.lm_head.packed4());  // lm_head only with QuantizeOptions::lm_head
+  bool any_router = false, kvb = false, proj = true;
+  for (const LayerWeights& L : w.layers) {
+    any_router |= L.moe.router.packed4();
+    kvb |= L.mla.kv_b.packed4();
+    if (L.kda.q.data) proj &= L.kda.q.int4() && L.kda.o.int4();
+    for (const FfnWeights& e : L.moe.experts) proj &= !e.gate.data || e.gate.int4();
+  }
+  EXPECT_FALSE(any_router);
+  EXPECT_FALSE(kvb);
+  EXPECT_TRUE(proj);
+  ModelOptions o = opts(Precision::BF16, 32);
+  o.quantize.lm_head = true;
+  Model h(test::shared_checkpoint("tiny", 5), o);
+  EXPECT_TRUE(h.weights().lm_head.int4());
+  EXPECT_EQ(h.quantize_report().matrices, m.quantize_report().matrices + 1);
+}
+
+TEST(Quantize, BadGroupsAreErrorsNamingTheProblem) {
+  const std::string dir = test::shared_checkpoint("tiny", 5);
+  auto message = [&](int group) {
+    try {
+      Model m(dir, opts(Precision::BF16, group));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(48).find("multiple of 32"), std::string::npos) << message(48);
+  // A group larger than every matrix's columns: names one and its columns.
+  const std::string big = message(1 << 16);
+  EXPECT_NE(big.find("model.layers.0."), std::string::npos) << big;
+  EXPECT_NE(big.find("--quant-group"), std::string::npos) << big;
+  // A group that fits some matrices: the others stay bf16 and are reported.
+  Model m(dir, opts(Precision::BF16, 128));
+  EXPECT_GT(m.quantize_report().matrices, 0);
+  EXPECT_GT(m.quantize_report().kept, 0);
+  EXPECT_NE(m.quantize_report().first_kept.find("columns"), std::string::npos);
+  EXPECT_EQ(parse_quant_scheme("int4"), QuantScheme::kInt4);
+  EXPECT_FALSE(parse_quant_scheme("int3").has_value());
+}
+
+}  // namespace
+}  // namespace md
