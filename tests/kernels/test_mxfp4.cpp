@@ -13,6 +13,7 @@
 
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/util.h"
+#include "isa_list.h"
 #include "megadecode/kernels/cpu/cpu_features.h"
 
 namespace md::cpu {
@@ -50,20 +51,7 @@ double error_bound(int64_t K, double sum_abs) {
   return (n + 1) * 0x1p-24 * sum_abs + static_cast<double>(K + 16) * 0x1p-150;
 }
 
-// Every ISA level this CPU supports (cpu_features.h), lowest first; restores the start-up level.
-struct IsaList {
-  std::vector<std::string> names;
-  IsaList() {
-    for (int i = 0; i <= static_cast<int>(hardware_isa()); ++i)
-      names.emplace_back(isa_name(static_cast<Isa>(i)));
-  }
-  ~IsaList() { reset_isa(); }
-  void use(const std::string& n) const {
-    Isa isa;
-    ASSERT_TRUE(parse_isa(n, &isa)) << n;
-    ASSERT_EQ(set_isa(isa), isa) << n;
-  }
-};
+using test::IsaList;
 
 struct Problem {
   int64_t rows = 0, K = 0;
