@@ -65,6 +65,7 @@ int64_t argmax(const float* v, int64_t n) {
 struct Runner {
   std::string name;
   std::unique_ptr<Executor> ex;  // null: reference
+  std::vector<double> run_s, wait_s;  // DecodeOptions::profile: per op, this timed block
 };
 
 }  // namespace
@@ -93,6 +94,7 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
       eo.workers = res.workers;
       eo.states = m.options().states;
       eo.device = o.device;
+      eo.profile = o.profile;
       r.ex = make_executor(m, parse_executor_kind(n), maxb, eo);
     }
     if (auto* cx = dynamic_cast<CudaExecutor*>(r.ex.get())) res.device = cx->device_name();
@@ -103,6 +105,7 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
     std::vector<double> ms, comm_ms, comm_calls;
     double bytes = 0;
     int n = 0;
+    std::vector<double> run_s, wait_s;  // per op, summed over the timed steps
   };
   std::map<std::pair<int, size_t>, Acc> acc;
   res.peak_rss_bytes = current_rss_bytes();
@@ -175,6 +178,15 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
                     logits.data() + size_t(b) * size_t(V), false);
       }
       if (seconds) *seconds += now_seconds() - t0;
+      if (seconds && r.ex && o.profile) {
+        const StepStats& st = r.ex->last_step_stats();
+        r.run_s.resize(plan::kNumOps);
+        r.wait_s.resize(plan::kNumOps);
+        for (int k = 0; k < plan::kNumOps; ++k) {
+          r.run_s[size_t(k)] += st.run_by_op[size_t(k)];
+          r.wait_s[size_t(k)] += st.wait_by_op[size_t(k)];
+        }
+      }
       if (bytes) {
         if (r.ex) {
           *bytes += r.ex->last_step_stats().total();
@@ -213,7 +225,16 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
         if (comm) comm->barrier();
         const dist::Communicator::Counters c0 = comm ? comm->counters() : dist::Communicator::Counters{};
         double secs = 0, bytes = 0;
+        r.run_s.assign(r.run_s.size(), 0.0);
+        r.wait_s.assign(r.wait_s.size(), 0.0);
         for (int i = 0; i < o.steps; ++i) step(r, &secs, &bytes);
+        Acc& pa = acc[{B, e}];
+        pa.run_s.resize(r.run_s.size());
+        pa.wait_s.resize(r.wait_s.size());
+        for (size_t k = 0; k < r.run_s.size(); ++k) {
+          pa.run_s[k] += r.run_s[k];
+          pa.wait_s[k] += r.wait_s[k];
+        }
         for (auto* s : ptrs) res.max_pos = std::max(res.max_pos, s->pos);
         Acc& a = acc[{B, e}];
         a.ms.push_back(secs / o.steps * 1e3);
@@ -246,6 +267,10 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
       c.pct_of_bandwidth = 100.0 * c.gbps / res.bandwidth_gbps;
       c.collective_ms = median(a.comm_ms);
       c.collective_calls = median(a.comm_calls);
+      for (size_t k = 0; k < a.run_s.size(); ++k) {
+        c.run_ms_by_op.push_back(a.run_s[k] * 1e3 / std::max(a.n, 1));
+        c.wait_ms_by_op.push_back(a.wait_s[k] * 1e3 / std::max(a.n, 1));
+      }
       res.cells.push_back(c);
       if (c.executor == "megakernel") mk = e;
       if (c.executor == "opbyop") ob = e;

@@ -183,7 +183,8 @@ Model::Model(const std::string& dir, const ModelOptions& opt) : opt_(opt) {
   namespace fs = std::filesystem;
   MD_CHECK(fs::is_directory(dir), "model directory {} does not exist or is not a directory", dir);
   cfg_ = load_config_file((fs::path(dir) / "config.json").string());
-  ckpt_ = std::make_unique<Checkpoint>(dir);
+  ckpt_ = std::make_unique<Checkpoint>(dir, opt.load);
+  opt_.load.progress = nullptr;  // (the caller's callback is not kept beyond the load)
   init();
 }
 
@@ -205,8 +206,15 @@ Model::Model(const std::string& dir, const ModelOptions& opt, const dist::Shard&
              describe_shard(shard_), shard_.world(), shard_.rank, comm_ ? comm_->size() : 0,
              comm_ ? comm_->rank() : -1, shard_.world());
     dist::check_layout(cfg_, shard_);
+    // A rank reads only its slices of a shared mapping; a private copy of every file per rank
+    // would hold the whole model once per rank.
+    MD_CHECK(opt.load.mode == WeightLoad::kMap,
+             "{}: --no-mmap is for single-process runs (a distributed rank maps the checkpoint "
+             "and reads only its slices)",
+             describe_shard(shard_));
   }
-  ckpt_ = std::make_unique<Checkpoint>(dir);
+  ckpt_ = std::make_unique<Checkpoint>(dir, opt.load);
+  opt_.load.progress = nullptr;  // (the caller's callback is not kept beyond the load)
   init();
 }
 

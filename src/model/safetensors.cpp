@@ -351,33 +351,6 @@ size_t TensorSpec::nbytes() const {
   return static_cast<size_t>(n);
 }
 
-MappedFile::MappedFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MD_CHECK(fd >= 0, "cannot open {}: {}", path, errno_text(errno));
-  struct CloseFd {
-    int fd;
-    ~CloseFd() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  MD_CHECK(::fstat(fd, &st) == 0, "cannot stat {}: {}", path, errno_text(errno));
-  MD_CHECK(!S_ISDIR(st.st_mode), "cannot map {}: is a directory", path);
-  MD_CHECK(S_ISREG(st.st_mode), "cannot map {}: not a regular file", path);
-  // mmap rejects a zero length, and an empty file is never a valid checkpoint part anyway.
-  MD_CHECK(st.st_size > 0, "cannot map {}: file is empty", path);
-  const auto size = static_cast<size_t>(st.st_size);
-  void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  MD_CHECK(p != MAP_FAILED, "cannot mmap {}: {}", path, errno_text(errno));
-  // Every weight is read during loading and then on every step: start readahead now. Only advice,
-  // so a failure is ignored.
-  ::madvise(p, size, MADV_WILLNEED);
-  data_ = static_cast<const uint8_t*>(p);
-  size_ = size;
-}
-
-MappedFile::~MappedFile() {
-  if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
-}
-
 SafetensorsContents parse_safetensors_buffer(const uint8_t* data, size_t size,
                                              const std::string& name) {
   MD_CHECK(size >= 8, "{}: file is {} bytes, shorter than the 8-byte header length", name, size);
@@ -414,14 +387,44 @@ SafetensorsContents parse_safetensors_buffer(const uint8_t* data, size_t size,
   return out;
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path)
-    : file_(std::make_unique<MappedFile>(path)) {
+SafetensorsFile::SafetensorsFile(const std::string& path, const LoadOptions& opt)
+    : file_(std::make_unique<MappedFile>(path, opt)) {
   SafetensorsContents c = parse_safetensors_buffer(file_->data(), file_->size(), path);
   tensors_ = std::move(c.tensors);
   metadata_ = std::move(c.metadata);
 }
 
-Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
+namespace {
+
+// Per-file load options whose progress reports bytes of the whole list of files.
+class LoadProgress {
+ public:
+  LoadProgress(const LoadOptions& opt, const std::vector<fs::path>& paths) : opt_(opt) {
+    std::error_code ec;
+    for (const fs::path& p : paths) {
+      const auto n = fs::file_size(p, ec);
+      if (!ec) total_ += double(n);
+    }
+  }
+  LoadOptions next() {
+    LoadOptions o = opt_;
+    if (opt_.progress) {
+      o.progress = [this](double d, double t) {
+        opt_.progress(base_ + d, total_);
+        if (d == t) base_ += t;
+      };
+    }
+    return o;
+  }
+
+ private:
+  LoadOptions opt_;
+  double total_ = 0, base_ = 0;
+};
+
+}  // namespace
+
+Checkpoint::Checkpoint(const std::string& dir, const LoadOptions& opt) : dir_(dir) {
   std::error_code ec;
   MD_CHECK(fs::is_directory(dir, ec), "checkpoint {} is not a directory{}", dir,
            ec ? ": " + ec.message() : "");
@@ -439,8 +442,9 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     }
     MD_CHECK(!paths.empty(), "checkpoint {} has no {}, {} or other *{} files", dir, kSingleFile,
              kIndexFile, kSuffix);
+    LoadProgress progress(opt, paths);
     for (const auto& p : paths) {
-      files_.push_back(std::make_unique<SafetensorsFile>(p.string()));
+      files_.push_back(std::make_unique<SafetensorsFile>(p.string(), progress.next()));
       merge_shard(*files_.back(), &tensors_);
     }
     return;
@@ -469,10 +473,16 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     shard_names.insert(fname);
   }
   std::map<std::string, const SafetensorsFile*> shards;
+  std::vector<fs::path> shard_paths;
+  for (const std::string& fname : shard_names) {
+    shard_paths.push_back(fs::path(dir) / fname);
+    MD_CHECK(fs::exists(shard_paths.back(), ec), "{}: shard {} is missing", ipath,
+             shard_paths.back().string());
+  }
+  LoadProgress progress(opt, shard_paths);
   for (const std::string& fname : shard_names) {
     const fs::path p = fs::path(dir) / fname;
-    MD_CHECK(fs::exists(p, ec), "{}: shard {} is missing", ipath, p.string());
-    files_.push_back(std::make_unique<SafetensorsFile>(p.string()));
+    files_.push_back(std::make_unique<SafetensorsFile>(p.string(), progress.next()));
     shards[fname] = files_.back().get();
     // Tensors a shard holds beyond the weight_map are kept: the index is only a lookup table.
     merge_shard(*files_.back(), &tensors_);
@@ -500,6 +510,18 @@ size_t Checkpoint::total_bytes() const {
   size_t total = 0;
   for (const auto& [name, t] : tensors_) total += t.nbytes;
   return total;
+}
+
+size_t Checkpoint::huge_page_bytes() const {
+  size_t n = 0;
+  for (const auto& f : files_) n += huge_mapped_bytes(f->file().data(), f->file().size());
+  return n;
+}
+
+size_t Checkpoint::file_bytes() const {
+  size_t n = 0;
+  for (const auto& f : files_) n += f->file().size();
+  return n;
 }
 
 void write_checkpoint(const std::string& dir, const std::vector<TensorSpec>& specs,

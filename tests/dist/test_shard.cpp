@@ -177,6 +177,10 @@ TEST(Shard, WhatCannotRunASliceSaysSo) {
       error_of([&] { Model m(dir, ModelOptions{}, shard(2, 1, 0), nullptr); }).find("mpirun -np 2"),
       std::string::npos);
   TwoRanks two;
+  ModelOptions copy;
+  copy.load.mode = WeightLoad::kCopy;  // --no-mmap: a private copy of every file per rank
+  EXPECT_NE(error_of([&] { Model m(dir, copy, shard(2, 1, 0), &two); }).find("--no-mmap"),
+            std::string::npos);
   Model m(dir, ModelOptions{}, shard(2, 1, 0), &two);
   EXPECT_TRUE(m.shard().sharded());
   EXPECT_EQ(m.full_config().kda_num_heads, 2 * m.config().kda_num_heads);

@@ -131,7 +131,7 @@ TEST(GoldenK3, DataIsWhatTheTestAssumes) {
   EXPECT_GT(g.meta["kda_stats"]["min_o_rms"].get<double>(),
             5 * g.meta["kda_stats"]["sqrt_eps_o_norm"].get<double>());
   // The checkpoint really is the K3 schema: loading notes the vision tensors it skips.
-  Model m(g.dir, ModelOptions{Precision::FP32, 1, false, false, {}, {}});
+  Model m(g.dir, ModelOptions{Precision::FP32, 1, false, false, {}, {}, {}});
   EXPECT_EQ(m.config().variant, ModelVariant::kKimiK3);
   EXPECT_EQ(m.weights().ignored_tensors, int(g.meta["ignored_tensors"].size()));
   EXPECT_NE(m.weights().note.find("outside the language model"), std::string::npos);

@@ -297,7 +297,7 @@ TEST(Plan, HoldsNoHostPointers) {
     test::TempDir dir("plan_ptr");
     ThreadPool pool(2, false);
     make_random_checkpoint(preset_config(preset), dir.path(), 3, 1, pool);
-    Model m(dir.path(), ModelOptions{Precision::BF16, 1, false, false, {}, {}});
+    Model m(dir.path(), ModelOptions{Precision::BF16, 1, false, false, {}, {}, {}});
     PlanOptions o;
     o.batch = 3;
     o.workers = 2;

@@ -127,6 +127,7 @@ void register_bench(CLI::App& app) {
     std::string executors = "megakernel,opbyop,reference";
     std::string what = "decode";
     int steps = 16, reps = 5, context = 16, workers = 0;
+    bool profile = false;
     int prompt = 512, verify_rows = 8, mixed_chunk = 16;
     std::string chunks = "8,16,32,64";
     std::string json, plot;
@@ -162,6 +163,9 @@ void register_bench(CLI::App& app) {
       ->check(CLI::Range(1, 100000));
   c->add_option("--reps", o->reps, "interleaved repetitions (bandwidth measured before each)")
       ->check(CLI::Range(1, 1000));
+  c->add_flag("--profile", o->profile,
+              "decode: time every tile and print, per op, the workers' run and wait time per step "
+              "(two clock reads a tile)");
   c->add_option("--context", o->context, "prompt tokens prefilled per sequence before decoding")
       ->check(CLI::Range(1, 1 << 20));
   c->add_option("--prompt", o->prompt, "prefill: prompt tokens")->check(CLI::Range(1, 1 << 20));
@@ -302,9 +306,20 @@ void register_bench(CLI::App& app) {
       d.workers = W;
       d.device = o->f.device_kind();
       d.progress = on_progress;
+      d.profile = o->profile;
       const bench::DecodeResult r = bench::run_decode(m, d);
       progress.done();
       j["device_name"] = r.device;
+      if (m.weights_on_host()) {
+        // After the timed steps, so the pages they read are in (model/mapped_file.h).
+        const Checkpoint& ck = m.checkpoint();
+        const double huge = double(ck.huge_page_bytes()), all = double(ck.file_bytes());
+        std::printf("\nweights: %s %s, %.1f%% of them on 2 MiB pages\n", human_bytes(all).c_str(),
+                    rf.no_mmap ? "copied into memory (--no-mmap)" : "mapped from the files",
+                    all > 0 ? 100.0 * huge / all : 0.0);
+        j["weights_load"] = rf.no_mmap ? "copy" : "mmap";
+        j["weights_huge_page_fraction"] = all > 0 ? huge / all : 0.0;
+      }
       std::printf(
           "\n== decode: positions %d..%lld (every timed block restarts from the prefilled "
           "context); read bandwidth median %.1f GB/s (samples:",
@@ -355,6 +370,20 @@ void register_bench(CLI::App& app) {
           std::printf("%-6s megakernel / opbyop speed: %.3fx (median of %d interleaved reps)\n", "",
                       ratio, o->reps);
         }
+      }
+      for (size_t i = 0; i < r.cells.size(); ++i) {
+        const bench::DecodeCell& cl = r.cells[i];
+        if (cl.run_ms_by_op.empty()) continue;
+        std::printf("\nprofile, batch %d, %s: ms per step, summed over the workers\n%-16s %9s %9s\n",
+                    cl.batch, cl.executor.c_str(), "op", "run", "wait");
+        nlohmann::json prof = nlohmann::json::object();
+        for (size_t k = 0; k < cl.run_ms_by_op.size(); ++k) {
+          if (cl.run_ms_by_op[k] == 0 && cl.wait_ms_by_op[k] == 0) continue;
+          const std::string op(plan::op_name(plan::Op(k)));
+          std::printf("%-16s %9.3f %9.3f\n", op.c_str(), cl.run_ms_by_op[k], cl.wait_ms_by_op[k]);
+          prof[op] = {{"run_ms", cl.run_ms_by_op[k]}, {"wait_ms", cl.wait_ms_by_op[k]}};
+        }
+        results[i]["profile_ms_per_step"] = prof;
       }
       const double weights = double(m.checkpoint().total_bytes());
       std::printf("peak RSS while decoding %s (weights %s)\n",

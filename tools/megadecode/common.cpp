@@ -67,6 +67,10 @@ void RunFlags::add(CLI::App* app, bool model_required) {
                   "--quantize: columns per scale, a multiple of 32 (0: one scale per row)")
       ->check(CLI::Range(0, 1 << 20));
   app->add_flag("--quantize-lm-head", quant_lm_head, "--quantize: the output head too");
+  app->add_flag("--no-mmap", no_mmap,
+                "copy the weights into memory on 2 MiB pages instead of mapping the files (as "
+                "llama.cpp's flag): faster decode where the page cache holds the files in 4 KiB "
+                "pages, at the cost of reading them in at start (docs/architecture.md)");
   app->add_option("--tp", tp,
                   "distributed (under mpirun -np tp*ep): attention heads, dense and shared-expert "
                   "channels and the vocabulary over all ranks, routed experts tp ways inside each "
@@ -87,6 +91,7 @@ ModelOptions RunFlags::options() const {
   o.quantize.group = quant_group;
   o.quantize.lm_head = quant_lm_head;
   o.quantize.progress = true;
+  o.load.mode = no_mmap ? WeightLoad::kCopy : WeightLoad::kMap;
   return o;
 }
 
@@ -123,7 +128,14 @@ LoadedModel load_model(const RunFlags& f, bool with_tokenizer) {
     lm.model = std::make_unique<Model>(f.model, f.options(), shard, lm.comm.get());
   } else {
     if (tty) std::fprintf(stderr, "loading %s ...", f.model.c_str());
-    lm.model = std::make_unique<Model>(f.model, f.options());
+    ModelOptions o = f.options();
+    if (tty && f.no_mmap) {
+      o.load.progress = [&](double done, double total) {
+        std::fprintf(stderr, "\rloading %s: copying %5.1f%% of %s", f.model.c_str(),
+                     100.0 * done / total, human_bytes(total).c_str());
+      };
+    }
+    lm.model = std::make_unique<Model>(f.model, o);
   }
   if (with_tokenizer)
     lm.tokenizer =
@@ -142,13 +154,26 @@ LoadedModel load_model(const RunFlags& f, bool with_tokenizer) {
       std::fprintf(stderr, "kept %d matrices as loaded (the group does not divide their columns, "
                    "e.g. %s)\n", q.kept, q.first_kept.c_str());
   }
-  if (tty && !lm.model->shard().sharded() && q.matrices == 0) {
+  bool touched = false;
+  if (tty && !lm.model->shard().sharded() && q.matrices == 0 && !f.no_mmap) {
     lm.model->touch_weights([&](double done, double total) {
       std::fprintf(stderr, "\rloading %s: %5.1f%% of %s", f.model.c_str(), 100.0 * done / total,
                    human_bytes(total).c_str());
     });
+    touched = true;
   }
   if (tty) std::fprintf(stderr, " (%.1f s)\n", now_seconds() - t0);
+  // Every page is in now: a large model mapped mostly on 4 KiB pages decodes measurably slower
+  // (bench/RESULTS.md, "Weights on huge pages"), and only the page cache's history decides it.
+  const Checkpoint& ck = lm.model->checkpoint();
+  if (touched && ck.file_bytes() >= (size_t{1} << 30)) {
+    const double share = double(ck.huge_page_bytes()) / double(ck.file_bytes());
+    if (share < 0.5)
+      std::fprintf(stderr,
+                   "note: %.0f%% of the weights are on 2 MiB pages (the page cache holds the files "
+                   "in small pages); --no-mmap copies them onto huge pages, which decodes faster\n",
+                   100.0 * share);
+  }
   return lm;
 }
 

@@ -35,6 +35,8 @@ struct RunFlags {
   std::string quantize = "none";
   int quant_group = 128;
   bool quant_lm_head = false;
+  // --no-mmap: copy the checkpoint into huge-page memory instead of mapping it.
+  bool no_mmap = false;
   DeviceKind device_kind() const { return parse_device_kind(device); }
   void add(CLI::App* app, bool model_required = true);
   ModelOptions options() const;

@@ -38,6 +38,9 @@ struct DecodeOptions {
   int steps = 16, reps = 5, context = 16;
   int workers = 0;  // 0: one per CPU
   DeviceKind device = DeviceKind::kCpu;  // where the plan executors run
+  // Time every tile (ExecutorOptions::profile) and report, per op, the workers' run and wait
+  // time per step (DecodeCell::run_ms_by_op / wait_ms_by_op): where a step's time goes.
+  bool profile = false;
   Progress progress;
 };
 
@@ -52,6 +55,9 @@ struct DecodeCell {
   // collectives per step (median over repetitions, measured around the runtime's calls) and
   // the calls per step.
   double collective_ms = 0, collective_calls = 0;
+  // DecodeOptions::profile (plan executors): ms per step summed over the workers, per op
+  // (plan::Op), over all timed steps.
+  std::vector<double> run_ms_by_op, wait_ms_by_op;
 };
 
 struct DecodeResult {

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "megadecode/engine/quantize.h"
+#include "megadecode/model/mapped_file.h"
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/dtype.h"
 #include "megadecode/engine/state_pool.h"
@@ -31,6 +32,9 @@ struct ModelOptions {
   bool router_biased_weights = false;  // the original remote code's expert-weight variant
   PoolOptions states;  // the reference path's state pool (Model::new_sequence)
   QuantizeOptions quantize;  // load-time quantization (engine/quantize.h)
+  // How the checkpoint's bytes come in: mapped (default) or copied into huge-page memory
+  // (--no-mmap; model/mapped_file.h). Its progress callback sees the copy's bytes.
+  LoadOptions load;
 };
 
 enum class ResidualKind : uint8_t {

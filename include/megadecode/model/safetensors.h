@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "megadecode/base/dtype.h"
+#include "megadecode/model/mapped_file.h"
 #include "megadecode/model/random_init.h"
 
 namespace md {
@@ -26,23 +27,6 @@ struct TensorInfo {
 
   int64_t numel() const;
   std::string shape_str() const;  // e.g. "[32, 2304]"
-};
-
-// A read-only memory mapping of a whole file.
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path);  // throws md::Error
-  ~MappedFile();
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  const uint8_t* data() const { return data_; }
-  size_t size() const { return size_; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-  const uint8_t* data_ = nullptr;
-  size_t size_ = 0;
 };
 
 // The tensors and metadata of one safetensors file.
@@ -63,9 +47,10 @@ SafetensorsContents parse_safetensors_buffer(const uint8_t* data, size_t size,
 // section, end - begin == numel * dtype size, and no two tensors overlapping.
 class SafetensorsFile {
  public:
-  explicit SafetensorsFile(const std::string& path);
+  explicit SafetensorsFile(const std::string& path, const LoadOptions& opt = {});
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const MappedFile& file() const { return *file_; }
 
  private:
   std::unique_ptr<MappedFile> file_;
@@ -78,7 +63,9 @@ class SafetensorsFile {
 // absent from its shard, or present in two shards, is an error.
 class Checkpoint {
  public:
-  explicit Checkpoint(const std::string& dir);
+  // opt: how the files' bytes are brought in (model/mapped_file.h); its progress callback gets
+  // the bytes of the whole checkpoint.
+  explicit Checkpoint(const std::string& dir, const LoadOptions& opt = {});
   // make-model's random weights for (cfg, seed), never written to files (src/model/
   // random_checkpoint.cpp): the tensors bind_weights reads at load (norms, biases, conv taps) are
   // generated in host memory; every other tensor (the matrices: nearly all the bytes) exists only
@@ -90,6 +77,10 @@ class Checkpoint {
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
   const std::string& dir() const { return dir_; }  // Checkpoint::random: "random weights (seed S)"
   size_t total_bytes() const;
+  // Bytes of the files currently mapped with huge pages (huge_mapped_bytes over every file), and
+  // the files' bytes in all.
+  size_t huge_page_bytes() const;
+  size_t file_bytes() const;
   // The recipe of the tensor at `data` when its bytes are not in host memory (nullptr for every
   // tensor of a checkpoint read from files).
   const RandomInit* device_only(const void* data) const {
