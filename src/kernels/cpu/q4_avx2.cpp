@@ -6,8 +6,7 @@
 // holds the 8 codes of columns 8d..8d+7 (nibble s = column 8d + s). Decode step s shifts the
 // register right by 4s and decodes the low 4 bits of each dword (MXFP4: the low 3 bits, the
 // magnitude, through an 8-entry table with vpermps, and bit 3, the sign, moved to bit 31 with a
-// shift; int4: two 8-entry tables, for codes 0-7 and 8-15, and a blend on bit 3): lane d = the
-// code value of column 8d + s. The
+// shift; int4: arithmetically, see Int4Fmt): lane d = the code value of column 8d + s. The
 // activations are repacked once per call into the same order. Lane d only sees columns of group
 // 2c + d/4 of chunk c. Each output Y[b, r] has one ymm accumulator that walks the chunks in order:
 //   g   = fma(w[8d+7], x[8d+7], ... fma(w[8d+1], x[8d+1], w[8d] * x[8d]))   [unscaled code values]
@@ -75,13 +74,15 @@ struct E2m1Fmt {
 };
 
 struct Int4Fmt {
+  // Arithmetic, not a table: code c ^ 8 read as a signed 4-bit integer is c - 8 (0 -> -8, 7 -> -1,
+  // 8 -> 0, 15 -> 7), so nibble s moved to the top of its dword and shifted back arithmetically
+  // is the value, which converts exactly. Three operations per 8 weights (the xor is shared by a
+  // chunk's 8 steps) against two vpermps, a blend and two shifts for the tables: the same values,
+  // so the same results bit for bit (bench/RESULTS.md, "int4 on this AVX2 host").
   static __m256 decode(__m256i p, int s) {
-    const __m256 neg = _mm256_setr_ps(-8.0f, -7.0f, -6.0f, -5.0f, -4.0f, -3.0f, -2.0f, -1.0f);
-    const __m256 pos = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f);
-    const __m256i t = s == 0 ? p : _mm256_srli_epi32(p, 4 * s);
-    // Bit 3 moved to bit 31 selects the table of codes 8-15 (values 0..7).
-    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(neg, t), _mm256_permutevar8x32_ps(pos, t),
-                            _mm256_castsi256_ps(_mm256_slli_epi32(t, 28)));
+    const __m256i t = _mm256_xor_si256(p, _mm256_set1_epi32(int32_t(0x88888888u)));
+    const __m256i top = s == 7 ? t : _mm256_slli_epi32(t, 28 - 4 * s);
+    return _mm256_cvtepi32_ps(_mm256_srai_epi32(top, 28));
   }
   static __m256 chunk(const uint8_t* s, const int32_t* map, int64_t g, bool two) {
     const bf16* sc = reinterpret_cast<const bf16*>(s);
@@ -122,14 +123,18 @@ void tile(const uint8_t* w, const uint8_t* sc, int64_t sb, const int32_t* map, i
               : _mm256_inserti128_si256(_mm256_setzero_si256(),
                                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(wi)), 0);
     }
+    // Step 0 starts each chain with a product, the others add to it.
     __m256 gs[NR][NB];
-    for (int s = 0; s < kSteps; ++s) {
+    for (int i = 0; i < NR; ++i) {
+      const __m256 wv = F::decode(p[i], 0);
+      for (int j = 0; j < NB; ++j) gs[i][j] = _mm256_mul_ps(wv, _mm256_load_ps(x + j * xs + g * 32));
+    }
+    for (int s = 1; s < kSteps; ++s) {
       __m256 xv[NB];
       for (int j = 0; j < NB; ++j) xv[j] = _mm256_load_ps(x + j * xs + g * 32 + s * 8);
       for (int i = 0; i < NR; ++i) {
         const __m256 wv = F::decode(p[i], s);
-        for (int j = 0; j < NB; ++j)
-          gs[i][j] = s == 0 ? _mm256_mul_ps(wv, xv[j]) : _mm256_fmadd_ps(wv, xv[j], gs[i][j]);
+        for (int j = 0; j < NB; ++j) gs[i][j] = _mm256_fmadd_ps(wv, xv[j], gs[i][j]);
       }
     }
     for (int i = 0; i < NR; ++i) {
