@@ -13,6 +13,7 @@
 #include "megadecode/model/presets.h"
 #include "megadecode/tokenizer/bpe_train.h"
 #include "megadecode/tokenizer/chat_template.h"
+#include "megadecode/tokenizer/tokenizer.h"
 
 namespace md::test {
 
@@ -118,6 +119,17 @@ inline std::string shared_checkpoint(const std::string& preset, uint64_t seed, i
 
 // A shared Kimi Linear checkpoint with a BPE tokenizer trained on the built-in corpus and the
 // Kimi chat template, so that it runs from text.
+// The 256 byte ranks and no merges (built at once), with the format's special tokens: every
+// ordinary token is one byte, so a test can cut text anywhere.
+inline Tokenizer byte_tokenizer(TemplateKind kind) {
+  std::vector<std::string> ranks;
+  for (int b = 0; b < 256; ++b) ranks.emplace_back(1, char(b));
+  return Tokenizer::from_parts(ranks,
+                               kind == TemplateKind::kKimiK3 ? kimi_k3_tokenizer_specials(256, 512)
+                                                             : kimi_special_tokens(256, 512),
+                               512);
+}
+
 inline std::string shared_text_checkpoint(const std::string& preset, uint64_t seed) {
   return shared_checkpoint(preset, seed, 1, "-text", [&](const std::string& dir) {
     const ModelConfig cfg = preset_config(preset);

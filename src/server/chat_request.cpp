@@ -3,9 +3,12 @@
 // `megadecode chat` would feed.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "json_fields.h"
 #include "megadecode/base/error.h"
 #include "megadecode/server/request.h"
+#include "megadecode/server/tool_choice.h"
 #include "megadecode/text/generator.h"
 
 namespace md::server {
@@ -190,6 +193,41 @@ ChatOptions parse_chat_options(const json& j) {
   return o;
 }
 
+// tool_choice as what is enforced: "auto" (or absent) nothing; "none", "required", or
+// {"type": "function", "function": {"name": NAME}} naming a declared function.
+ToolChoice parse_tool_choice(const json& j, const std::vector<json>& tools) {
+  ToolChoice c;
+  const json* tc = field(j, "tool_choice");
+  if (!tc) return c;
+  if (tc->is_string()) {  // parse_chat_options has checked the value
+    const std::string v = tc->get<std::string>();
+    c.mode = v == "none"       ? ToolChoice::Mode::kNone
+             : v == "required" ? ToolChoice::Mode::kRequired
+                               : ToolChoice::Mode::kAuto;
+  } else {
+    const json* type = field(*tc, "type");
+    if (!type || !type->is_string() || type->get<std::string>() != "function")
+      throw invalid_field("tool_choice.type", "a named tool_choice needs \"type\": \"function\"");
+    const json* fn = field(*tc, "function");
+    const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+    if (!name || !name->is_string())
+      throw invalid_field("tool_choice.function.name",
+                          "a named tool_choice needs 'function': {'name': ...}",
+                          "missing_required_parameter");
+    c.mode = ToolChoice::Mode::kNamed;
+    c.name = name->get<std::string>();
+    const bool declared = std::any_of(tools.begin(), tools.end(), [&](const json& t) {
+      return t["function"]["name"] == c.name;
+    });
+    if (!declared && !tools.empty())
+      throw invalid_field("tool_choice.function.name",
+                          fmt::format("tool_choice names '{}', which is not in 'tools'", c.name));
+  }
+  if (tools.empty() && c.mode != ToolChoice::Mode::kAuto && c.mode != ToolChoice::Mode::kNone)
+    throw invalid_field("tool_choice", "tool_choice 'required' or a named function needs 'tools'");
+  return c;
+}
+
 std::vector<int32_t> encode_chat(const ParseContext& ctx, const std::vector<ChatMessage>& msgs,
                                  bool add_generation_prompt, const ChatOptions& options,
                                  const std::vector<json>& tools) {
@@ -222,6 +260,17 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
   r.chat_template = ctx.generator->template_kind();  // known: encode_chat rendered with it
   parse_length(j, ctx, r, /*def=*/0);  // chat: the rest of the context, as vLLM
   final_check(r);
+  const ToolChoice choice = parse_tool_choice(j, tools);
+  if (!tools.empty() && choice.mode != ToolChoice::Mode::kAuto) {
+    std::vector<std::string> names;
+    for (const json& t : tools) names.push_back(t["function"]["name"].get<std::string>());
+    try {
+      r.constraint = tool_choice_program(r.chat_template, choice, std::move(names),
+                                         ctx.generator->tokenizer(), r.sampling.stop_token_ids);
+    } catch (const Error& e) {
+      throw invalid_field("tool_choice", e.what());
+    }
+  }
   return r;
 }
 

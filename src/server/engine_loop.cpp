@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <optional>
 
 #include "megadecode/base/error.h"
 #include "megadecode/base/util.h"
@@ -95,7 +97,12 @@ struct EngineLoop::Slot {
   std::vector<TokenLogprob> prompt_lp;
   ChoiceEvent pending;               // tokens held for --stream-interval
   std::unique_ptr<Drafter> drafter;  // speculative decoding: this sequence's
+  std::optional<TokenConstraint> constraint;  // spec.constraint's state
   bool prefilling() const { return fed < spec.prompt.size(); }
+  // The constraint still decides tokens (its steps are plain, with the logits on the host).
+  bool constrained() const {
+    return constraint && !constraint->finished() && !constraint->broken();
+  }
 };
 
 namespace {
@@ -266,6 +273,13 @@ bool EngineLoop::admit() {
         s->drafter = opt_.make_drafter();
         s->drafter->reset();
       }
+      if (s->spec.constraint) {
+        // The vocabulary's bytes, grouped for the masks: built at the first constrained choice.
+        if (!constraint_vocab_)
+          constraint_vocab_ = std::make_shared<const ConstraintVocab>(
+              tok_, ex_.model().config().vocab_size);
+        s->constraint.emplace(s->spec.constraint, constraint_vocab_);
+      }
     } catch (const std::exception& e) {  // a pool budget, parameters the engine refuses
       ChoiceEvent ev;
       ev.choice = s->choice;
@@ -338,6 +352,8 @@ void EngineLoop::step() {
   for (auto& s : slots_)
     room = room && int64_t(s->history.size()) + opt_.speculative.num_draft_tokens <=
                        opt_.max_model_len;
+  // A constrained choice draws on the host from its masked logits: plain steps while it lasts.
+  for (auto& s : slots_) room = room && !s->constrained();
   // Speculation goes on while prompts are fed: their chunks ride in the verify step, at most
   // kMaxChainedRows (and the row log's) rows a step, since that step keeps every row for a
   // commit; with nothing decoding, prompts feed whole chunks in plain steps.
@@ -362,8 +378,9 @@ void EngineLoop::step() {
   // between steps (5 MB at batch 8 on a 163840-token vocabulary).
   const size_t V = size_t(ex_.model().config().vocab_size);
   bool want_logits = false;
-  for (const Part& p : parts) want_logits = want_logits || p.slot->top_logprobs >= 0 ||
-                                            p.slot->prompt_logprobs;
+  for (const Part& p : parts)
+    want_logits = want_logits || p.slot->top_logprobs >= 0 || p.slot->prompt_logprobs ||
+                  (p.samples && p.slot->constrained());
   if (want_logits && logits_.size() < size_t(logit_rows) * V) logits_.resize(size_t(logit_rows) * V);
   const std::vector<float>& logits = logits_;
   std::vector<int32_t> next_ids(std::max(logit_rows, 1), -1);
@@ -415,7 +432,7 @@ void EngineLoop::step() {
   }
 
   const double t = now();
-  for (const Part& p : parts) after_part(p, logits.data(), next_ids.data(), t);
+  for (const Part& p : parts) after_part(p, logits.data(), next_ids.data(), rows, t);
   std::erase_if(slots_, [](const auto& s) { return s->done; });
 }
 
@@ -450,7 +467,7 @@ void EngineLoop::add_prompt_parts(int budget, int chunk, std::vector<Part>& part
 // After a step: a part's prompt bookkeeping (rows fed, prompt logprobs, the end of its prompt)
 // and the token its last logit row drew (next_ids / logits indexed by the part's logit rows).
 void EngineLoop::after_part(const Part& p, const float* logits, const int32_t* next_ids,
-                            double t) {
+                            std::span<const SampleRow> rows, double t) {
   const size_t V = size_t(ex_.model().config().vocab_size);
   {
     Slot& s = *p.slot;
@@ -473,9 +490,12 @@ void EngineLoop::after_part(const Part& p, const float* logits, const int32_t* n
         return;
       }
     }
-    int32_t id = next_ids[size_t(p.first_logit + p.logit_rows - 1)];
+    const int last = p.first_logit + p.logit_rows - 1;
+    int32_t id = next_ids[size_t(last)];
+    if (s.constrained()) id = constrained_draw(s, row(p.logit_rows - 1), rows[size_t(last)], id);
     if (size_t(s.generated) < opt_.test_forced_tokens.size())
       id = opt_.test_forced_tokens[size_t(s.generated)];
+    if (s.constraint) s.constraint->accept(id);
     ChoiceEvent e;
     const bool first = s.generated == 0;
     const double gap = t - s.t_last;
@@ -602,8 +622,23 @@ void EngineLoop::speculative_step(bool prefilling) {
     at += n;
   }
   const double tp = now();
-  for (const Part& p : parts) after_part(p, logits_.data(), pnext.data(), tp);
+  for (const Part& p : parts) after_part(p, logits_.data(), pnext.data(), prows, tp);
   std::erase_if(slots_, [](const auto& s) { return s->done; });
+}
+
+// The slot's token drawn again from its logit row with the ids its constraint refuses at -inf,
+// by the same SampleRow (its uniform included) the step drew `drawn` with. The step's own draw
+// stands when it is allowed and greedy (the argmax of the allowed ids is then the same id).
+int32_t EngineLoop::constrained_draw(Slot& s, std::span<const float> logits, const SampleRow& row,
+                                     int32_t drawn) {
+  const size_t V = logits.size();
+  mask_.resize(V);
+  if (s.constraint->allowed(mask_) == 0) return drawn;  // broken: nothing to enforce
+  if (row.greedy() && drawn >= 0 && size_t(drawn) < V && mask_[size_t(drawn)]) return drawn;
+  masked_.assign(logits.begin(), logits.end());
+  for (size_t i = 0; i < V; ++i)
+    if (!mask_[i]) masked_[i] = -std::numeric_limits<float>::infinity();
+  return sample_row(row, masked_, scratch_);
 }
 
 bool EngineLoop::take_token(Slot& s, int32_t id, std::span<const float> row, double t,

@@ -12,6 +12,7 @@
 #include "megadecode/server/tool_calls.h"
 #include "megadecode/text/text_stream.h"
 #include "megadecode/tokenizer/bpe_train.h"
+#include "test_util.h"
 
 namespace md {
 namespace {
@@ -21,16 +22,7 @@ using server::ParsedToolCall;
 using server::split_tool_calls;
 using server::ToolCallSplit;
 using server::ToolCallStream;
-
-// The 256 byte ranks and no merges (built at once), with the format's special tokens.
-Tokenizer byte_tokenizer(TemplateKind kind) {
-  std::vector<std::string> ranks;
-  for (int b = 0; b < 256; ++b) ranks.emplace_back(1, char(b));
-  return Tokenizer::from_parts(ranks,
-                               kind == TemplateKind::kKimiK3 ? kimi_k3_tokenizer_specials(256, 512)
-                                                             : kimi_special_tokens(256, 512),
-                               512);
-}
+using test::byte_tokenizer;
 
 std::vector<int32_t> chat_ids(const Tokenizer& tok, TemplateKind kind,
                               const std::vector<ChatMessage>& ms, bool generation_prompt) {

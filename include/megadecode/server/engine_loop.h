@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "megadecode/engine/sampler.h"
+#include "megadecode/engine/token_constraint.h"
 #include "megadecode/exec/executor.h"
 #include "megadecode/spec/drafter.h"
 #include "megadecode/spec/speculative.h"
@@ -50,6 +51,9 @@ struct ChoiceEvent {
 struct ChoiceSpec {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
+  // The output's shape, enforced by masking the choice's logits before each draw (null: free).
+  // Its steps are plain steps (never speculative) until the program is done.
+  std::shared_ptr<const ConstraintProgram> constraint;
 };
 
 struct EngineRequest {
@@ -165,7 +169,10 @@ class EngineLoop {
   void add_prompt_parts(int budget, int chunk, std::vector<Part>& parts,
                         std::vector<StepSeq>& seqs, std::vector<SampleRow>& rows,
                         int& logit_rows);
-  void after_part(const Part& p, const float* logits, const int32_t* next_ids, double t);
+  void after_part(const Part& p, const float* logits, const int32_t* next_ids,
+                  std::span<const SampleRow> rows, double t);
+  int32_t constrained_draw(Slot& s, std::span<const float> logits, const SampleRow& row,
+                           int32_t drawn);
   void finish(Slot& s, const std::string& reason, ChoiceEvent e);
   void retire(Slot& s, ChoiceEvent e);  // the slot's last event: it leaves after this step
   // One generated token of a slot (its history, counters, latency observations, stop ids, text
@@ -203,6 +210,11 @@ class EngineLoop {
   std::unique_ptr<SpeculativeDecoder> spec_;   // with make_drafter
   std::vector<int> aux_layers_;                // the drafters' aux layer ids
   std::vector<float> aux_;                     // a plain step's aux rows (engine thread only)
+  // Constrained choices (engine thread only): the vocabulary for the masks, a mask, a masked row.
+  std::shared_ptr<const ConstraintVocab> constraint_vocab_;
+  std::vector<uint8_t> mask_;
+  std::vector<float> masked_;
+  SampleScratch scratch_;
   std::thread thread_;
 };
 

@@ -4,12 +4,14 @@
 #pragma once
 #include <cstdint>
 #include <exception>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "megadecode/engine/sampler.h"
+#include "megadecode/engine/token_constraint.h"
 #include "megadecode/tokenizer/chat_template.h"
 
 namespace md {
@@ -66,6 +68,8 @@ struct CompletionRequest {
   int top_logprobs = 0;
   bool tools_given = false;  // the request declared tools: tool calls in the output are parsed
   TemplateKind chat_template = TemplateKind::kKimi;  // chat: the markup the calls are parsed from
+  // Chat: what tool_choice enforces on every choice's output (server/tool_choice.h); null: none.
+  std::shared_ptr<const ConstraintProgram> constraint;
   bool skip_special_tokens = true;
 };
 

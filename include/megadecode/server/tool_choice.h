@@ -1,0 +1,45 @@
+// What a chat request's `tool_choice` asks of the output, enforced while decoding: a constraint
+// program (engine/token_constraint.h) in the model's own tool-call markup, so the calls come out
+// as the model writes them and the tool-call parser (server/tool_calls.h) reads them back.
+//
+//   none      no tool-call section may start (Kimi: <|tool_calls_section_begin|> and
+//             <|tool_call_begin|> never drawn; K3: no <|open|>tools)
+//   required  the output's tool calls: one or more calls of the declared functions, each with a
+//             JSON object as its arguments, then the end of the section and of the message
+//   named     the same with exactly one call, of that function
+//   auto      nothing enforced (no program)
+// Where the calls go: Kimi Linear / K2 writes the section first thing; K3 writes it after its
+// response channel closes (<|close|>response<|sep|>), so thinking and the response come first,
+// free, and K3's calls take the template's JSON-block form (<|open|>json type="object"<|sep|>).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megadecode/engine/token_constraint.h"
+#include "megadecode/tokenizer/chat_template.h"
+
+namespace md {
+class Tokenizer;
+}
+
+namespace md::server {
+
+struct ToolChoice {
+  enum class Mode { kAuto, kNone, kRequired, kNamed };
+  Mode mode = Mode::kAuto;
+  std::string name;  // kNamed: the function
+};
+
+// The program for `choice` (null for kAuto). `names`: the declared functions (kRequired may call
+// any of them); `stop_ids`: what may end the message after the calls (empty: anything may follow).
+// Throws md::Error when the tokenizer lacks a marker of the format or a name cannot be written
+// unambiguously in it (a Kimi function name holding ':').
+std::shared_ptr<const ConstraintProgram> tool_choice_program(TemplateKind format,
+                                                             const ToolChoice& choice,
+                                                             std::vector<std::string> names,
+                                                             const Tokenizer& tokenizer,
+                                                             const std::vector<int32_t>& stop_ids);
+
+}  // namespace md::server
