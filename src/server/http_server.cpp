@@ -386,22 +386,25 @@ struct HttpServer::Impl {
         if (!e.reasoning.empty()) delta["reasoning_content"] = e.reasoning;
         std::string finish = e.finish_reason.value_or("");
         if (r.tools_given) {
-          // Content goes out as it comes unless it may begin a tool-call section; each call goes
-          // out whole once complete (its index: its position in the choice's calls).
+          // Content goes out as it comes unless it may begin a tool-call section; a call goes
+          // out as its header completes (index, id, name), then its arguments in pieces.
           ToolCallStream& tc = st.tools[i];
-          const size_t first = tc.calls();
           ToolCallDelta d = tc.feed(text);
           if (e.finish_reason) {
             ToolCallDelta rest = tc.finish();
             d.content += rest.content;
-            for (auto& c : rest.calls) d.calls.push_back(std::move(c));
+            for (auto& p : rest.pieces) {
+              if (!p.first && !d.pieces.empty() && d.pieces.back().index == p.index)
+                d.pieces.back().arguments += p.arguments;
+              else
+                d.pieces.push_back(std::move(p));
+            }
             finish = tool_calls_finish_reason(finish, tc.calls());
           }
           text = std::move(d.content);
-          if (!d.calls.empty()) {
+          if (!d.pieces.empty()) {
             json calls = json::array();
-            for (size_t k = 0; k < d.calls.size(); ++k)
-              calls.push_back(tool_call_json(d.calls[k], first + k));
+            for (const ToolCallPiece& p : d.pieces) calls.push_back(tool_call_piece_json(p));
             delta["tool_calls"] = std::move(calls);
           }
         }

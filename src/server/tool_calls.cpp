@@ -49,9 +49,9 @@ bool has_kimi_marker(std::string_view s) {
   return false;
 }
 
-// <|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS<|tool_call_end|>: the template writes
-// ID and ARGS verbatim, so they come back verbatim (the name is ID's "functions.NAME:N" part).
-Status parse_kimi_call(std::string_view s, ParsedToolCall& out, size_t& length) {
+// <|tool_call_begin|>ID<|tool_call_argument_begin|>: a call's header. The template writes ID (and
+// then ARGS) verbatim, so they come back verbatim (the name is ID's "functions.NAME:N" part).
+Status parse_kimi_header(std::string_view s, ParsedToolCall& out, size_t& length) {
   if (const Status st = expect(s, 0, kKimiCall); st != Status::kDone) return st;
   const size_t id_at = kKimiCall.size();
   const size_t a = s.find(kKimiArgs, id_at);
@@ -59,12 +59,6 @@ Status parse_kimi_call(std::string_view s, ParsedToolCall& out, size_t& length) 
     return has_kimi_marker(s.substr(id_at)) ? Status::kBroken : Status::kNeedMore;
   const std::string_view id = s.substr(id_at, a - id_at);
   if (has_kimi_marker(id)) return Status::kBroken;
-  const size_t args_at = a + kKimiArgs.size();
-  const size_t e = s.find(kKimiCallEnd, args_at);
-  if (e == std::string_view::npos)
-    return has_kimi_marker(s.substr(args_at)) ? Status::kBroken : Status::kNeedMore;
-  const std::string_view args = s.substr(args_at, e - args_at);
-  if (has_kimi_marker(args)) return Status::kBroken;
   std::string_view name = id;
   while (!name.empty() && is_space(name.front())) name.remove_prefix(1);
   while (!name.empty() && is_space(name.back())) name.remove_suffix(1);
@@ -74,9 +68,29 @@ Status parse_kimi_call(std::string_view s, ParsedToolCall& out, size_t& length) 
   if (name.empty()) return Status::kBroken;
   out.id = std::string(id);
   out.name = std::string(name);
-  out.arguments = std::string(args);
-  length = e + kKimiCallEnd.size();
+  length = a + kKimiArgs.size();
   return Status::kDone;
+}
+
+// The first Kimi marker in `s` (npos: none) and its length.
+size_t first_kimi_marker(std::string_view s, size_t& length) {
+  size_t at = std::string_view::npos;
+  for (std::string_view m : {kKimiBegin, kKimiEnd, kKimiCall, kKimiArgs, kKimiCallEnd}) {
+    const size_t f = s.find(m);
+    if (f < at) {
+      at = f;
+      length = m.size();
+    }
+  }
+  return at;
+}
+
+// The longest suffix of `s` that may begin a Kimi marker.
+size_t partial_kimi_marker(std::string_view s) {
+  size_t keep = 0;
+  for (std::string_view m : {kKimiBegin, kKimiEnd, kKimiCall, kKimiArgs, kKimiCallEnd})
+    keep = std::max(keep, partial_marker(s, m));
+  return keep;
 }
 
 // ---- Kimi K3 XTML ------------------------------------------------------------------------------
@@ -232,9 +246,8 @@ bool argument_value(std::string_view type, std::string_view text, nlohmann::orde
   }
 }
 
-// <|open|>call tool="NAME" index="N"<|sep|> (typed arguments | one json block)
-// <|close|>call<|sep|>
-Status parse_k3_call(std::string_view s, ParsedToolCall& out, size_t& length) {
+// <|open|>call tool="NAME" index="N"<|sep|>: a call's header.
+Status parse_k3_header(std::string_view s, ParsedToolCall& out, size_t& length) {
   Tag tag;
   if (const Status st = read_tag(s, 0, tag); st != Status::kDone) return st;
   std::vector<std::string> v;
@@ -244,42 +257,7 @@ Status parse_k3_call(std::string_view s, ParsedToolCall& out, size_t& length) {
       !std::all_of(v[1].begin(), v[1].end(), [](char c) { return c >= '0' && c <= '9'; }))
     return Status::kBroken;
   out.name = v[0];
-  nlohmann::ordered_json args = nlohmann::ordered_json::object();
-  std::optional<std::string> raw;  // a json block's text
-  size_t pos = tag.end;
-  for (;;) {
-    pos = skip_space(s, pos);
-    Tag item;
-    if (const Status st = read_tag(s, pos, item); st != Status::kDone) return st;
-    if (!item.open) {
-      if (item.name != "call") return Status::kBroken;
-      length = item.end;
-      break;
-    }
-    // Typed arguments or a single raw json block, never both (render_assistant writes one kind).
-    const bool argument = item.name == "argument";
-    if (raw || (!argument && item.name != "json") || (!argument && !args.empty()))
-      return Status::kBroken;
-    if (argument ? !take_attrs(item.attrs, {"key", "type"}, v) : !take_attrs(item.attrs, {"type"}, v))
-      return Status::kBroken;
-    // The value is message text up to the next <|close|>, which must close this item.
-    const size_t value_at = item.end;
-    const size_t close = s.find(kClose, value_at);
-    if (close == std::string_view::npos) return Status::kNeedMore;
-    size_t end = 0;
-    if (const Status st = expect_close(s, close, item.name, end); st != Status::kDone) return st;
-    const std::string_view text = s.substr(value_at, close - value_at);
-    if (argument) {
-      nlohmann::ordered_json value;
-      if (args.contains(v[0]) || !argument_value(v[1], text, value)) return Status::kBroken;
-      args[v[0]] = std::move(value);
-    } else {
-      if (v[0] != "object") return Status::kBroken;
-      raw = std::string(text);
-    }
-    pos = end;
-  }
-  out.arguments = raw ? *raw : python_json_dumps(args);
+  length = tag.end;
   return Status::kDone;
 }
 
@@ -292,6 +270,26 @@ json tool_call_json(const ParsedToolCall& call, std::optional<size_t> index) {
   j["type"] = "function";
   j["function"] = {{"name", call.name}, {"arguments", call.arguments}};
   return j;
+}
+
+json tool_call_piece_json(const ToolCallPiece& p) {
+  json j = json::object();
+  j["index"] = p.index;
+  if (p.first) {
+    j["id"] = p.id;
+    j["type"] = "function";
+    j["function"] = {{"name", p.name}, {"arguments", p.arguments}};
+  } else {
+    j["function"] = {{"arguments", p.arguments}};
+  }
+  return j;
+}
+
+void add_pieces(std::vector<ParsedToolCall>& calls, const std::vector<ToolCallPiece>& pieces) {
+  for (const ToolCallPiece& p : pieces) {
+    if (p.first) calls.push_back({p.id, p.name, ""});
+    calls.back().arguments += p.arguments;
+  }
 }
 
 ToolCallStream::ToolCallStream(TemplateKind format, std::string id_prefix)
@@ -308,6 +306,22 @@ ToolCallDelta ToolCallStream::finish() {
   ToolCallDelta out;
   run(out, true);
   return out;
+}
+
+// The current call's next piece of arguments (merged into the delta's last piece when that is
+// the same call's).
+void ToolCallStream::emit(ToolCallDelta& out, std::string_view args) {
+  if (args.empty()) return;
+  if (out.pieces.empty() || out.pieces.back().index != calls_ - 1)
+    out.pieces.push_back({calls_ - 1, false, "", "", ""});
+  out.pieces.back().arguments.append(args);
+}
+
+// The current call ends: K3's typed arguments are closed; the stream goes on in `next`.
+void ToolCallStream::end_call(ToolCallDelta& out, Mode next) {
+  if (format_ == TemplateKind::kKimiK3 && !raw_) emit(out, arguments_ > 0 ? "}" : "{}");
+  mode_ = next;
+  pos_ = 0;
 }
 
 void ToolCallStream::run(ToolCallDelta& out, bool at_end) {
@@ -333,7 +347,11 @@ void ToolCallStream::run(ToolCallDelta& out, bool at_end) {
       buf_.erase(0, buf_.size() - keep);
       return;
     }
-    // In a section: the end marker, the next call, or more text to wait for.
+    if (mode_ == Mode::kCall) {
+      if (!(k3 ? run_k3_call(out, at_end) : run_kimi_call(out, at_end))) return;
+      continue;
+    }
+    // In a section: the end marker, the next call's header, or more text to wait for.
     const std::string_view s = std::string_view(buf_).substr(skip_space(buf_, pos_));
     const size_t skipped = buf_.size() - s.size();
     Status st = s.empty() ? Status::kNeedMore : expect(s, 0, end);
@@ -346,13 +364,17 @@ void ToolCallStream::run(ToolCallDelta& out, bool at_end) {
     if (st == Status::kBroken) {
       ParsedToolCall call;
       size_t length = 0;
-      st = k3 ? parse_k3_call(s, call, length) : parse_kimi_call(s, call, length);
+      st = k3 ? parse_k3_header(s, call, length) : parse_kimi_header(s, call, length);
       if (st == Status::kDone) {
         if (k3) call.id = id_prefix_ + std::to_string(calls_);  // K3 carries no ids
-        out.calls.push_back(std::move(call));
+        out.pieces.push_back({calls_, true, std::move(call.id), std::move(call.name), ""});
         ++calls_;
         buf_.erase(0, skipped + length);
         pos_ = 0;
+        mode_ = Mode::kCall;
+        raw_ = raw_done_ = false;
+        arguments_ = 0;
+        keys_.clear();
         continue;
       }
     }
@@ -364,14 +386,100 @@ void ToolCallStream::run(ToolCallDelta& out, bool at_end) {
   }
 }
 
+// Kimi: ARGS goes out as it comes, up to <|tool_call_end|> (the call ends), another marker (the
+// call ends and the rest is content) or the output's end; a tail that may begin a marker waits.
+bool ToolCallStream::run_kimi_call(ToolCallDelta& out, bool at_end) {
+  size_t length = 0;
+  const size_t m = first_kimi_marker(buf_, length);
+  if (m != std::string::npos) {
+    emit(out, std::string_view(buf_).substr(0, m));
+    const bool closed = std::string_view(buf_).substr(m, length) == kKimiCallEnd;
+    buf_.erase(0, closed ? m + length : m);
+    end_call(out, closed ? Mode::kSection : Mode::kBroken);
+    return true;
+  }
+  const size_t keep = at_end ? 0 : partial_kimi_marker(buf_);
+  emit(out, std::string_view(buf_).substr(0, buf_.size() - keep));
+  buf_.erase(0, buf_.size() - keep);
+  if (at_end) end_call(out, Mode::kContent);
+  return false;
+}
+
+// K3: each typed argument goes out once complete, as the JSON object's next member; a json
+// block's text goes out as it comes (a tail that may begin <|close|> waits). Anything that cannot
+// continue the call ends it, and the rest is content.
+bool ToolCallStream::run_k3_call(ToolCallDelta& out, bool at_end) {
+  auto broken = [&] {
+    end_call(out, Mode::kBroken);
+    return true;
+  };
+  if (raw_ && !raw_done_) {
+    const size_t c = buf_.find(kClose);
+    if (c == std::string::npos) {
+      const size_t keep = at_end ? 0 : partial_marker(buf_, kClose);
+      emit(out, std::string_view(buf_).substr(0, buf_.size() - keep));
+      buf_.erase(0, buf_.size() - keep);
+      if (at_end) end_call(out, Mode::kContent);
+      return false;
+    }
+    emit(out, std::string_view(buf_).substr(0, c));
+    buf_.erase(0, c);
+    size_t e = 0;
+    const Status st = expect_close(buf_, 0, "json", e);
+    if (st == Status::kBroken) return broken();
+    if (st == Status::kNeedMore) return at_end ? broken() : false;
+    buf_.erase(0, e);
+    raw_done_ = true;
+    return true;
+  }
+  const size_t at = skip_space(buf_, 0);
+  Tag item;
+  Status st = read_tag(buf_, at, item);
+  if (st == Status::kNeedMore) return at_end ? broken() : false;
+  if (st == Status::kBroken) return broken();
+  if (!item.open) {
+    if (item.name != "call") return broken();
+    buf_.erase(0, item.end);
+    end_call(out, Mode::kSection);
+    return true;
+  }
+  std::vector<std::string> v;
+  if (item.name == "json") {  // one raw block, instead of typed arguments
+    if (raw_ || arguments_ > 0 || !take_attrs(item.attrs, {"type"}, v) || v[0] != "object")
+      return broken();
+    raw_ = true;
+    buf_.erase(0, item.end);
+    return true;
+  }
+  if (item.name != "argument" || raw_ || !take_attrs(item.attrs, {"key", "type"}, v))
+    return broken();
+  // The value is message text up to the next <|close|>, which must close this argument.
+  const size_t close = buf_.find(kClose, item.end);
+  if (close == std::string::npos) return at_end ? broken() : false;
+  size_t e = 0;
+  st = expect_close(buf_, close, "argument", e);
+  if (st == Status::kNeedMore) return at_end ? broken() : false;
+  if (st == Status::kBroken) return broken();
+  nlohmann::ordered_json value;
+  if (std::find(keys_.begin(), keys_.end(), v[0]) != keys_.end() ||
+      !argument_value(v[1], std::string_view(buf_).substr(item.end, close - item.end), value))
+    return broken();
+  keys_.push_back(v[0]);
+  // Members as python_json_dumps writes a whole object: {"k": v, "k2": v2}.
+  emit(out, (arguments_++ == 0 ? "{" : ", ") + python_json_dumps(nlohmann::ordered_json(v[0])) +
+                ": " + python_json_dumps(value));
+  buf_.erase(0, e);
+  return true;
+}
+
 ToolCallSplit split_tool_calls(TemplateKind format, std::string_view text,
                                const std::string& id_prefix) {
   ToolCallStream s(format, id_prefix);
   ToolCallDelta a = s.feed(text), b = s.finish();
   ToolCallSplit out;
   out.content = std::move(a.content) + b.content;
-  out.calls = std::move(a.calls);
-  for (auto& c : b.calls) out.calls.push_back(std::move(c));
+  add_pieces(out.calls, a.pieces);
+  add_pieces(out.calls, b.pieces);
   return out;
 }
 

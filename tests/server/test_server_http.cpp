@@ -453,8 +453,9 @@ TEST_F(ServerHttp, DisconnectDuringNonStreamedCompletionFreesTheSlot) {
 
 // Tool calls end to end on the Kimi Linear format: the model's output is forced to a tool-call
 // section (a random checkpoint never writes one), which comes back as message.tool_calls with
-// finish_reason "tool_calls"; streamed, the content comes first as it is generated, each call in
-// one delta once complete, and the deltas add up to the whole message.
+// finish_reason "tool_calls"; streamed, the content comes first as it is generated, each call's
+// id and name once its header is complete, then its arguments in pieces, and the deltas add up to
+// the whole message.
 TEST(ServerHttpToolCalls, KimiMarkupComesBackAsToolCalls) {
   const std::string call0 =
       "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": "
@@ -490,7 +491,7 @@ TEST(ServerHttpToolCalls, KimiMarkupComesBackAsToolCalls) {
   ASSERT_EQ(r->status, 200);
   std::string content, finish;
   json calls = json::array();
-  int content_chunks_before_calls = 0;
+  int content_chunks_before_calls = 0, argument_pieces = 0;
   for (const std::string& d : sse_data(r->body)) {
     if (d == "[DONE]") break;
     const json ch = json::parse(d)["choices"][0];
@@ -502,9 +503,19 @@ TEST(ServerHttpToolCalls, KimiMarkupComesBackAsToolCalls) {
     }
     if (delta.contains("tool_calls"))
       for (json tc : delta["tool_calls"]) {
-        EXPECT_EQ(tc["index"], calls.size());
+        const size_t index = tc["index"].get<size_t>();
         tc.erase("index");
-        calls.push_back(tc);
+        if (tc.contains("id")) {  // a call's first piece: id, type, name and arguments so far
+          EXPECT_EQ(index, calls.size());
+          calls.push_back(tc);
+        } else {  // the next piece of its arguments
+          ASSERT_EQ(index + 1, calls.size());
+          EXPECT_EQ(tc.size(), 1u);
+          calls[index]["function"]["arguments"] =
+              calls[index]["function"]["arguments"].get<std::string>() +
+              tc["function"]["arguments"].get<std::string>();
+          ++argument_pieces;
+        }
       }
     if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
   }
@@ -512,6 +523,7 @@ TEST(ServerHttpToolCalls, KimiMarkupComesBackAsToolCalls) {
   EXPECT_EQ(calls, msg["tool_calls"]);
   EXPECT_EQ(finish, "tool_calls");
   EXPECT_GT(content_chunks_before_calls, 1);  // streamed token by token, not held to the end
+  EXPECT_GT(argument_pieces, 2);               // and so are the arguments
 
   // Without tools the markup is content; cut inside the second call (max_tokens), the first
   // call is a call, the rest content, and the finish reason the sampler's.

@@ -84,7 +84,7 @@ ToolCallSplit streamed(TemplateKind kind, std::string_view text, std::vector<siz
   ToolCallSplit out;
   auto take = [&](server::ToolCallDelta d) {
     out.content += d.content;
-    for (auto& c : d.calls) out.calls.push_back(std::move(c));
+    server::add_pieces(out.calls, d.pieces);
   };
   size_t at = 0;
   for (size_t c : cuts) {
@@ -175,9 +175,8 @@ TEST(ServerToolCalls, KimiK3MalformedMarkupStaysContent) {
   ASSERT_EQ(ok.calls.size(), 1u);
   EXPECT_EQ(ok.calls[0].arguments, R"({"a": 1})");
   const std::vector<std::string> broken = {
-      // The model stopped mid-call (max_tokens), at several points.
+      // The model stopped mid-header (max_tokens), or right after the section's marker.
       "Hi" + begin + call.substr(0, 20),
-      "Hi" + begin + call.substr(0, call.size() - 3),
       "Hi" + begin,
       // Unknown or missing attributes, unknown tags, a wrong or unknown type.
       "Hi" + begin + R"(<|open|>call tool="f" index="1" extra="x"<|sep|><|close|>call<|sep|>)" + end,
@@ -185,15 +184,8 @@ TEST(ServerToolCalls, KimiK3MalformedMarkupStaysContent) {
       "Hi" + begin + R"(<|open|>call tool="f" index="one"<|sep|><|close|>call<|sep|>)" + end,
       "Hi" + begin + R"(<|open|>call tool="" index="1"<|sep|><|close|>call<|sep|>)" + end,
       "Hi" + begin + R"(<|open|>invoke tool="f" index="1"<|sep|><|close|>invoke<|sep|>)" + end,
-      "Hi" + begin + R"(<|open|>call tool="f" index="1"<|sep|><|open|>argument key="a" type="number"<|sep|>abc<|close|>argument<|sep|><|close|>call<|sep|>)" + end,
-      "Hi" + begin + R"(<|open|>call tool="f" index="1"<|sep|><|open|>argument key="a" type="integer"<|sep|>1<|close|>argument<|sep|><|close|>call<|sep|>)" + end,
-      "Hi" + begin + R"(<|open|>call tool="f" index="1"<|sep|><|open|>argument key="a" type="string"<|sep|>x<|close|>call<|sep|>)" + end,
-      "Hi" + begin + R"(<|open|>call tool="f" index="1"<|sep|><|open|>argument key="a" type="string"<|sep|>x<|close|>argument<|sep|><|open|>argument key="a" type="string"<|sep|>y<|close|>argument<|sep|><|close|>call<|sep|>)" + end,
-      "Hi" + begin + R"(<|open|>call tool="f" index="1"<|sep|><|open|>json type="object"<|sep|>x<|close|>json<|sep|><|open|>argument key="a" type="string"<|sep|>y<|close|>argument<|sep|><|close|>call<|sep|>)" + end,
-      "Hi" + begin + R"(<|open|>call tool="f" index="1"<|sep|><|open|>json type="array"<|sep|>[]<|close|>json<|sep|><|close|>call<|sep|>)" + end,
       "Hi" + begin + R"(<|open|>call tool="f <|open|>" index="1"<|sep|><|close|>call<|sep|>)" + end,
       "Hi" + begin + "some text" + call + end,
-      "Hi" + begin + R"(<|open|>call tool="f" index="1"<|sep|><|open|>argument key="a" type="object"<|sep|>)" + std::string(600, '[') + std::string(600, ']') + "<|close|>argument<|sep|><|close|>call<|sep|>" + end,
   };
   for (const std::string& t : broken) {
     SCOPED_TRACE(t);
@@ -202,7 +194,33 @@ TEST(ServerToolCalls, KimiK3MalformedMarkupStaysContent) {
     EXPECT_TRUE(s.calls.empty());
     expect_stream_equals_whole(TemplateKind::kKimiK3, t);
   }
-  // Complete calls before a broken or cut one stay calls; the rest is content, verbatim.
+  // A call whose header is complete is a call: what cannot continue it (marked '@' below), or the
+  // output's end, ends it with the arguments it has (typed ones closed), and the rest is content.
+  const std::string head = R"(<|open|>call tool="f" index="1"<|sep|>)";
+  const std::vector<std::pair<std::string, std::string>> ended = {
+      {head + R"(<|open|>argument key="a" type="number"<|sep|>1<|close|>argument<|sep|>@<|close|>call<|s)", R"({"a": 1})"},
+      {head + R"(@<|open|>argument key="a" type="number"<|sep|>abc<|close|>argument<|sep|><|close|>call<|sep|>)" + end, "{}"},
+      {head + R"(@<|open|>argument key="a" type="integer"<|sep|>1<|close|>argument<|sep|><|close|>call<|sep|>)" + end, "{}"},
+      {head + R"(@<|open|>argument key="a" type="string"<|sep|>x<|close|>call<|sep|>)" + end, "{}"},
+      {head + R"(<|open|>argument key="a" type="string"<|sep|>x<|close|>argument<|sep|>@<|open|>argument key="a" type="string"<|sep|>y<|close|>argument<|sep|><|close|>call<|sep|>)" + end, R"({"a": "x"})"},
+      {head + R"(<|open|>json type="object"<|sep|>x<|close|>json<|sep|>@<|open|>argument key="a" type="string"<|sep|>y<|close|>argument<|sep|><|close|>call<|sep|>)" + end, "x"},
+      {head + R"(@<|open|>json type="array"<|sep|>[]<|close|>json<|sep|><|close|>call<|sep|>)" + end, "{}"},
+      {head + R"(<|open|>json type="object"<|sep|>{"cut": )", R"({"cut": )"},
+      {head + R"(@<|open|>argument key="a" type="object"<|sep|>)" + std::string(600, '[') + std::string(600, ']') + "<|close|>argument<|sep|><|close|>call<|sep|>" + end, "{}"},
+  };
+  for (auto [t, args] : ended) {
+    const size_t at = t.find('@');
+    if (at != std::string::npos) t.erase(at, 1);
+    t = "Hi" + begin + t;
+    SCOPED_TRACE(t);
+    const ToolCallSplit s = split(t);
+    ASSERT_EQ(s.calls.size(), 1u);
+    EXPECT_EQ(s.calls[0].name, "f");
+    EXPECT_EQ(s.calls[0].arguments, args);
+    EXPECT_EQ(s.content, "Hi" + (at == std::string::npos ? "" : t.substr(at + 2 + begin.size())));
+    expect_stream_equals_whole(TemplateKind::kKimiK3, t);
+  }
+  // Complete calls before a broken or cut header stay calls; the rest is content, verbatim.
   const std::string cut = "Hi" + begin + call + call.substr(0, 30);
   ToolCallSplit c = split(cut);
   EXPECT_EQ(c.calls.size(), 1u);
@@ -250,10 +268,8 @@ TEST(ServerToolCalls, KimiMalformedMarkupStaysContent) {
   const std::vector<std::string> broken = {
       "just text <|tool_call_begin|>",
       "x" + begin + "<|tool_call_begin|>functions.g:1",
-      "x" + begin + "<|tool_call_begin|>functions.g:1<|tool_call_argument_begin|>{\"a\"",
       "x" + begin + "<|tool_call_begin|>functions.:0<|tool_call_argument_begin|>{}<|tool_call_end|>" + end,
       "x" + begin + "<|tool_call_begin|>functions.f:0<|tool_call_begin|>{}<|tool_call_end|>" + end,
-      "x" + begin + "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}" + end,
       "x" + begin + "junk" + f + end,
       "x" + begin,
   };
@@ -264,7 +280,18 @@ TEST(ServerToolCalls, KimiMalformedMarkupStaysContent) {
     EXPECT_TRUE(s.calls.empty());
     expect_stream_equals_whole(TemplateKind::kKimi, t);
   }
-  // A section cut short (max_tokens) keeps the complete calls; the partial one is content.
+  // A call whose header is complete is a call: cut short, or ended by another marker (the rest
+  // is content).
+  ToolCallSplit s = split("x" + begin + "<|tool_call_begin|>functions.g:1<|tool_call_argument_begin|>{\"a\"");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0].name, "g");
+  EXPECT_EQ(s.calls[0].arguments, "{\"a\"");
+  EXPECT_EQ(s.content, "x");
+  s = split("x" + begin + "<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}" + end + "y");
+  ASSERT_EQ(s.calls.size(), 1u);
+  EXPECT_EQ(s.calls[0].arguments, "{}");
+  EXPECT_EQ(s.content, "x" + end + "y");
+  // A section cut short in a header keeps the complete calls; the partial one is content.
   const ToolCallSplit cut = split(begin + f + "<|tool_call_begin|>functions.g:1");
   ASSERT_EQ(cut.calls.size(), 1u);
   EXPECT_EQ(cut.calls[0].name, "f");
@@ -279,21 +306,53 @@ TEST(ServerToolCalls, StreamReleasesContentUnlessItMayStartASection) {
   EXPECT_EQ(s.feed("s are <").content, "<|tools are ");
   server::ToolCallDelta d = s.feed("|tool_calls_section_begin|><|tool_call_begin|>functions.f:0");
   EXPECT_EQ(d.content, "");
-  EXPECT_TRUE(d.calls.empty());
-  d = s.feed("<|tool_call_argument_begin|>{\"a\": 1}<|tool_call_end|><|tool_call_begin|>");
-  ASSERT_EQ(d.calls.size(), 1u);  // released as soon as it is complete
-  EXPECT_EQ(d.calls[0].arguments, "{\"a\": 1}");
+  EXPECT_TRUE(d.pieces.empty());
+  // The header goes out once complete, then the arguments in pieces; a tail that may begin a
+  // marker waits.
+  d = s.feed("<|tool_call_argument_begin|>");
+  ASSERT_EQ(d.pieces.size(), 1u);
+  EXPECT_TRUE(d.pieces[0].first);
+  EXPECT_EQ(d.pieces[0].id, "functions.f:0");
+  EXPECT_EQ(d.pieces[0].name, "f");
+  EXPECT_EQ(d.pieces[0].arguments, "");
+  EXPECT_EQ(server::tool_call_piece_json(d.pieces[0]),
+            json::parse(R"({"index":0,"id":"functions.f:0","type":"function",
+                            "function":{"name":"f","arguments":""}})"));
+  d = s.feed("{\"a\"");
+  ASSERT_EQ(d.pieces.size(), 1u);
+  EXPECT_FALSE(d.pieces[0].first);
+  EXPECT_EQ(d.pieces[0].arguments, "{\"a\"");
+  EXPECT_EQ(server::tool_call_piece_json(d.pieces[0]),
+            json::parse(R"({"index":0,"function":{"arguments":"{\"a\""}})"));
+  d = s.feed(": 1}<|tool_c");
+  ASSERT_EQ(d.pieces.size(), 1u);
+  EXPECT_EQ(d.pieces[0].arguments, ": 1}");
+  d = s.feed("all_end|><|tool_call_begin|>functions.g:1<|tool_call_argument_begin|>[");
+  ASSERT_EQ(d.pieces.size(), 1u);  // the next call starts, its first piece with "["
+  EXPECT_EQ(d.pieces[0].index, 1u);
+  EXPECT_EQ(d.pieces[0].arguments, "[");
   d = s.finish();
-  EXPECT_EQ(d.content, "<|tool_call_begin|>");
-  EXPECT_EQ(s.calls(), 1u);
+  EXPECT_EQ(d.content, "");
+  EXPECT_TRUE(d.pieces.empty());
+  EXPECT_EQ(s.calls(), 2u);
 
   ToolCallStream k3(TemplateKind::kKimiK3, "c");
   EXPECT_EQ(k3.feed("Sure<|open|>").content, "Sure");
   EXPECT_EQ(k3.feed("response<|sep|>").content, "<|open|>response<|sep|>");
   d = k3.feed("<|open|>tools<|sep|><|open|>call tool=\"f\" index=\"1\"<|sep|><|close|>call<|sep|>");
-  ASSERT_EQ(d.calls.size(), 1u);
-  EXPECT_EQ(d.calls[0].id, "c0");
-  EXPECT_EQ(d.calls[0].arguments, "{}");
+  ASSERT_EQ(d.pieces.size(), 1u);
+  EXPECT_EQ(d.pieces[0].id, "c0");
+  EXPECT_EQ(d.pieces[0].arguments, "{}");
+  // Typed arguments go out a member at a time.
+  d = k3.feed("<|open|>call tool=\"g\" index=\"2\"<|sep|><|open|>argument key=\"k\" "
+              "type=\"number\"<|sep|>2<|close|>argument<|sep|>");
+  ASSERT_EQ(d.pieces.size(), 1u);
+  EXPECT_EQ(d.pieces[0].arguments, "{\"k\": 2");
+  d = k3.feed("<|open|>argument key=\"s\" type=\"string\"<|sep|>x<|close|>argument<|sep|><|close|>"
+              "call<|sep|>");
+  ASSERT_EQ(d.pieces.size(), 1u);
+  EXPECT_FALSE(d.pieces[0].first);
+  EXPECT_EQ(d.pieces[0].arguments, ", \"s\": \"x\"}");
 }
 
 // Mutations of rendered markup (byte edits, deletions, fragments spliced in, cuts, repeated
