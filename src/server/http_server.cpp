@@ -5,6 +5,7 @@
 #include <httplib.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -68,30 +69,10 @@ std::string numeric_address(const sockaddr_storage& a, socklen_t len, int& port)
   return host;
 }
 
-// The socket of the connection `req` came on (httplib formats its addresses with getnameinfo's
-// NI_NUMERICHOST too); -1 when it cannot be found (no /proc), and then nothing is noticed.
-int connection_socket(const httplib::Request& req) {
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return -1;
-  int found = -1;
-  while (const dirent* e = readdir(d)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == dirfd(d)) continue;
-    sockaddr_storage peer{}, local{};
-    socklen_t pl = sizeof peer, ll = sizeof local;
-    if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0 ||
-        getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0)
-      continue;  // not a connected socket
-    int pport = -1, lport = -1;
-    if (numeric_address(peer, pl, pport) == req.remote_addr && pport == req.remote_port &&
-        numeric_address(local, ll, lport) == req.local_addr && lport == req.local_port) {
-      found = int(fd);
-      break;
-    }
-  }
-  closedir(d);
-  return found;
+// The socket of the connection `req` came on; -1 when it cannot be found (nothing is noticed).
+int request_socket(const httplib::Request& req) {
+  return server::connection_socket(req.local_addr, req.local_port, req.remote_addr,
+                                   req.remote_port);
 }
 
 bool peer_closed(int fd) {
@@ -294,7 +275,7 @@ struct HttpServer::Impl {
                 int64_t(std::time(nullptr)), r.model.empty() ? opt.model_names.front() : r.model};
     const size_t choices = r.prompts.size() * size_t(r.n);
     st->req = std::move(r);
-    st->socket = connection_socket(http_req);
+    st->socket = request_socket(http_req);
     if (!st->req.stream) {
       // Waits for the whole result, looking at the connection meanwhile: a client that left has
       // its request cancelled, so its slots are free at the next step.
@@ -458,6 +439,43 @@ struct HttpServer::Impl {
     return ok;
   }
 };
+
+// (httplib formats a request's addresses with getnameinfo's NI_NUMERICHOST too, as
+// numeric_address does.) Without /proc the descriptors are tried up to the limit, capped at 65536.
+int connection_socket(const std::string& local_addr, int local_port,
+                      const std::string& remote_addr, int remote_port, bool use_proc) {
+  auto matches = [&](int fd) {
+    sockaddr_storage peer{}, local{};
+    socklen_t pl = sizeof peer, ll = sizeof local;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0)
+      return false;  // not a connected socket
+    int pport = -1, lport = -1;
+    return numeric_address(peer, pl, pport) == remote_addr && pport == remote_port &&
+           numeric_address(local, ll, lport) == local_addr && lport == local_port;
+  };
+  DIR* d = use_proc ? opendir("/proc/self/fd") : nullptr;
+  if (!d) {
+    rlimit lim{};
+    const rlim_t n = getrlimit(RLIMIT_NOFILE, &lim) == 0 ? std::min<rlim_t>(lim.rlim_cur, 65536)
+                                                         : 1024;
+    for (int fd = 0; fd < int(n); ++fd)
+      if (matches(fd)) return fd;
+    return -1;
+  }
+  int found = -1;
+  while (const dirent* e = readdir(d)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(d)) continue;
+    if (matches(int(fd))) {
+      found = int(fd);
+      break;
+    }
+  }
+  closedir(d);
+  return found;
+}
 
 HttpServer::HttpServer(const Generator& generator, EngineLoop& engine, Metrics& metrics,
                        ServerOptions options)

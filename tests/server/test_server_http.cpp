@@ -571,3 +571,46 @@ TEST(ServerHttpAuth, ApiKeyIsRequiredOnV1) {
 
 }  // namespace
 }  // namespace md
+
+namespace md {
+namespace {
+
+// The handler's way to its connection, with /proc and without it (descriptors tried one by one):
+// a loopback connection's accepted end is found by its four addresses, both ways.
+TEST(ServerConnection, TheSocketIsFoundWithAndWithoutProc) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  socklen_t len = sizeof a;
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const int client = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(connect(client, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  sockaddr_in peer{};
+  len = sizeof peer;
+  const int accepted = accept(listener, reinterpret_cast<sockaddr*>(&peer), &len);
+  ASSERT_GE(accepted, 0);
+  const int server_port = ntohs(a.sin_port), client_port = ntohs(peer.sin_port);
+  for (bool use_proc : {true, false}) {
+    SCOPED_TRACE(use_proc);
+    // The server's end: local = the listening address, peer = the client's.
+    EXPECT_EQ(server::connection_socket("127.0.0.1", server_port, "127.0.0.1", client_port,
+                                        use_proc),
+              accepted);
+    EXPECT_EQ(server::connection_socket("127.0.0.1", client_port, "127.0.0.1", server_port,
+                                        use_proc),
+              client);
+    EXPECT_EQ(server::connection_socket("127.0.0.1", server_port, "127.0.0.1", client_port + 1,
+                                        use_proc),
+              -1);
+  }
+  close(accepted);
+  close(client);
+  close(listener);
+}
+
+}  // namespace
+}  // namespace md

@@ -42,6 +42,12 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
 };
 
+// The descriptor of this process's connected TCP socket with these numeric addresses (how a
+// handler finds its connection to watch for a client that leaves): listed from /proc/self/fd, or
+// without /proc (or with use_proc false) tried one by one up to the descriptor limit; -1: none.
+int connection_socket(const std::string& local_addr, int local_port,
+                      const std::string& remote_addr, int remote_port, bool use_proc = true);
+
 // The OpenAPI 3 description of the routes and fields (GET /openapi.json).
 std::string openapi_json(const std::string& model_name);
 
