@@ -8,7 +8,7 @@
 #include "json_fields.h"
 #include "megadecode/base/error.h"
 #include "megadecode/server/request.h"
-#include "megadecode/server/tool_choice.h"
+#include "megadecode/server/chat_constraints.h"
 #include "megadecode/text/generator.h"
 
 namespace md::server {
@@ -260,6 +260,7 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
   r.chat_template = ctx.generator->template_kind();  // known: encode_chat rendered with it
   parse_length(j, ctx, r, /*def=*/0);  // chat: the rest of the context, as vLLM
   final_check(r);
+  // The output's shape: a tool_choice that calls (or forbids calling) wins over response_format.
   const ToolChoice choice = parse_tool_choice(j, tools);
   if (!tools.empty() && choice.mode != ToolChoice::Mode::kAuto) {
     std::vector<std::string> names;
@@ -269,6 +270,13 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
                                          ctx.generator->tokenizer(), r.sampling.stop_token_ids);
     } catch (const Error& e) {
       throw invalid_field("tool_choice", e.what());
+    }
+  } else if (!options.response_format.is_null() && add_generation_prompt) {
+    try {
+      r.constraint = json_object_program(r.chat_template, options.thinking,
+                                         ctx.generator->tokenizer(), r.sampling.stop_token_ids);
+    } catch (const Error& e) {
+      throw invalid_field("response_format", e.what());
     }
   }
   return r;

@@ -1,5 +1,5 @@
 // Constrained decoding (engine/token_constraint.h) and the tool_choice programs built on it
-// (server/tool_choice.h): valid JSON objects and the templates' own tool-call markup pass token by
+// (server/chat_constraints.h): valid JSON objects and the templates' own tool-call markup pass token by
 // token, malformed input is refused at the byte where it goes wrong, the fast mask paths agree
 // with a token-by-token check, and random walks through the masks end in JSON that parses.
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include "megadecode/base/error.h"
 #include "megadecode/engine/token_constraint.h"
 #include "megadecode/server/tool_calls.h"
-#include "megadecode/server/tool_choice.h"
+#include "megadecode/server/chat_constraints.h"
 #include "megadecode/tokenizer/tokenizer.h"
 #include "test_util.h"
 
@@ -305,6 +305,39 @@ TEST(ToolChoiceProgram, K3CallsComeAfterTheResponseAsJsonBlocks) {
   EXPECT_EQ(split.calls[0].name, "lookup");
   EXPECT_EQ(split.calls[0].arguments, "{\"q\": [1, 2]}");
   EXPECT_EQ(split.calls[1].name, "say\"hi");
+}
+
+TEST(ResponseFormatProgram, JsonObjectIsTheAnswer) {
+  {  // Kimi: the whole output, then a stop id.
+    const Tokenizer tok = test::byte_tokenizer(TemplateKind::kKimi);
+    const int64_t v = tok.vocab_size();
+    auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
+    const int32_t stop = *tok.special_id("<|im_end|>");
+    auto program = server::json_object_program(TemplateKind::kKimi, true, tok, {stop});
+    TokenConstraint c(program, vocab);
+    EXPECT_FALSE(c.allows(encode_markup(tok, "S").front()));  // no prose before the object
+    std::vector<int32_t> ids = encode_markup(tok, "{\"answer\": [1, \"two\"]}");
+    ids.push_back(stop);
+    EXPECT_EQ(feed(c, ids, v), ids.size());
+    EXPECT_TRUE(c.finished());
+  }
+  const Tokenizer tok = test::byte_tokenizer(TemplateKind::kKimiK3);
+  const int64_t v = tok.vocab_size();
+  auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
+  for (bool thinking : {true, false}) {
+    SCOPED_TRACE(thinking);
+    // K3: the response channel holds the object; thinking before it is free.
+    TokenConstraint c(server::json_object_program(TemplateKind::kKimiK3, thinking, tok, {}), vocab);
+    const std::string text =
+        std::string(thinking ? "Let me think.<|close|>think<|sep|><|open|>response<|sep|>" : "") +
+        "{\"a\": 1}";
+    const std::vector<int32_t> ids = encode_markup(tok, text);
+    ASSERT_EQ(feed(c, ids, v), ids.size());
+    EXPECT_FALSE(c.allows(encode_markup(tok, " ").front()));  // only the channel's close
+    const std::vector<int32_t> close = encode_markup(tok, "<|close|>response<|sep|>");
+    ASSERT_EQ(feed(c, close, v), close.size());
+    EXPECT_TRUE(c.finished());
+  }
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// tool_choice enforced by the engine (server/tool_choice.h through EngineLoop's constrained
+// tool_choice enforced by the engine (server/chat_constraints.h through EngineLoop's constrained
 // draws), on the tiny random checkpoint: whatever the random weights prefer, a named or required
 // choice comes out as tool-call markup the program allows, and a finished output parses as calls
 // of the declared functions with JSON-object arguments; a plain sequence decoding beside a
@@ -119,6 +119,38 @@ TEST(ServerToolChoice, ConstrainedDrawsCloseTheCallAndStop) {
   EXPECT_GE(finished, 3);
 }
 
+// response_format json_object: the random weights' answer is held to JSON; finished, it parses.
+TEST(ServerToolChoice, ResponseFormatHoldsTheAnswerToAJsonObject) {
+  test::ServedModel m;
+  server::EngineOptions o;
+  o.max_model_len = 1024;
+  o.test_forced_tokens = m.tok->encode_ordinary("{\"answer\": \"yes\"");  // then the model
+  server::EngineLoop loop(*m.ex, *m.tok, o);
+  const server::ParseContext ctx = m.context();
+  auto vocab = std::make_shared<const ConstraintVocab>(*m.tok, m.model->config().vocab_size);
+  int finished = 0;
+  for (int k = 0; k < 6; ++k) {
+    json body = chat_body("json please " + std::to_string(k), "auto", k < 2 ? 0.0 : 1.0, k);
+    body.erase("tools");
+    body.erase("tool_choice");
+    body["response_format"] = {{"type", "json_object"}};
+    const server::CompletionRequest r = server::parse_chat_request(body.dump(), ctx);
+    ASSERT_TRUE(r.constraint);
+    const test::Outcome out = test::collect(*loop.submit(engine_request(r)));
+    TokenConstraint replay(r.constraint, vocab);
+    for (int32_t id : out.tokens) {
+      ASSERT_TRUE(replay.allows(id));
+      replay.accept(id);
+    }
+    if (out.finish != "stop") continue;
+    ++finished;
+    std::vector<int32_t> gen = out.tokens;
+    gen.pop_back();
+    EXPECT_TRUE(json::parse(m.tok->decode(gen, false)).is_object());
+  }
+  EXPECT_GE(finished, 3);  // fixed seeds: the same runs finish every time
+}
+
 TEST(ServerToolChoice, APlainSequenceBesideAConstrainedOneIsUnchanged) {
   test::ServedModel m;
   server::EngineOptions o;
@@ -164,6 +196,10 @@ TEST(ServerToolChoice, TheFieldsAreValidated) {
   EXPECT_FALSE(server::parse_chat_request(b.dump(), ctx).constraint);
   b["tool_choice"] = "none";
   EXPECT_TRUE(server::parse_chat_request(b.dump(), ctx).constraint);
+  b["tool_choice"] = "auto";  // response_format holds the answer to one JSON object
+  b["response_format"] = {{"type", "json_object"}};
+  EXPECT_TRUE(server::parse_chat_request(b.dump(), ctx).constraint);
+  b.erase("response_format");
   b["tools"][0]["function"]["name"] = "a:b";  // cannot be written in a Kimi call id
   b["tool_choice"] = "required";
   EXPECT_EQ(error_param(b), "tool_choice");

@@ -1,6 +1,6 @@
 // Constrained decoding: which token ids may come next, so that a choice's output follows a given
 // shape (a tool call of a named function with JSON arguments, no tool call at all, ...). The
-// server builds a ConstraintProgram per request (server/tool_choice.h); the engine keeps one
+// server builds a ConstraintProgram per request (server/chat_constraints.h); the engine keeps one
 // TokenConstraint per constrained choice, masks that choice's logit row with allowed() before its
 // token is drawn, and feeds the drawn id back with accept().
 //

@@ -68,7 +68,7 @@ struct CompletionRequest {
   int top_logprobs = 0;
   bool tools_given = false;  // the request declared tools: tool calls in the output are parsed
   TemplateKind chat_template = TemplateKind::kKimi;  // chat: the markup the calls are parsed from
-  // Chat: what tool_choice enforces on every choice's output (server/tool_choice.h); null: none.
+  // Chat: what tool_choice enforces on every choice's output (server/chat_constraints.h); null: none.
   std::shared_ptr<const ConstraintProgram> constraint;
   bool skip_special_tokens = true;
 };

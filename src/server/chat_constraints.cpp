@@ -1,7 +1,7 @@
-// tool_choice as constraint programs (server/tool_choice.h). The markup is the templates'
+// tool_choice and response_format as constraint programs (server/chat_constraints.h). The markup is the templates'
 // (src/tokenizer/chat_template.cpp, chat_template_k3.cpp), element for element, so that
 // split_tool_calls parses what the constraint lets through.
-#include "megadecode/server/tool_choice.h"
+#include "megadecode/server/chat_constraints.h"
 
 #include <fmt/format.h>
 
@@ -170,6 +170,29 @@ std::shared_ptr<const ConstraintProgram> tool_choice_program(TemplateKind format
     MD_CHECK(!names.empty() && !names.front().empty(), "tool_choice: no function to call");
   return format == TemplateKind::kKimiK3 ? k3_program(choice, std::move(names), tok)
                                          : kimi_program(choice, std::move(names), tok, stop_ids);
+}
+
+std::shared_ptr<const ConstraintProgram> json_object_program(TemplateKind format, bool thinking,
+                                                             const Tokenizer& tok,
+                                                             const std::vector<int32_t>& stop_ids) {
+  Builder b(tok);
+  if (format != TemplateKind::kKimiK3) {
+    b.kind(Kind::kJson);
+    ConstraintElement stop;
+    stop.kind = Kind::kStop;
+    stop.stop_ids = stop_ids;
+    return b.push(std::move(stop)).done();
+  }
+  if (thinking) {  // think freely; the JSON starts where the response channel opens
+    ConstraintElement free;
+    free.kind = Kind::kFree;
+    free.trigger = {special_symbol(b.id("<|open|>"))};
+    append_text_symbols(free.trigger, "response");
+    free.trigger.push_back(special_symbol(b.id("<|sep|>")));
+    b.push(std::move(free));
+  }
+  b.kind(Kind::kJson).special("<|close|>").text("response").special("<|sep|>");
+  return b.done();
 }
 
 }  // namespace md::server

@@ -1,6 +1,7 @@
-// What a chat request's `tool_choice` asks of the output, enforced while decoding: a constraint
-// program (engine/token_constraint.h) in the model's own tool-call markup, so the calls come out
-// as the model writes them and the tool-call parser (server/tool_calls.h) reads them back.
+// What a chat request asks of the shape of its output, enforced while decoding as constraint
+// programs (engine/token_constraint.h): `tool_choice` in the model's own tool-call markup, so the
+// calls come out as the model writes them and the tool-call parser (server/tool_calls.h) reads
+// them back; and `response_format` json_object / json_schema as one JSON object.
 //
 //   none      no tool-call section may start (Kimi: <|tool_calls_section_begin|> and
 //             <|tool_call_begin|> never drawn; K3: no <|open|>tools)
@@ -39,6 +40,14 @@ struct ToolChoice {
 std::shared_ptr<const ConstraintProgram> tool_choice_program(TemplateKind format,
                                                              const ToolChoice& choice,
                                                              std::vector<std::string> names,
+                                                             const Tokenizer& tokenizer,
+                                                             const std::vector<int32_t>& stop_ids);
+
+// response_format {"type": "json_object"} or {"type": "json_schema", ...}: the answer is one JSON
+// object (its syntax; a schema is not enforced). Kimi Linear / K2: the whole output, then a stop
+// id (stop_ids; none: anything may follow). K3: its response channel's text, after thinking when
+// the generation prompt opened the think channel (`thinking`), then the channel closes.
+std::shared_ptr<const ConstraintProgram> json_object_program(TemplateKind format, bool thinking,
                                                              const Tokenizer& tokenizer,
                                                              const std::vector<int32_t>& stop_ids);
 
