@@ -1,0 +1,81 @@
+// The per-step cost of constrained decoding: TokenConstraint::allowed() over a tokenizer's
+// vocabulary in the states a constrained choice passes through. A constrained choice pays this
+// once per generated token, on the engine thread. The tokenizer: $MD_BENCH_TOKENIZER_DIR (e.g. a
+// checkpoint made by `megadecode make-model --preset kl48-e32`, 163840 ids), else the small test
+// tokenizer in tests/data/tokenizer.
+//   MD_BENCH_TOKENIZER_DIR=models/kl48-e32 ./build/bench/megadecode_bench_constraint
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megadecode/engine/token_constraint.h"
+#include "megadecode/server/chat_constraints.h"
+#include "megadecode/tokenizer/tokenizer.h"
+
+namespace {
+
+using md::ConstraintElement;
+
+const md::Tokenizer& kimi_tokenizer() {
+  static const md::Tokenizer tok = [] {
+    const char* dir = std::getenv("MD_BENCH_TOKENIZER_DIR");
+    return md::Tokenizer::load(dir && *dir ? dir : MD_BENCH_TOKENIZER_DIR);
+  }();
+  return tok;
+}
+
+// A JSON-object program, advanced through `prefix`; then one mask per iteration.
+void run(benchmark::State& state, std::shared_ptr<const md::ConstraintProgram> program,
+         const std::string& prefix) {
+  const md::Tokenizer& tok = kimi_tokenizer();
+  auto vocab = std::make_shared<const md::ConstraintVocab>(tok, tok.vocab_size());
+  md::TokenConstraint c(std::move(program), vocab);
+  for (int32_t id : tok.encode(prefix, true)) c.accept(id);
+  if (c.broken()) state.SkipWithError("the prefix broke the constraint");
+  std::vector<uint8_t> mask(size_t(vocab->size()));
+  int64_t allowed = 0;
+  for (auto _ : state) {
+    allowed = c.allowed(mask);
+    benchmark::DoNotOptimize(mask.data());
+  }
+  state.counters["allowed"] = double(allowed);
+  state.counters["vocab"] = double(vocab->size());
+}
+
+std::shared_ptr<const md::ConstraintProgram> json_program() {
+  return md::server::json_object_program(md::TemplateKind::kKimi, false, kimi_tokenizer(),
+                                         {*kimi_tokenizer().special_id("<|im_end|>")});
+}
+
+void BM_MaskJsonStart(benchmark::State& s) { run(s, json_program(), ""); }
+void BM_MaskJsonString(benchmark::State& s) { run(s, json_program(), "{\"city\": \"Par"); }
+void BM_MaskJsonValue(benchmark::State& s) { run(s, json_program(), "{\"city\":"); }
+void BM_MaskJsonNumber(benchmark::State& s) { run(s, json_program(), "{\"n\": 12"); }
+void BM_MaskToolName(benchmark::State& s) {
+  md::server::ToolChoice required{md::server::ToolChoice::Mode::kRequired, ""};
+  run(s,
+      md::server::tool_choice_program(md::TemplateKind::kKimi, required,
+                                      {"get_time", "get_weather", "search"}, kimi_tokenizer(),
+                                      {}),
+      "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_");
+}
+void BM_MaskFreeTextNone(benchmark::State& s) {
+  md::server::ToolChoice none{md::server::ToolChoice::Mode::kNone, ""};
+  run(s,
+      md::server::tool_choice_program(md::TemplateKind::kKimi, none, {"f"}, kimi_tokenizer(), {}),
+      "Sure, here");
+}
+
+BENCHMARK(BM_MaskJsonStart)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskJsonString)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskJsonValue)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskJsonNumber)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskToolName)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskFreeTextNone)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();
