@@ -9,6 +9,8 @@
 # usage: bench/serve_vs_bench.sh BINARY MODEL_DIR [REPS] [LEVELS] [OUTPUT_LEN] [REQUESTS] [-- SERVE_FLAGS...]
 #   e.g. bench/serve_vs_bench.sh build/megadecode models/small 5 1,2,4,8 256 32
 # BENCH_REPS (default 5): the bench's interleaved repetitions per pair (fewer for a big model).
+# CLIENT (default cpp): `megadecode serve-bench`, the C++ load client; python: bench/serve_bench.py
+# (same requests and columns, about 4x the client CPU).
 set -euo pipefail
 bin=$1 model=$2 reps=${3:-5} levels=${4:-1,2,4,8} out_len=${5:-256} requests=${6:-32}
 shift $(( $# < 6 ? $# : 6 ))
@@ -36,7 +38,12 @@ for b in ${levels//,/ }; do
       sleep 0.1
     done
     [ -n "$port" ] || { echo "serve did not start:"; cat "$log"; exit 1; }
-    row=$(python3 "$here/serve_bench.py" --port "$port" --input-len "$in_len" \
+    if [ "${CLIENT:-cpp}" = python ]; then
+      client=(python3 "$here/serve_bench.py")
+    else
+      client=("$bin" serve-bench)
+    fi
+    row=$("${client[@]}" --port "$port" --input-len "$in_len" \
             --output-len "$out_len" --concurrency "$b" --num-requests "$requests" | tail -1)
     kill -INT "$pid"; wait "$pid" || true; pid=""
     serve_tps=$(awk '{print $3}' <<<"$row")

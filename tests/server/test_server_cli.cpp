@@ -206,3 +206,57 @@ TEST(ServerCli, SpeculativeNgramServesAndReportsAcceptance) {
 
 }  // namespace
 }  // namespace md
+
+namespace md {
+namespace {
+
+// serve-bench (the C++ load client) against a running server: one row per level with the tokens
+// asked for, no errors; the prefill probe reports its gaps; bad flags and no server are errors.
+TEST(ServerCli, ServeBenchDrivesTheServer) {
+  const std::string model = test::shared_text_checkpoint("tiny", 5);
+  ServeProcess s("--model " + model + " --max-batch 3");
+  ASSERT_GT(s.port, 0) << s.log();
+  const std::string port = " --port " + std::to_string(s.port);
+  auto r = test::run_cli("serve-bench" + port +
+                         " --input-len 4 --output-len 6 --concurrency 1,2 --num-requests 3");
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::istringstream lines(r.out);
+  std::string header, row;
+  std::getline(lines, header);
+  EXPECT_THAT(header, HasSubstr("out tok/s"));
+  for (int level : {1, 2}) {
+    ASSERT_TRUE(std::getline(lines, row)) << r.out;
+    std::istringstream f(row);
+    int conc = 0;
+    double req_s = 0, tok_s = 0;
+    f >> conc >> req_s >> tok_s;
+    EXPECT_EQ(conc, level);
+    EXPECT_GT(req_s, 0);
+    // Every request generated exactly --output-len (the printed rates are rounded).
+    EXPECT_NEAR(tok_s / req_s, 6.0, 0.01);
+    EXPECT_THAT(row, ::testing::Not(HasSubstr("errors")));
+  }
+  r = test::run_cli("serve-bench" + port +
+                    " --input-len 4 --output-len 3000 --concurrency 2 --prefill-probe 40 "
+                    "--probe-after 0.05");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("2 streams; a 40-token prompt arrived"));
+  EXPECT_THAT(r.out, HasSubstr("p99 rise"));
+  // A token id outside the vocabulary: the server's 400 is reported, and the status is 1.
+  r = test::run_cli("serve-bench" + port +
+                    " --input-len 4 --output-len 2 --concurrency 1 --num-requests 1 --vocab "
+                    "100000000");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.out, HasSubstr("errors: 1 (HTTP 400)"));
+  double seconds = 0;
+  EXPECT_EQ(s.stop(SIGTERM, &seconds), 0);
+  r = test::run_cli("serve-bench" + port + " --concurrency 1 --num-requests 1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("cannot connect"));
+  r = test::run_cli("serve-bench --port 1 --concurrency 1,x");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("--concurrency"));
+}
+
+}  // namespace
+}  // namespace md

@@ -33,21 +33,6 @@ namespace md::cli {
 
 namespace {
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i <= s.size()) {
-    size_t j = s.find(sep, i);
-    if (j == std::string::npos) j = s.size();
-    std::string t = s.substr(i, j - i);
-    while (!t.empty() && t.front() == ' ') t.erase(t.begin());
-    while (!t.empty() && t.back() == ' ') t.pop_back();
-    out.push_back(t);
-    i = j + 1;
-  }
-  return out;
-}
-
 // A preset's random checkpoint in a temporary directory (RAM-backed /dev/shm when it has room),
 // removed when the bench ends, also on error.
 struct TempCheckpoint {
@@ -96,18 +81,6 @@ class Progress {
   double total_;
   bool tty_;
 };
-
-std::vector<int> parse_ints(const std::string& flag, const std::string& list, int lo, int hi) {
-  std::vector<int> out;
-  for (const std::string& t : split(list, ',')) {
-    char* end = nullptr;
-    const long v = std::strtol(t.c_str(), &end, 10);
-    MD_CHECK(!t.empty() && end && *end == '\0' && v >= lo && v <= hi,
-             "{}: '{}' is not an integer in {}..{}", flag, t, lo, hi);
-    out.push_back(int(v));
-  }
-  return out;
-}
 
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);

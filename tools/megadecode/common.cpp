@@ -260,4 +260,33 @@ std::unique_ptr<Drafter> LoadedDrafter::make(Executor* ex) const {
   return std::make_unique<NgramDrafter>(ngram);
 }
 
+// `s` cut at `sep`, each piece trimmed of spaces.
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i <= s.size()) {
+    size_t j = s.find(sep, i);
+    if (j == std::string::npos) j = s.size();
+    std::string t = s.substr(i, j - i);
+    while (!t.empty() && t.front() == ' ') t.erase(t.begin());
+    while (!t.empty() && t.back() == ' ') t.pop_back();
+    out.push_back(t);
+    i = j + 1;
+  }
+  return out;
+}
+
+// A comma-separated list of integers in lo..hi (an error names the flag).
+std::vector<int> parse_ints(const std::string& flag, const std::string& list, int lo, int hi) {
+  std::vector<int> out;
+  for (const std::string& t : split(list, ',')) {
+    char* end = nullptr;
+    const long v = std::strtol(t.c_str(), &end, 10);
+    MD_CHECK(!t.empty() && end && *end == '\0' && v >= lo && v <= hi,
+             "{}: '{}' is not an integer in {}..{}", flag, t, lo, hi);
+    out.push_back(int(v));
+  }
+  return out;
+}
+
 }  // namespace md::cli

@@ -20,6 +20,10 @@ namespace md::cli {
 
 // Parses "1,2,3" into ids; a malformed list is an md::Error naming the bad element.
 std::vector<int32_t> parse_ids(const std::string& s);
+// `s` cut at `sep`, each piece trimmed of spaces (an empty s gives one empty piece).
+std::vector<std::string> split(const std::string& s, char sep);
+// A comma-separated list of integers in lo..hi; md::Error naming `flag` otherwise.
+std::vector<int> parse_ints(const std::string& flag, const std::string& list, int lo, int hi);
 
 // Flags every model-running command shares.
 struct RunFlags {
@@ -102,5 +106,6 @@ void register_run_commands(CLI::App& app);   // logits, generate, inspect
 void register_bench(CLI::App& app);
 void register_plan(CLI::App& app);  // plan
 void register_serve(CLI::App& app);  // serve
+void register_serve_bench(CLI::App& app);  // serve-bench
 
 }  // namespace md::cli
