@@ -133,19 +133,22 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   return sample_row(prepare(history), logits, scratch_);
 }
 
+LogitMax logit_max(std::span<const float> logits, int32_t first_id) {
+  LogitMax m{-INFINITY, -1};
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float v = logits[i];
+    MD_CHECK(!std::isnan(v), "sampler: logit {} is NaN", size_t(first_id) + i);
+    if (v > m.value) m = {v, first_id + int32_t(i)};
+  }
+  return m;
+}
+
 namespace {
 
 int32_t argmax(std::span<const float> logits) {
-  int32_t best = 0;
-  float bv = -INFINITY;
-  bool any = false;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    float v = logits[i];
-    MD_CHECK(!std::isnan(v), "sampler: logit {} is NaN", i);
-    if (!any ? v > -INFINITY : v > bv) best = int32_t(i), bv = v, any = true;
-  }
-  MD_CHECK(any, "sampler: every logit is -inf");
-  return best;
+  const LogitMax m = logit_max(logits);
+  MD_CHECK(m.id >= 0, "sampler: every logit is -inf");
+  return m.id;
 }
 
 // Steps 3-6 on penalised logits: the support and weights the draw walks (see

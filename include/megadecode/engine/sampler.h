@@ -38,6 +38,16 @@ struct SamplingParams {
   bool greedy() const { return temperature == 0.0f; }
 };
 
+// The largest logit of `logits` and its id (first_id + its index; ties to the lowest id; -inf
+// entries never win: all -inf gives id -1). A NaN is an md::Error naming its id. What a greedy
+// row draws, and what each rank of a distributed step finds in its vocabulary block before the
+// ranks exchange their (value, id) pairs (exec/cpu/tiles_dist.cpp).
+struct LogitMax {
+  float value;
+  int32_t id;
+};
+LogitMax logit_max(std::span<const float> logits, int32_t first_id = 0);
+
 // One logit row's sampling as plain data: what a plan's sample instruction reads (a device
 // backend copies it as it is; no host object behind it). Sampler::prepare builds it from the
 // sequence's parameters, penalty counts and RNG stream. The default is greedy.

@@ -43,6 +43,7 @@
 #include "megadecode/base/error.h"
 #include "megadecode/base/threads.h"
 #include "megadecode/base/util.h"
+#include "megadecode/dist/communicator.h"
 #include "megadecode/kernels/cpu/expert_slots.h"
 #include "../draft_layout.h"
 #include "../step_layout.h"
@@ -581,6 +582,7 @@ struct CpuExecutor::Impl {
     // the one for the batch and the longest sequence's rows; the others use fewer of its rows.
     exec::StepLayout lay =
         exec::layout_step(model, *states, max_batch, seqs, logits, sampling, so, next_ids != nullptr);
+    const bool caller_logits = logits != nullptr;
     if (!logits && lay.n_logits > 0) {  // only the drawn tokens are wanted: logits to scratch
       scratch_logits.resize(size_t(lay.n_logits) * size_t(model.config().vocab_size));
       logits = scratch_logits.data();
@@ -638,6 +640,13 @@ struct CpuExecutor::Impl {
     ctx.pos = pos.data();
     ctx.sampling = sampling.empty() ? nullptr : sampling.data();
     ctx.comm = model.communicator();
+    // Only the drawn ids wanted, all greedy without penalties: ranks trade (max, id) pairs, not
+    // logits (the same decision on every rank, whose inputs are the same).
+    ctx.greedy_exchange =
+        ctx.comm && ctx.comm->size() > 1 && next_ids && !caller_logits && n_logits > 0 &&
+        std::all_of(sampling.begin(), sampling.end(), [](const SampleRow& r) {
+          return r.greedy() && !(r.has_penalties() && r.num_penalties > 0);
+        });
 
     const double t_start = now_seconds();
     if (!run_workers(ctx, rt)) {

@@ -147,6 +147,7 @@ void embed_tile(const StepCtx& s, const Instr& in, const Args& a) {
 // [logits, next]: logit rows [r0, r1) (of those the step has) pick their next token from their
 // SampleRow (plain data; none: greedy, ties to the lowest id).
 void sample_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+  if (s.greedy_exchange) return;  // kLogitsGather wrote the ids
   const int64_t V = s.cfg->vocab_size;
   const SampleRow greedy;
   for (int b = int(in.r0); b < std::min(int(in.r1), s.n_logits); ++b) {

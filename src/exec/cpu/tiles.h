@@ -84,6 +84,11 @@ struct StepCtx {
   int n_ctx = 0;
   // A distributed rank's communicator (the plan's kAllReduce / kLogitsGather; null otherwise).
   dist::Communicator* comm = nullptr;
+  // A distributed step whose caller wants only the drawn tokens, every row greedy without
+  // penalties (the same on every rank: the inputs are): kLogitsGather exchanges each rank's
+  // (max, id) per row instead of its vocabulary block and writes the next ids; kSample is then
+  // a no-op. (The executor decides, per step.)
+  bool greedy_exchange = false;
 };
 
 // Scratch owned by one worker; sized by scratch_floats() for the plan.

@@ -4,12 +4,15 @@
 // between, on the one before), so the calls are serialized across workers as MPI's
 // MPI_THREAD_SERIALIZED level requires, and every rank issues them in the same order.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/error.h"
 #include "megadecode/dist/communicator.h"
 #include "megadecode/dist/shard.h"
+#include "megadecode/engine/sampler.h"
 #include "megadecode/plan/ops.h"
 #include "tiles.h"
 
@@ -65,13 +68,47 @@ void all_reduce_tile(const StepCtx& s, const plan::Instr& in, const Args& a) {
   }
 }
 
+// The greedy exchange (StepCtx::greedy_exchange): each rank's (max, id) of its block per row, one
+// all-gather of 8 bytes a row, then on every rank the first rank's pair with the largest value
+// (blocks ascend in id, so ties go to the lowest id: Sampler's argmax over the whole row). The
+// next ids go straight to the kSample instructions' output.
+static void exchange_greedy_ids(const StepCtx& s, dist::Communicator& c) {
+  const int n = s.n_logits, W = c.size();
+  const int64_t V = s.cfg->vocab_size;
+  const auto [v0, v1] = dist::vocab_block(V, W, c.rank());
+  std::vector<float>& buf = message(size_t(n) * 2 * size_t(W + 1));
+  float* send = buf.data();
+  float* recv = send + size_t(n) * 2;
+  for (int b = 0; b < n; ++b) {
+    const float* row = s.logits + int64_t(b) * V;
+    const LogitMax m = logit_max(std::span<const float>(row + v0, size_t(v1 - v0)), int32_t(v0));
+    send[2 * b] = m.value;
+    std::memcpy(&send[2 * b + 1], &m.id, 4);  // the id's bits travel as they are
+  }
+  c.all_gather(send, recv, size_t(n) * 2, dist::Elem::kF32);
+  const plan::BufferDesc& d = s.plan->buffers[s.plan->next_ids_buffer];
+  for (int b = 0; b < n; ++b) {
+    LogitMax best{-INFINITY, -1};
+    for (int r = 0; r < W; ++r) {
+      const float* p = recv + size_t(r) * size_t(n) * 2 + 2 * size_t(b);
+      int32_t id;
+      std::memcpy(&id, p + 1, 4);
+      if (id >= 0 && p[0] > best.value) best = {p[0], id};
+    }
+    MD_CHECK(best.id >= 0, "sampler: every logit is -inf");
+    std::memcpy(s.arena + d.offset + d.stride * uint64_t(b), &best.id, 4);
+  }
+}
+
 // [logits]: this rank computed its vocabulary block of every logit row (lm_head); afterwards
-// every rank holds every block. Blocks are ceil(V / world) wide (the last padded).
+// every rank holds every block. Blocks are ceil(V / world) wide (the last padded). A greedy
+// exchange step trades (max, id) pairs instead.
 void logits_gather_tile(const StepCtx& s, const plan::Instr& in, const Args& a) {
   (void)a;
   dist::Communicator& c = comm_of(s, in);
   const int n = s.n_logits, W = c.size();
   if (n == 0) return;
+  if (s.greedy_exchange) return exchange_greedy_ids(s, c);
   const int64_t V = s.cfg->vocab_size, per = (V + W - 1) / W;
   const size_t block = size_t(n) * size_t(per);
   std::vector<float>& buf = message(block * size_t(W + 1));
