@@ -2,9 +2,12 @@
 // float64-checked reference of the same model with every quantized matrix replaced by its
 // dequantized fp32 copy; the CPU executors bit for bit against the reference path; what is and is
 // not quantized; bad options.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -189,6 +192,42 @@ TEST(Quantize, BadGroupsAreErrorsNamingTheProblem) {
   EXPECT_NE(m.quantize_report().first_kept.find("columns"), std::string::npos);
   EXPECT_EQ(parse_quant_scheme("int4"), QuantScheme::kInt4);
   EXPECT_FALSE(parse_quant_scheme("int3").has_value());
+}
+
+}  // namespace
+}  // namespace md
+
+namespace md {
+namespace {
+
+// quant-eval (the accuracy measurement of docs/quantization.md): the model against itself is KL
+// 0 and full top-1 agreement; int4 moves the distributions (KL > 0); the JSON carries the
+// figures; bad flags are errors.
+TEST(QuantEval, MeasuresKlAndTopOneAgainstTheModelAsLoaded) {
+  const std::string dir = test::data_dir() + "/data/golden/tiny";
+  test::TempDir d("quant_eval");
+  auto r = test::run_cli("quant-eval --model " + dir + " --quantize none --positions 24 --json " +
+                         (d / "none.json"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::ifstream f0(d / "none.json");
+  const nlohmann::json none = nlohmann::json::parse(f0);
+  EXPECT_EQ(none["positions"], 24);
+  EXPECT_EQ(none["kl_max"].get<double>(), 0.0);
+  EXPECT_EQ(none["top1_agreement"].get<double>(), 1.0);
+  r = test::run_cli("quant-eval --model " + dir +
+                    " --quantize int4 --quant-group 32 --positions 24 --json " + (d / "q.json"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::ifstream f1(d / "q.json");
+  const nlohmann::json q = nlohmann::json::parse(f1);
+  EXPECT_GT(q["kl_mean"].get<double>(), 0.0);
+  EXPECT_LE(q["kl_median"].get<double>(), q["kl_p99"].get<double>());
+  EXPECT_LE(q["kl_p99"].get<double>(), q["kl_max"].get<double>());
+  EXPECT_GE(q["top1_agreement"].get<double>(), 0.0);
+  EXPECT_LE(q["top1_agreement"].get<double>(), 1.0);
+  EXPECT_THAT(r.out, ::testing::HasSubstr("KL(bf16 || bf16 int4)"));
+  r = test::run_cli("quant-eval --model " + dir + " --quantize int4 --text /nonexistent");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("cannot read --text"));
 }
 
 }  // namespace
