@@ -68,20 +68,6 @@ class Builder {
   std::vector<ConstraintElement> el_;
 };
 
-// The K3 template's attribute escaping (escape_attr).
-std::string escape_attr(std::string_view v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '&')
-      out += "&amp;";
-    else if (c == '"')
-      out += "&quot;";
-    else
-      out.push_back(c);
-  }
-  return out;
-}
-
 // <|tool_calls_section_begin|> (<|tool_call_begin|>functions.NAME:N<|tool_call_argument_begin|>
 // JSON <|tool_call_end|>)+ <|tool_calls_section_end|>, then a stop id.
 std::shared_ptr<const ConstraintProgram> kimi_program(const ToolChoice& choice,
@@ -136,7 +122,7 @@ std::shared_ptr<const ConstraintProgram> k3_program(const ToolChoice& choice,
   append_text_symbols(free.trigger, "response");
   free.trigger.push_back(special_symbol(sep));
   b.push(std::move(free));
-  for (std::string& n : names) n = escape_attr(n);
+  for (std::string& n : names) n = k3_escape_attr(n);
   std::sort(names.begin(), names.end());
   b.special("<|open|>").text("tools").special("<|sep|>").special("<|open|>");
   const int call = b.size();  // the element after a call's <|open|>

@@ -232,19 +232,6 @@ std::string_view py_strip(std::string_view s) {
   return s;
 }
 
-std::string escape_attr(std::string_view v) {
-  std::string out;
-  for (char c : v) {
-    if (c == '&')
-      out += "&amp;";
-    else if (c == '"')
-      out += "&quot;";
-    else
-      out.push_back(c);
-  }
-  return out;
-}
-
 // Segments as encoding_k3.py emits them: empty texts are dropped, the tag name and each attribute
 // are text segments of their own, structure tokens are special segments.
 class Writer {
@@ -259,7 +246,7 @@ class Writer {
       std::string a = " ";
       a += k;
       a += "=\"";
-      a += escape_attr(v);
+      a += k3_escape_attr(v);
       a += '"';
       text(a);
     }
@@ -374,6 +361,19 @@ void render_assistant(Writer& w, const ChatMessage& m, size_t msg_index, bool th
 }
 
 }  // namespace
+
+std::string k3_escape_attr(std::string_view v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '&')
+      out += "&amp;";
+    else if (c == '"')
+      out += "&quot;";
+    else
+      out.push_back(c);
+  }
+  return out;
+}
 
 namespace k3 {
 

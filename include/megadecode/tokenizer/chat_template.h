@@ -120,6 +120,9 @@ inline constexpr std::string_view kKimiK3EndOfMessage = "<|end_of_msg|>";
 // separators, or "," and ":" with `compact`; shortest round-trip floats), which is what the
 // templates' tojson filter emits. The ordered_json overload keeps the keys in document order (as
 // Python's json.loads does); nlohmann::json objects come out sorted.
+// Kimi K3's attribute escaping in its markup (& -> &amp;, " -> &quot;), as its template writes
+// tool names and argument keys.
+std::string k3_escape_attr(std::string_view v);
 std::string python_json_dumps(const nlohmann::json& value, bool compact = false);
 std::string python_json_dumps(const nlohmann::ordered_json& value, bool compact = false);
 
