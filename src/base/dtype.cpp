@@ -8,6 +8,7 @@ std::string_view dtype_name(DType t) {
     case DType::F16: return "F16";
     case DType::F32: return "F32";
     case DType::U8: return "U8";
+    case DType::I32: return "I32";
     case DType::I64: return "I64";
   }
   return "?";
@@ -19,6 +20,7 @@ size_t dtype_size(DType t) {
     case DType::F16: return 2;
     case DType::F32: return 4;
     case DType::U8: return 1;
+    case DType::I32: return 4;
     case DType::I64: return 8;
   }
   return 0;
@@ -29,6 +31,7 @@ std::optional<DType> dtype_from_name(std::string_view n) {
   if (n == "F16") return DType::F16;
   if (n == "F32") return DType::F32;
   if (n == "U8") return DType::U8;
+  if (n == "I32") return DType::I32;
   if (n == "I64") return DType::I64;
   return std::nullopt;
 }

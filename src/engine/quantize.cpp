@@ -149,6 +149,7 @@ QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const Q
     rep.bytes_before += double(m.bytes());
     rep.bytes_after += double(q.bytes());
     if (m.data != w.embed.data) release_mapped(m.data, m.bytes());  // (tied lm_head: still read)
+    rep.done.push_back({m.data, q});
     w.owned.push_back(std::move(buf));
     m = q;
     ++rep.matrices;

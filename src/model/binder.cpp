@@ -6,6 +6,7 @@
 
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/error.h"
+#include "megadecode/model/config.h"
 #include "megadecode/model/safetensors.h"
 
 namespace md {
@@ -51,6 +52,73 @@ Mat Binder::mxfp4(const std::string& base, int64_t rows, int64_t cols) {
              i);
   m.data = p->data;
   m.scales = sc;
+  return m;
+}
+
+void Binder::set_int4(int group, std::vector<std::string> ignore) {
+  int4_group_ = group;
+  int4_ignore_ = std::move(ignore);
+}
+
+bool Binder::int4_module(const std::string& module) const {
+  return int4_group_ >= 0 && !quant_ignored(int4_ignore_, module);
+}
+
+Mat Binder::bf16_linear(const std::string& module, int64_t rows, int64_t cols, const char* why,
+                        bool allow_f32, DType write_dtype) {
+  MD_CHECK(!int4_module(module),
+           "config.json: quantization_config quantizes {}, which megadecode reads as bf16 values "
+           "({}); its `ignore` list must name it",
+           module, why);
+  return mat(module + ".weight", rows, cols, allow_f32, write_dtype);
+}
+
+Mat Binder::linear(const std::string& module, int64_t rows, int64_t cols) {
+  if (!int4_module(module)) return mat(module + ".weight", rows, cols);
+  const int64_t group = int4_group_ ? int4_group_ : cols;
+  MD_CHECK(cols % 32 == 0 && cols % group == 0,
+           "{}: {} columns do not split into the checkpoint's int4 groups of {} (the kernels need "
+           "whole groups of a multiple of 32 columns)",
+           module, cols, group);
+  Mat m;
+  m.rows = rows;
+  m.cols = cols;
+  m.dtype = DType::U8;
+  m.quant = WeightQuant::kInt4;
+  m.group = int32_t(group);
+  const TensorInfo* p = lookup(module + ".weight_packed", {rows, cols / 8}, DType::I32);
+  const TensorInfo* s = lookup(module + ".weight_scale", {rows, cols / group}, DType::BF16);
+  const TensorInfo* sh = lookup(module + ".weight_shape", {2}, DType::I64, /*read_at_load=*/true);
+  if (!p) return m;
+  MD_CHECK(p->dtype == DType::I32, "tensor {} in {}: dtype {} (expected I32: packed int4 codes)",
+           p->name, p->file, dtype_name(p->dtype));
+  MD_CHECK(s->dtype == DType::BF16,
+           "tensor {} in {}: dtype {} (expected BF16: the int4 kernels read bf16 group scales)",
+           s->name, s->file, dtype_name(s->dtype));
+  MD_CHECK(sh->dtype == DType::I32 || sh->dtype == DType::I64,
+           "tensor {} in {}: dtype {} (expected I32 or I64)", sh->name, sh->file,
+           dtype_name(sh->dtype));
+  int64_t shape[2];
+  for (int i = 0; i < 2; ++i)
+    shape[i] = sh->dtype == DType::I64 ? static_cast<const int64_t*>(sh->data)[i]
+                                       : static_cast<const int32_t*>(sh->data)[i];
+  MD_CHECK(shape[0] == rows && shape[1] == cols,
+           "tensor {} in {}: [{}, {}] does not match the config (expected [{}, {}])", sh->name,
+           sh->file, shape[0], shape[1], rows, cols);
+  for (const char* extra : {".weight_zero_point", ".weight_g_idx"})
+    MD_CHECK(!ck_->find(module + extra),
+             "checkpoint {}: {}{} is present, but the config says symmetric int4 without "
+             "activation order",
+             ck_->dir(), module, extra);
+  // A scale that is not finite (or is zero) would turn its whole group into NaN or 0.
+  const auto* sc = static_cast<const bf16*>(s->data);
+  if (!ck_->device_only(s->data))
+    for (int64_t i = 0; i < rows * (cols / group); ++i)
+      MD_CHECK((sc[i] & 0x7f80) != 0x7f80 && (sc[i] & 0x7fff) != 0,
+               "tensor {} in {}: scale {} is {} (int4 scales must be finite and nonzero)", s->name,
+               s->file, i, bf16_to_f32(sc[i]));
+  m.data = p->data;
+  m.scales = static_cast<const uint8_t*>(s->data);
   return m;
 }
 
@@ -151,9 +219,9 @@ FfnWeights bind_ffn(Binder& b, const std::string& p, const char* g, const char* 
     f.down = b.mxfp4(p + d, D, I);
     return f;
   }
-  f.gate = b.mat(p + g + ".weight", I, D);
-  f.up = b.mat(p + u + ".weight", I, D);
-  f.down = b.mat(p + d + ".weight", D, I);
+  f.gate = b.linear(p + g, I, D);
+  f.up = b.linear(p + u, I, D);
+  f.down = b.linear(p + d, D, I);
   return f;
 }
 

@@ -120,17 +120,58 @@ int regex_match_at_start(const std::string& pattern, const std::string& subject)
   return rc >= 0 ? 1 : 0;
 }
 
-bool ignored_by(const json& ignore, const std::string& module) {
-  for (const auto& e : ignore) {
+// The `ignore` list: strings, valid patterns.
+std::vector<std::string> parse_ignore(const json& q, const std::string& p) {
+  std::vector<std::string> ignore;
+  auto it = q.find("ignore");
+  if (it == q.end() || it->is_null()) return ignore;
+  MD_CHECK(it->is_array(), "config.json: field '{}ignore' must be a list of strings", p);
+  for (const auto& e : *it) {
+    MD_CHECK(e.is_string(), "config.json: field '{}ignore' must be a list of strings, got {}", p,
+             e.dump());
     const std::string s = e.get<std::string>();
     if (s.rfind("re:", 0) == 0) {
-      // compressed-tensors matches with Python's re.match: anchored at the start.
-      if (regex_match_at_start(s.substr(3), module) == 1) return true;
-    } else if (s == module || s == "Linear") {
-      return true;
+      MD_CHECK(regex_match_at_start(s.substr(3), "") >= 0,
+               "config.json: field '{}ignore' holds an invalid regular expression '{}'", p, s);
     }
+    ignore.push_back(s);
   }
-  return false;
+  return ignore;
+}
+
+// pack-quantized int4 weights: 4-bit signed integers, symmetric, a static scale per group of
+// columns (or per row). Returns the group (0: per row).
+int parse_int4_weights(const json& w, const std::string& wp) {
+  const int64_t bits = get_int(w, wp, "num_bits");
+  MD_CHECK(bits == 4,
+           "config.json: field '{}num_bits' is {}: pack-quantized loads 4-bit weights only (8-bit "
+           "is not supported yet)",
+           wp, bits);
+  const std::string type = get_str_or(w, wp, "type", "int");
+  MD_CHECK(type == "int", "config.json: field '{}type' must be \"int\" for pack-quantized, got '{}'",
+           wp, type);
+  MD_CHECK(get_bool_or(w, wp, "symmetric", true),
+           "config.json: field '{}symmetric' is false: asymmetric int4 (zero points) is not "
+           "supported yet",
+           wp);
+  MD_CHECK(!get_bool_or(w, wp, "dynamic", false),
+           "config.json: field '{}dynamic' must be false (static weight scales)", wp);
+  if (auto a = w.find("actorder"); a != w.end() && !a->is_null())
+    MD_CHECK(a->is_string() && a->get<std::string>() == "static",
+             "config.json: field '{}actorder' is {}: activation-ordered groups (g_idx) are not "
+             "supported",
+             wp, a->dump());
+  const std::string strategy = get_str_or(w, wp, "strategy", "group");
+  if (strategy == "channel") return 0;
+  MD_CHECK(strategy == "group",
+           "config.json: field '{}strategy' must be \"group\" or \"channel\" for int4, got '{}'",
+           wp, strategy);
+  const int64_t gs = get_int(w, wp, "group_size");
+  MD_CHECK(gs >= 32 && gs % 32 == 0 && gs <= (1 << 20),
+           "config.json: field '{}group_size' is {}: the int4 kernels need a positive multiple of "
+           "32",
+           wp, gs);
+  return int(gs);
 }
 
 void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
@@ -141,8 +182,10 @@ void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
            "config.json: unsupported {}quant_method '{}' (supported: compressed-tensors)", p,
            method);
   const std::string format = get_str_or(q, p, "format", "");
-  MD_CHECK(format == "mxfp4-pack-quantized",
-           "config.json: unsupported {}format '{}' (supported: mxfp4-pack-quantized)", p, format);
+  MD_CHECK(format == "mxfp4-pack-quantized" || format == "pack-quantized",
+           "config.json: unsupported {}format '{}' (supported: mxfp4-pack-quantized, "
+           "pack-quantized)",
+           p, format);
   const std::string status = get_str_or(q, p, "quantization_status", "compressed");
   MD_CHECK(status == "compressed",
            "config.json: {}quantization_status '{}': only compressed checkpoints are supported", p,
@@ -150,13 +193,17 @@ void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
   const json& groups = field(q, p, "config_groups");
   MD_CHECK(groups.is_object() && !groups.empty(),
            "config.json: field '{}config_groups' must be a non-empty object", p);
+  MD_CHECK(format != "pack-quantized" || groups.size() == 1,
+           "config.json: {}config_groups has {} groups: pack-quantized loads one scheme for every "
+           "quantized linear",
+           p, groups.size());
   for (const auto& [name, g] : groups.items()) {
     const std::string gp = p + "config_groups." + name + ".";
     MD_CHECK(g.is_object(), "config.json: field '{}' must be an object",
              gp.substr(0, gp.size() - 1));
     const std::string gf = get_str_or(g, gp, "format", format);
-    MD_CHECK(gf == "mxfp4-pack-quantized",
-             "config.json: unsupported {}format '{}' (supported: mxfp4-pack-quantized)", gp, gf);
+    MD_CHECK(gf == format, "config.json: {}format '{}' differs from the checkpoint's '{}'", gp, gf,
+             format);
     const json& targets = field(g, gp, "targets");
     MD_CHECK(targets == json::array({"Linear"}),
              "config.json: field '{}targets' must be [\"Linear\"], got {}", gp, targets.dump());
@@ -166,6 +213,10 @@ void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
     const json& w = field(g, gp, "weights");
     const std::string wp = gp + "weights.";
     MD_CHECK(w.is_object(), "config.json: field '{}weights' must be an object", gp);
+    if (format == "pack-quantized") {
+      c.int4_group = parse_int4_weights(w, wp);
+      continue;
+    }
     const int64_t bits = get_int(w, wp, "num_bits");
     MD_CHECK(bits == 4, "config.json: field '{}num_bits' must be 4 for MXFP4, got {}", wp, bits);
     const std::string type = get_str_or(w, wp, "type", "");
@@ -184,30 +235,22 @@ void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
     MD_CHECK(sd == "torch.uint8",
              "config.json: field '{}scale_dtype' must be \"torch.uint8\" (E8M0), got '{}'", wp, sd);
   }
-  json ignore = json::array();
-  if (auto it = q.find("ignore"); it != q.end() && !it->is_null()) {
-    MD_CHECK(it->is_array(), "config.json: field '{}ignore' must be a list of strings", p);
-    for (const auto& e : *it) {
-      MD_CHECK(e.is_string(), "config.json: field '{}ignore' must be a list of strings, got {}", p,
-               e.dump());
-      const std::string s = e.get<std::string>();
-      if (s.rfind("re:", 0) == 0) {
-        MD_CHECK(regex_match_at_start(s.substr(3), "") >= 0,
-                 "config.json: field '{}ignore' holds an invalid regular expression '{}'", p, s);
-      }
-    }
-    ignore = *it;
+  const std::vector<std::string> ignore = parse_ignore(q, p);
+  if (format == "pack-quantized") {
+    // Which linears are int4 is decided per module at load (model/binder.h), by this list.
+    c.quant_ignore = ignore;
+    return;
   }
   // Only the routed experts may be quantized: check representative module names.
   const std::string m = c.tensor_prefix + "model.layers.1.";
-  MD_CHECK(!ignored_by(ignore, m + "block_sparse_moe.experts.0.w1"),
+  MD_CHECK(!quant_ignored(ignore, m + "block_sparse_moe.experts.0.w1"),
            "config.json: {}ignore excludes the routed experts: nothing would be MXFP4 (only "
            "routed-expert MXFP4 is supported)",
            p);
   for (const std::string& kept :
        {m + "self_attn.q_proj", m + "block_sparse_moe.shared_experts.gate_proj",
         c.tensor_prefix + "model.layers.0.mlp.gate_proj", c.tensor_prefix + "lm_head"})
-    MD_CHECK(ignored_by(ignore, kept),
+    MD_CHECK(quant_ignored(ignore, kept),
              "config.json: {}ignore does not exclude '{}': only the routed experts may be MXFP4", p,
              kept);
   MD_CHECK(c.num_experts > 0,
@@ -462,6 +505,18 @@ ModelConfig load_config_file(const std::string& path) {
   text << f.rdbuf();
   MD_CHECK(!f.bad(), "{}: read error", path);
   return parse_config_text(text.str(), path);
+}
+
+bool quant_ignored(const std::vector<std::string>& ignore, const std::string& module) {
+  for (const std::string& s : ignore) {
+    if (s.rfind("re:", 0) == 0) {
+      // compressed-tensors matches with Python's re.match: anchored at the start.
+      if (regex_match_at_start(s.substr(3), module) == 1) return true;
+    } else if (s == module || s == "Linear") {
+      return true;
+    }
+  }
+  return false;
 }
 
 json config_to_json(const ModelConfig& c) {

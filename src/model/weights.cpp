@@ -37,14 +37,14 @@ void bind_kda(Binder& b, const ModelConfig& c, const std::string& a, KdaWeights&
   const bool k3 = c.variant == ModelVariant::kKimiK3;
   // What make-model writes: the released K3 checkpoint keeps conv taps and o_norm in F32.
   const DType small = k3 ? DType::F32 : DType::BF16;
-  k.q = b.mat(a + "q_proj.weight", C, D);
-  k.k = b.mat(a + "k_proj.weight", C, D);
-  k.v = b.mat(a + "v_proj.weight", C, D);
+  k.q = b.linear(a + "q_proj", C, D);
+  k.k = b.linear(a + "k_proj", C, D);
+  k.v = b.linear(a + "v_proj", C, D);
   k.q_conv = b.vec(a + "q_conv1d.weight", {C, 1, W}, small);
   k.k_conv = b.vec(a + "k_conv1d.weight", {C, 1, W}, small);
   k.v_conv = b.vec(a + "v_conv1d.weight", {C, 1, W}, small);
-  k.f_a = b.mat(a + "f_a_proj.weight", K, D);
-  k.f_b = b.mat(a + "f_b_proj.weight", C, K);
+  k.f_a = b.linear(a + "f_a_proj", K, D);
+  k.f_b = b.linear(a + "f_b_proj", C, K);
   k.dt_bias = b.vec(a + "dt_bias", {C}, DType::F32);
   if (!k3) {
     k.A_log = b.vec(a + "A_log", {1, 1, H, 1}, DType::F32);
@@ -55,44 +55,44 @@ void bind_kda(Binder& b, const ModelConfig& c, const std::string& a, KdaWeights&
     while (n <= H) n *= 2;
     k.A_log = b.vec_prefix(a + "A_log", H, {n}, DType::F32);
   }
-  k.b = b.mat(a + "b_proj.weight", H, D);
+  k.b = b.linear(a + "b_proj", H, D);
   if (c.kda_full_rank_gate) {
-    k.g = b.mat(a + "g_proj.weight", C, D);
+    k.g = b.linear(a + "g_proj", C, D);
   } else {
-    k.g_a = b.mat(a + "g_a_proj.weight", K, D);
-    k.g_b = b.mat(a + "g_b_proj.weight", C, K);
+    k.g_a = b.linear(a + "g_a_proj", K, D);
+    k.g_b = b.linear(a + "g_b_proj", C, K);
   }
   k.o_norm = b.vec(a + "o_norm.weight", {K}, small);
-  k.o = b.mat(a + "o_proj.weight", D, C);
+  k.o = b.linear(a + "o_proj", D, C);
 }
 
 void bind_mla(Binder& b, const ModelConfig& c, const std::string& a, MlaWeights& m) {
   const int64_t H = c.mla_num_heads, N = c.qk_nope_head_dim, P = c.qk_rope_head_dim,
                 V = c.v_head_dim, R = c.kv_lora_rank, D = c.hidden_size, Q = c.q_lora_rank;
   if (Q > 0) {
-    m.q_a = b.mat(a + "q_a_proj.weight", Q, D);
+    m.q_a = b.linear(a + "q_a_proj", Q, D);
     m.q_a_norm = b.vec(a + "q_a_layernorm.weight", {Q});
-    m.q_b = b.mat(a + "q_b_proj.weight", H * (N + P), Q);
+    m.q_b = b.linear(a + "q_b_proj", H * (N + P), Q);
   } else {
-    m.q = b.mat(a + "q_proj.weight", H * (N + P), D);
+    m.q = b.linear(a + "q_proj", H * (N + P), D);
   }
-  m.kv_a = b.mat(a + "kv_a_proj_with_mqa.weight", R + P, D);
+  m.kv_a = b.linear(a + "kv_a_proj_with_mqa", R + P, D);
   m.kv_a_norm = b.vec(a + "kv_a_layernorm.weight", {R});
-  m.kv_b = b.mat(a + "kv_b_proj.weight", H * (N + V), R);
-  if (c.mla_output_gate) m.g = b.mat(a + "g_proj.weight", H * V, D);
-  m.o = b.mat(a + "o_proj.weight", D, H * V);
+  m.kv_b = b.bf16_linear(a + "kv_b_proj", H * (N + V), R, "the absorbed attention reads its rows");
+  if (c.mla_output_gate) m.g = b.linear(a + "g_proj", H * V, D);
+  m.o = b.linear(a + "o_proj", D, H * V);
 }
 
 void bind_moe(Binder& b, const ModelConfig& c, const std::string& m, MoeWeights& e) {
   const int64_t D = c.hidden_size, X = c.expert_dim(), I = c.moe_intermediate_size;
   // Kimi Linear's release stores the router in F32, K3's in BF16; both are accepted.
-  e.router =
-      b.mat(m + "gate.weight", c.num_experts, D, /*allow_f32=*/true, c.released_router_dtype());
+  e.router = b.bf16_linear(m + "gate", c.num_experts, D, "the router's top-k decides the routing",
+                           /*allow_f32=*/true, c.released_router_dtype());
   e.router_bias = b.vec(m + "gate.e_score_correction_bias", {c.num_experts}, DType::F32);
   if (c.latent_size > 0) {
-    e.latent_down = b.mat(m + "routed_expert_down_proj.weight", X, D);
+    e.latent_down = b.linear(m + "routed_expert_down_proj", X, D);
     if (c.latent_norm) e.latent_norm = b.vec(m + "routed_expert_norm.weight", {X});
-    e.latent_up = b.mat(m + "routed_expert_up_proj.weight", D, X);
+    e.latent_up = b.linear(m + "routed_expert_up_proj", D, X);
   }
   e.experts.resize(c.num_experts);
   for (int x = 0; x < c.num_experts; ++x)
@@ -113,7 +113,7 @@ ModelWeights walk(const ModelConfig& c, Binder& b) {
   w.final_norm = b.vec(model + "norm.weight", {D});
   if (res) w.output_res_w = bind_res(b, model + "output_attn_res", D);
   w.lm_head =
-      c.tie_word_embeddings ? w.embed : b.mat(c.tensor_prefix + "lm_head.weight", c.vocab_size, D);
+      c.tie_word_embeddings ? w.embed : b.linear(c.tensor_prefix + "lm_head", c.vocab_size, D);
   w.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& L = w.layers[l];
@@ -141,6 +141,7 @@ ModelWeights walk(const ModelConfig& c, Binder& b) {
 
 ModelWeights bind_weights(const ModelConfig& cfg, const Checkpoint& ckpt) {
   Binder b(&ckpt, nullptr, cfg.tensor_prefix);
+  if (cfg.int4_group >= 0) b.set_int4(cfg.int4_group, cfg.quant_ignore);
   ModelWeights w = walk(cfg, b);
   w.ignored_tensors = b.check_no_extra();
   if (w.ignored_tensors > 0)
@@ -152,6 +153,7 @@ ModelWeights bind_weights(const ModelConfig& cfg, const Checkpoint& ckpt) {
 std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg) {
   std::vector<TensorSpec> specs;
   Binder b(nullptr, &specs);
+  if (cfg.int4_group >= 0) b.set_int4(cfg.int4_group, cfg.quant_ignore);
   walk(cfg, b);
   return specs;
 }
@@ -167,10 +169,11 @@ ModelSizes model_sizes(const ModelConfig& c) {
   for (const TensorSpec& t : expected_tensors(c)) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    // MXFP4: weight_packed holds two weights per byte; weight_scale holds no weights (its bytes
-    // count, so an MXFP4 weight costs 4 + 8/32 = 4.25 bits).
-    if (ends_with(t.name, ".weight_packed")) n *= 2;
-    if (ends_with(t.name, ".weight_scale")) n = 0;
+    // 4-bit codes: MXFP4's weight_packed holds two weights a byte, int4's eight an int32;
+    // weight_scale and weight_shape hold no weights (their bytes count: an MXFP4 weight costs
+    // 4 + 8/32 = 4.25 bits).
+    if (ends_with(t.name, ".weight_packed")) n *= t.dtype == DType::I32 ? 8 : 2;
+    if (ends_with(t.name, ".weight_scale") || ends_with(t.name, ".weight_shape")) n = 0;
     s.total_params += n;
     s.total_bytes += double(t.nbytes());
     bool routed = t.name.find(".experts.") != std::string::npos;
@@ -183,7 +186,15 @@ ModelSizes model_sizes(const ModelConfig& c) {
   }
   int moe_layers = 0;
   for (FfnKind f : c.ffn_kind) moe_layers += f == FfnKind::MoE;
-  s.expert_bytes = c.experts_mxfp4 ? expert_params * 4.25 / 8 : expert_params * 2;
+  // The routed experts' bytes per weight: MXFP4 4.25 bits; a pack-quantized checkpoint's int4
+  // (unless its ignore list names the experts) 4 bits + a bf16 scale per group; else bf16.
+  const bool int4_experts =
+      c.int4_group >= 0 &&
+      !quant_ignored(c.quant_ignore, c.tensor_prefix + "model.layers.1.block_sparse_moe.experts.0.w1");
+  const double int4_bpw = 0.5 + 2.0 / double(c.int4_group > 0 ? c.int4_group : c.expert_dim());
+  s.expert_bytes = c.experts_mxfp4 ? expert_params * 4.25 / 8
+                   : int4_experts  ? expert_params * int4_bpw
+                                   : expert_params * 2;
   s.active_params += int64_t(expert_params) * c.num_experts_per_token * moe_layers;
   s.active_bytes += s.expert_bytes * c.num_experts_per_token * moe_layers;
   s.kda_state_bytes =

@@ -108,5 +108,6 @@ void register_plan(CLI::App& app);  // plan
 void register_serve(CLI::App& app);  // serve
 void register_serve_bench(CLI::App& app);  // serve-bench
 void register_quant_eval(CLI::App& app);   // quant-eval
+void register_quantize(CLI::App& app);     // quantize
 
 }  // namespace md::cli

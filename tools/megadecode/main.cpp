@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   md::cli::register_serve(app);
   md::cli::register_serve_bench(app);
   md::cli::register_quant_eval(app);
+  md::cli::register_quantize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -7,7 +7,7 @@
 namespace md {
 
 // Element types a checkpoint may hold. Others are rejected by name when a file is opened.
-enum class DType : uint8_t { BF16, F16, F32, U8, I64 };
+enum class DType : uint8_t { BF16, F16, F32, U8, I32, I64 };
 
 // How a matrix's elements are encoded beyond its storage type: plain values of its DType, or 4-bit
 // codes with group scales (kernels/cpu/mxfp4.h, kernels/cpu/int4.h; storage U8, two codes a byte).

@@ -6,12 +6,14 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "megadecode/model/weights.h"
 
 namespace md {
 
 class ThreadPool;
 struct ModelConfig;
-struct ModelWeights;
 
 enum class QuantScheme : uint8_t { kNone, kInt4 };
 
@@ -36,6 +38,14 @@ struct QuantizeReport {
   double seconds = 0;
   int kept = 0;            // eligible matrices left as loaded: columns not divisible by the group
   std::string first_kept;  // the first of them, with its columns
+  // Each quantized matrix with the bf16 data it was made from (a checkpoint tensor's mapping),
+  // for `megadecode quantize` to write it under that tensor's name. The Mat's codes and scales
+  // live in the weights' memory.
+  struct Done {
+    const void* source = nullptr;
+    Mat quantized;
+  };
+  std::vector<Done> done;
 };
 
 // Which matrices: every bf16 projection of attention (KDA q/k/v/f/b/g/o, MLA q/q_a/q_b/g/kv_a/o),

@@ -32,6 +32,20 @@ class Binder {
   // An MXFP4 matrix [rows, cols]: `base`.weight_packed U8 [rows, cols/2] and `base`.weight_scale
   // U8 [rows, cols/32] (compressed-tensors mxfp4-pack-quantized).
   Mat mxfp4(const std::string& base, int64_t rows, int64_t cols);
+
+  // A pack-quantized int4 checkpoint (ModelConfig::int4_group >= 0): the linear layers not in
+  // `ignore` are int4. Set before the walk.
+  void set_int4(int group, std::vector<std::string> ignore);
+  // A linear layer's weight [rows, cols] of module `module` (no ".weight"): bf16 `module`.weight,
+  // or, when the checkpoint quantizes the module, int4 from `module`.weight_packed I32
+  // [rows, cols/8] (eight 4-bit codes an int32, the first in the low bits: compressed-tensors'
+  // pack_to_int32, which is the int4 kernels' byte layout), `module`.weight_scale BF16
+  // [rows, cols/group] and `module`.weight_shape I32/I64 [2] = {rows, cols}.
+  Mat linear(const std::string& module, int64_t rows, int64_t cols);
+  // A linear layer megadecode reads as bf16 values (the router gate, MLA's kv_b): an md::Error
+  // naming it when the checkpoint quantizes it.
+  Mat bf16_linear(const std::string& module, int64_t rows, int64_t cols, const char* why,
+                  bool allow_f32 = false, DType write_dtype = DType::BF16);
   // A vector of which only the first `n` entries are used, stored with any shape whose dimensions
   // are all 1 but one of at least n (K3 ships A_log with more entries than heads); the specs
   // record `write_shape`.
@@ -54,6 +68,9 @@ class Binder {
   std::string language_prefix_;
   std::set<std::string> used_;
   std::string first_skipped_;
+  int int4_group_ = -1;  // -1: not an int4 checkpoint
+  std::vector<std::string> int4_ignore_;
+  bool int4_module(const std::string& module) const;
 };
 
 // A gated MLP p+g / p+u / p+d (".weight" appended for bf16; MXFP4 pairs otherwise): gate and up

@@ -82,6 +82,11 @@ struct ModelConfig {
   double situ_linear_beta = 0;      //   (0: no soft cap on u)
   int attn_res_block_size = 0;      // block attention residuals (0: the plain residual stream)
   bool experts_mxfp4 = false;       // routed experts MXFP4 (compressed-tensors, group 32)
+  // compressed-tensors pack-quantized int4 (W4A16, symmetric): the linear layers not in
+  // `quant_ignore` are stored as weight_packed / weight_scale / weight_shape. -1: not such a
+  // checkpoint; 0: one scale per row ("channel"); else columns per scale ("group").
+  int int4_group = -1;
+  std::vector<std::string> quant_ignore;  // quantization_config.ignore (names, "re:" patterns)
 
   int64_t bos_token_id = -1;
   std::vector<int64_t> eos_token_ids;
@@ -118,6 +123,10 @@ ModelConfig parse_config(const nlohmann::json& j);
 // description). load_config_file reads the file and calls this.
 ModelConfig parse_config_text(std::string_view text, const std::string& source = "config.json");
 ModelConfig load_config_file(const std::string& path);
+
+// Whether a quantization_config `ignore` list excludes `module` (a name, "Linear", or a
+// "re:" pattern matched from the start as Python's re.match does).
+bool quant_ignored(const std::vector<std::string>& ignore, const std::string& module);
 
 // Serialises to the official config.json schema (used by make-model).
 nlohmann::json config_to_json(const ModelConfig& c);

@@ -1,0 +1,223 @@
+// compressed-tensors pack-quantized int4 checkpoints: `megadecode quantize` writes one from a
+// bf16 checkpoint and the loader (model/binder.h Binder::linear, config.cpp) reads it back to the
+// same bits as `--quantize int4` on the original; the packed codes follow compressed-tensors'
+// pack_to_int32 definition (checked here from the original bf16 weights, independently of the
+// quantizer); the config is the format's; bad configs and tensors are errors naming the problem.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "megadecode/base/bf16.h"
+#include "megadecode/base/error.h"
+#include "megadecode/engine/model.h"
+#include "megadecode/exec/cpu_executor.h"
+#include "megadecode/model/safetensors.h"
+#include "test_util.h"
+
+namespace md {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+ModelOptions plain(Precision p) {
+  ModelOptions o;
+  o.precision = p;
+  o.threads = 1;
+  o.pin_threads = false;
+  return o;
+}
+
+std::string golden_dir(const std::string& name) {
+  return test::data_dir() + "/data/golden/" + name;
+}
+
+std::vector<int32_t> prompt_of(const std::string& dir) {
+  std::ifstream f(dir + "/golden.json");
+  const nlohmann::json g = nlohmann::json::parse(f);
+  std::vector<int32_t> ids;
+  for (auto& v : g["prompt_ids"]) ids.push_back(v.get<int32_t>());
+  return ids;
+}
+
+std::vector<float> logits_of(Model& m, const std::vector<int32_t>& prompt) {
+  std::vector<float> out(prompt.size() * size_t(m.config().vocab_size));
+  SequenceState s = m.new_sequence();
+  m.forward(s, prompt, out.data(), /*all_positions=*/true);
+  return out;
+}
+
+// `megadecode quantize` of a golden model into dir.
+void write_quantized(const std::string& model, const std::string& dir, int group) {
+  const auto r = test::run_cli("quantize --model " + model + " --out " + dir +
+                               " --quant-group " + std::to_string(group));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("matrices in int4"));
+}
+
+TEST(PackQuantized, AWrittenCheckpointLoadsBackToTheSameBitsAsQuantizingAtLoad) {
+  for (const std::string name : {"tiny", "small"})
+    for (int group : {32, 0}) {
+      SCOPED_TRACE(name + " group " + std::to_string(group));
+      test::TempDir d("pack_quantized");
+      const std::string src = golden_dir(name), out = d / "q";
+      write_quantized(src, out, group);
+      const std::vector<int32_t> prompt = prompt_of(src);
+      for (Precision p : {Precision::BF16, Precision::FP32}) {
+        ModelOptions at_load = plain(p);
+        at_load.quantize.scheme = QuantScheme::kInt4;
+        at_load.quantize.group = group;
+        Model want(src, at_load);
+        Model got(out, plain(p));
+        ASSERT_GT(want.quantize_report().matrices, 0);
+        EXPECT_EQ(got.quantize_report().matrices, 0);  // nothing to do at load: it is int4 already
+        EXPECT_EQ(got.config().int4_group, group);
+        const std::vector<float> a = logits_of(want, prompt), b = logits_of(got, prompt);
+        ASSERT_EQ(a.size(), b.size());
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+        // The plan executors read the loaded int4 matrices as they read quantized ones.
+        ExecutorOptions eo;
+        eo.workers = 2;
+        eo.pin = false;
+        const int64_t V = got.config().vocab_size;
+        std::vector<float> x(static_cast<size_t>(V)), y(static_cast<size_t>(V));
+        CpuExecutor ea(want, 1, ExecutorKind::kMegakernel, eo), eb(got, 1, ExecutorKind::kMegakernel, eo);
+        SequenceState sa = ea.new_sequence(), sb = eb.new_sequence();
+        ea.prefill(sa, prompt, x.data(), 8);
+        eb.prefill(sb, prompt, y.data(), 8);
+        EXPECT_EQ(std::memcmp(x.data(), y.data(), size_t(V) * 4), 0);
+      }
+    }
+}
+
+// The config and the tensors are compressed-tensors' pack-quantized format: checked field by
+// field, and every packed int32 against pack_to_int32's definition applied to the original bf16
+// weights (q = clamp(round_half_even(w / scale), -8, 7); code q + 8 of column 8j + i in bits
+// 4i..4i+3 of int32 j), with the written scales.
+TEST(PackQuantized, TheCheckpointIsCompressedTensorsFormat) {
+  test::TempDir d("pack_format");
+  const std::string src = golden_dir("tiny"), out = d / "q";
+  write_quantized(src, out, 32);
+  std::ifstream f(out + "/config.json");
+  const nlohmann::json c = nlohmann::json::parse(f);
+  const nlohmann::json& q = c["quantization_config"];
+  EXPECT_EQ(q["quant_method"], "compressed-tensors");
+  EXPECT_EQ(q["format"], "pack-quantized");
+  EXPECT_EQ(q["quantization_status"], "compressed");
+  const nlohmann::json& g = q["config_groups"]["group_0"];
+  EXPECT_EQ(g["targets"], nlohmann::json::array({"Linear"}));
+  EXPECT_EQ(g["weights"]["num_bits"], 4);
+  EXPECT_EQ(g["weights"]["type"], "int");
+  EXPECT_EQ(g["weights"]["symmetric"], true);
+  EXPECT_EQ(g["weights"]["strategy"], "group");
+  EXPECT_EQ(g["weights"]["group_size"], 32);
+  EXPECT_TRUE(g["input_activations"].is_null());
+  const std::vector<std::string> ignore = q["ignore"].get<std::vector<std::string>>();
+  EXPECT_THAT(ignore, ::testing::Contains("model.layers.1.block_sparse_moe.gate"));
+  EXPECT_THAT(ignore, ::testing::Contains("lm_head"));
+
+  const Checkpoint orig(src), packed(out);
+  int modules = 0;
+  for (const auto& [name, t] : packed.tensors()) {
+    const size_t at = name.rfind(".weight_packed");
+    if (at == std::string::npos || at + 14 != name.size()) continue;
+    const std::string module = name.substr(0, at);
+    SCOPED_TRACE(module);
+    ++modules;
+    ASSERT_EQ(t.dtype, DType::I32);
+    const TensorInfo& w = orig.get(module + ".weight");
+    const TensorInfo& s = packed.get(module + ".weight_scale");
+    const TensorInfo& sh = packed.get(module + ".weight_shape");
+    ASSERT_EQ(sh.dtype, DType::I64);
+    const auto* shape = static_cast<const int64_t*>(sh.data);
+    ASSERT_EQ(shape[0], w.shape[0]);
+    ASSERT_EQ(shape[1], w.shape[1]);
+    EXPECT_FALSE(packed.find(module + ".weight"));
+    const int64_t rows = w.shape[0], cols = w.shape[1], groups = cols / 32;
+    ASSERT_EQ(s.shape, (std::vector<int64_t>{rows, groups}));
+    const auto* wv = static_cast<const bf16*>(w.data);
+    const auto* sv = static_cast<const bf16*>(s.data);
+    const auto* pv = static_cast<const int32_t*>(t.data);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols / 8; ++j) {
+        uint32_t want = 0;
+        for (int i = 0; i < 8; ++i) {
+          const int64_t col = 8 * j + i;
+          const float scale = bf16_to_f32(sv[r * groups + col / 32]);
+          const float x = bf16_to_f32(wv[r * cols + col]) / scale;
+          const int qv = int(std::clamp(std::nearbyint(x), -8.0f, 7.0f));
+          want |= uint32_t(qv + 8) << (4 * i);
+        }
+        ASSERT_EQ(uint32_t(pv[r * (cols / 8) + j]), want) << "row " << r << " int32 " << j;
+      }
+  }
+  EXPECT_GT(modules, 50);
+}
+
+TEST(PackQuantized, BadConfigsAndTensorsAreErrorsNamingTheProblem) {
+  test::TempDir d("pack_bad");
+  const std::string src = golden_dir("tiny"), out = d / "q";
+  write_quantized(src, out, 32);
+  const std::string cfg_path = out + "/config.json";
+  std::ifstream f(cfg_path);
+  const nlohmann::json good = nlohmann::json::parse(f);
+  auto load_with = [&](const std::function<void(nlohmann::json&)>& edit) -> std::string {
+    nlohmann::json c = good;
+    edit(c);
+    std::ofstream(cfg_path) << c.dump();
+    try {
+      Model m(out, plain(Precision::BF16));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(loaded)";
+  };
+  auto weights = [](nlohmann::json& c) -> nlohmann::json& {
+    return c["quantization_config"]["config_groups"]["group_0"]["weights"];
+  };
+  EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["symmetric"] = false; }),
+              HasSubstr("asymmetric int4"));
+  EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["num_bits"] = 8; }),
+              HasSubstr("8-bit is not supported"));
+  EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["group_size"] = 48; }),
+              HasSubstr("multiple of 32"));
+  EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["group_size"] = 64; }),
+              HasSubstr("weight_scale"));  // the tensors hold groups of 32
+  EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["strategy"] = "tensor"; }),
+              HasSubstr("strategy"));
+  EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["actorder"] = "group"; }),
+              HasSubstr("activation-ordered"));
+  EXPECT_THAT(load_with([&](nlohmann::json& c) {
+                c["quantization_config"]["format"] = "float-quantized";
+              }),
+              HasSubstr("unsupported quantization_config.format 'float-quantized'"));
+  // The ignore list decides which linears are int4: one it no longer names must be packed.
+  auto without = [&](const std::string& module) {
+    return [module](nlohmann::json& c) {
+      auto& ig = c["quantization_config"]["ignore"];
+      nlohmann::json kept = nlohmann::json::array();
+      for (auto& e : ig)
+        if (e != module) kept.push_back(e);
+      ig = kept;
+    };
+  };
+  EXPECT_THAT(load_with(without("model.layers.1.block_sparse_moe.gate")),
+              HasSubstr("quantizes model.layers.1.block_sparse_moe.gate, which megadecode reads "
+                        "as bf16"));
+  EXPECT_THAT(load_with(without("lm_head")), HasSubstr("missing tensor lm_head.weight_packed"));
+  EXPECT_EQ(load_with([](nlohmann::json&) {}), "(loaded)");
+  // Re-quantizing a quantized checkpoint is refused.
+  const auto r = test::run_cli("quantize --model " + out + " --out " + (d / "again"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("already quantized"));
+}
+
+}  // namespace
+}  // namespace md
