@@ -200,6 +200,10 @@ Model::Model(const std::string& dir, const ModelOptions& opt, const dist::Shard&
   MD_CHECK(fs::is_directory(dir), "model directory {} does not exist or is not a directory", dir);
   cfg_ = load_config_file((fs::path(dir) / "config.json").string());
   if (shard_.sharded()) {
+    MD_CHECK(cfg_.int4_group < 0,
+             "{}: a pack-quantized (int4) checkpoint does not run distributed yet; quantize at "
+             "load instead (--quantize int4 slices each rank's matrices first)",
+             describe_shard(shard_));
     MD_CHECK(comm_ && comm_->size() == shard_.world() && comm_->rank() == shard_.rank,
              "{}: the layout needs {} ranks and this is rank {}; the communicator has {} ranks "
              "and this is its rank {} (run under mpirun -np {})",

@@ -17,7 +17,10 @@
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/error.h"
 #include "megadecode/engine/model.h"
+#include "megadecode/dist/communicator.h"
+#include "megadecode/dist/shard.h"
 #include "megadecode/exec/cpu_executor.h"
+#include "megadecode/exec/cuda_executor.h"
 #include "megadecode/model/safetensors.h"
 #include "test_util.h"
 
@@ -213,6 +216,32 @@ TEST(PackQuantized, BadConfigsAndTensorsAreErrorsNamingTheProblem) {
                         "as bf16"));
   EXPECT_THAT(load_with(without("lm_head")), HasSubstr("missing tensor lm_head.weight_packed"));
   EXPECT_EQ(load_with([](nlohmann::json&) {}), "(loaded)");
+  // What cannot run it yet says so: the CUDA executors (no int4 kernels) and a distributed rank.
+  Model m(out, plain(Precision::BF16));
+  EXPECT_THROW(
+      {
+        try {
+          CudaExecutor ex(m, 1, ExecutorKind::kMegakernel, CudaTarget::kSim, ExecutorOptions{});
+        } catch (const Error& e) {
+          EXPECT_THAT(e.what(), HasSubstr("pack-quantized checkpoint runs with --device cpu"));
+          throw;
+        }
+      },
+      Error);
+  dist::Shard shard;
+  shard.layout = {2, 1};
+  shard.rank = 0;
+  const auto comm = dist::local_communicator();
+  EXPECT_THROW(
+      {
+        try {
+          Model part(out, plain(Precision::BF16), shard, comm.get());
+        } catch (const Error& e) {
+          EXPECT_THAT(e.what(), HasSubstr("does not run distributed"));
+          throw;
+        }
+      },
+      Error);
   // Re-quantizing a quantized checkpoint is refused.
   const auto r = test::run_cli("quantize --model " + out + " --out " + (d / "again"));
   EXPECT_EQ(r.status, 1);

@@ -48,6 +48,9 @@ CudaExecutor::CudaExecutor(Model& model, int max_batch, ExecutorKind kind, CudaT
                  "the CUDA executors have no int4 kernels yet; --quantize {} runs with "
                  "--device cpu",
                  quant_scheme_name(model.options().quantize.scheme));
+        MD_CHECK(model.config().int4_group < 0,
+                 "the CUDA executors have no int4 kernels yet; this pack-quantized checkpoint "
+                 "runs with --device cpu");
         return std::make_unique<Impl>(model, max_batch, kind, target, opt);
       }()) {}
 CudaExecutor::~CudaExecutor() = default;
