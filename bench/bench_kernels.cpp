@@ -332,20 +332,23 @@ BENCHMARK(BM_MlaDecode)
 }  // namespace
 }  // namespace md::cpu
 
-// ---- int4 (W4A16, --quantize int4) -------------------------------------------------------------
+// ---- int4 / int8 (W4A16 / W8A16, --quantize int4|int8) -------------------------------------------
 #include "megadecode/kernels/cpu/int4.h"
+#include "megadecode/kernels/cpu/int8.h"
 
 namespace md::cpu {
 namespace {
 
-// Args: rows, K, threads, B, group, portable. Slots of the MXFP4 pool hold packed [rows, K/2] then
-// bf16 scales [rows, K/group] (the pool's bytes make finite scales). Bytes are codes + scales.
-void BM_MatmulInt4(benchmark::State& state) {
+// Args: rows, K, threads, B, group, portable; Bits 4 or 8. Slots of the MXFP4 pool hold codes
+// [rows, K * Bits / 8] then bf16 scales [rows, K/group] (the pool's bytes make finite scales).
+// Bytes are codes + scales.
+template <int Bits>
+void BM_MatmulInt(benchmark::State& state) {
   const int64_t rows = state.range(0), K = state.range(1);
   const int threads = static_cast<int>(state.range(2)), B = static_cast<int>(state.range(3));
   const int group = static_cast<int>(state.range(4));
   if (state.range(5) != 0) set_isa(Isa::kPortable);
-  const size_t packed_bytes = static_cast<size_t>(rows * K / 2);
+  const size_t packed_bytes = static_cast<size_t>(rows * K * Bits / 8);
   const size_t bytes = packed_bytes + static_cast<size_t>(rows * (K / group) * 2);
   const auto x = make_x(B, K);
   std::vector<float> y(static_cast<size_t>(B * rows));
@@ -355,19 +358,23 @@ void BM_MatmulInt4(benchmark::State& state) {
     const uint8_t* P = wp + slot * bytes;
     const auto* S = reinterpret_cast<const bf16*>(P + packed_bytes);
     split_rows(tp, rows, [&](int64_t r0, int64_t r1) {
-      matmul_int4(P, S, K, group, r0, r1, x.data(), B, K, y.data(), rows);
+      if constexpr (Bits == 4) {
+        matmul_int4(P, S, K, group, r0, r1, x.data(), B, K, y.data(), rows);
+      } else {
+        matmul_int8(P, S, K, group, r0, r1, x.data(), B, K, y.data(), rows);
+      }
     });
     benchmark::DoNotOptimize(y.data());
   });
   state.counters["Gweights_per_s"] = benchmark::Counter(
       static_cast<double>(rows * K) * static_cast<double>(state.iterations()) * 1e-9,
       benchmark::Counter::kIsRate);
-  state.SetLabel(matmul_int4_isa());
+  state.SetLabel(Bits == 4 ? matmul_int4_isa() : matmul_int8_isa());
   reset_isa();
 }
 
-// Kimi-Linear-48B's dense MLP shapes (hidden 2304, intermediate 9216) as (rows, K): int4 group 128
-// against bf16 (BM_MatmulBf16, "Kl48DenseBf16") in the same run.
+// Kimi-Linear-48B's dense MLP shapes (hidden 2304, intermediate 9216) as (rows, K): int4 and int8
+// group 128 against bf16 (BM_MatmulBf16, "Kl48DenseBf16") in the same run.
 void kl48_int4_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"rows", "K", "thr", "B", "group", "port"});
   for (int threads : {1, 2})
@@ -384,7 +391,8 @@ void kl48_bf16_args(benchmark::internal::Benchmark* b) {
   for (int B : {4, 8}) b->Args({9216, 2304, 1, B, 1, 0});
 }
 
-BENCHMARK(BM_MatmulInt4)->Name("Kl48DenseInt4")->Apply(kl48_int4_args)->UseRealTime();
+BENCHMARK(BM_MatmulInt<4>)->Name("Kl48DenseInt4")->Apply(kl48_int4_args)->UseRealTime();
+BENCHMARK(BM_MatmulInt<8>)->Name("Kl48DenseInt8")->Apply(kl48_int4_args)->UseRealTime();
 BENCHMARK(BM_MatmulBf16)->Name("Kl48DenseBf16")->Apply(kl48_bf16_args)->UseRealTime();
 
 }  // namespace

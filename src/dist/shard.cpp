@@ -87,7 +87,7 @@ class Slicer {
              r1, m.rows, m.cols);
     Mat v = m;
     v.data = static_cast<const uint8_t*>(m.data) + size_t(r0) * code_row_bytes(m);
-    if (m.packed4()) v.scales = m.scales + size_t(r0) * m.scale_row_bytes();
+    if (m.quantized()) v.scales = m.scales + size_t(r0) * m.scale_row_bytes();
     v.rows = r1 - r0;
     b_.mapped += double(v.bytes());
     return v;
@@ -103,32 +103,32 @@ class Slicer {
     Mat v = m;
     v.cols = c1 - c0;
     const size_t src_row = code_row_bytes(m), dst_row = code_row_bytes(v);
-    // 4-bit formats: whole scale groups only (a group straddling two ranks has no owner).
-    MD_CHECK(!m.packed4() || (c0 % m.group == 0 && c1 % m.group == 0),
+    // Quantized formats: whole scale groups only (a group straddling two ranks has no owner).
+    MD_CHECK(!m.quantized() || (c0 % m.group == 0 && c1 % m.group == 0),
              "shard: columns [{}, {}) of a [{}, {}] matrix split its scale groups of {}", c0, c1,
              m.rows, m.cols, m.group);
-    const size_t at = m.packed4() ? size_t(c0) / 2 : size_t(c0) * dtype_size(m.dtype);
+    const size_t at = m.code_bytes(c0);
     const size_t scale_cols = v.scale_row_bytes();
-    const size_t scale_at = m.packed4() ? size_t(c0 / m.group) * (m.mxfp4() ? 1 : 2) : 0;
+    const size_t scale_at = m.scale_bytes(c0);
     auto buf = std::make_shared<std::vector<uint8_t>>(size_t(m.rows) * (dst_row + scale_cols));
     uint8_t* codes = buf->data();
     uint8_t* scales = codes + size_t(m.rows) * dst_row;
     const auto* src = static_cast<const uint8_t*>(m.data);
     for (int64_t r = 0; r < m.rows; ++r) {
       std::memcpy(codes + size_t(r) * dst_row, src + size_t(r) * src_row + at, dst_row);
-      if (m.packed4())
+      if (m.quantized())
         std::memcpy(scales + size_t(r) * scale_cols,
                     m.scales + size_t(r) * m.scale_row_bytes() + scale_at, scale_cols);
     }
     v.data = codes;
-    v.scales = m.packed4() ? scales : nullptr;
+    v.scales = m.quantized() ? scales : nullptr;
     out_.owned.push_back(std::move(buf));
     // The copy read every page of the source (its rows interleave the ranks' columns); let them
     // go from this process, so that its resident memory is its slice (they stay in the page
     // cache for the other ranks, and a later read would fault them back in).
     if (release_sources_) {
       release(m.data, size_t(m.rows) * src_row);
-      if (m.packed4()) release(m.scales, size_t(m.rows) * m.scale_row_bytes());
+      if (m.quantized()) release(m.scales, size_t(m.rows) * m.scale_row_bytes());
     }
     b_.copied += double(v.bytes());
     return v;

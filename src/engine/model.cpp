@@ -200,9 +200,9 @@ Model::Model(const std::string& dir, const ModelOptions& opt, const dist::Shard&
   MD_CHECK(fs::is_directory(dir), "model directory {} does not exist or is not a directory", dir);
   cfg_ = load_config_file((fs::path(dir) / "config.json").string());
   if (shard_.sharded()) {
-    MD_CHECK(cfg_.int4_group < 0,
-             "{}: a pack-quantized (int4) checkpoint does not run distributed yet; quantize at "
-             "load instead (--quantize int4 slices each rank's matrices first)",
+    MD_CHECK(cfg_.linear_quant != WeightQuant::kInt4 && cfg_.linear_quant != WeightQuant::kInt8,
+             "{}: a pack-quantized (int4 / int8) checkpoint does not run distributed yet; load the "
+             "bf16 one and quantize at load instead (--quantize slices each rank's matrices first)",
              describe_shard(shard_));
     MD_CHECK(comm_ && comm_->size() == shard_.world() && comm_->rank() == shard_.rank,
              "{}: the layout needs {} ranks and this is rank {}; the communicator has {} ranks "
@@ -226,6 +226,11 @@ void Model::init() {
   const ModelOptions& opt = opt_;
   w_ = bind_weights(cfg_, *ckpt_);
   if (shard_.sharded()) {
+    MD_CHECK(!quantized_outside_experts(w_),
+             "{}: a checkpoint with quantized linears (pack-quantized int4 / int8, or MXFP4 beyond "
+             "the routed experts) does not run distributed yet; load the bf16 one and quantize at "
+             "load instead (--quantize slices each rank's matrices first)",
+             describe_shard(shard_));
     full_cfg_ = cfg_;
     // (The checkpoint is a read-only file mapping: the copies' sources can be let go.)
     w_ = dist::shard_weights(full_cfg_, w_, shard_, &shard_bytes_, /*release_sources=*/true);

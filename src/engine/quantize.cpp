@@ -1,4 +1,4 @@
-// Load-time int4 quantization (engine/quantize.h): one pass over the eligible matrices, rows in
+// Load-time quantization (engine/quantize.h): one pass over the eligible matrices, rows in
 // parallel over the model's thread pool, each matrix written into one owned buffer (codes, then
 // scales) and its source pages released from the process.
 #include "megadecode/engine/quantize.h"
@@ -15,6 +15,8 @@
 #include "megadecode/base/threads.h"
 #include "megadecode/base/util.h"
 #include "megadecode/kernels/cpu/int4.h"
+#include "megadecode/kernels/cpu/int8.h"
+#include "megadecode/kernels/cpu/mxfp4.h"
 #include "megadecode/model/config.h"
 #include "megadecode/model/weights.h"
 
@@ -23,11 +25,53 @@ namespace md {
 std::optional<QuantScheme> parse_quant_scheme(std::string_view name) {
   if (name == "none") return QuantScheme::kNone;
   if (name == "int4") return QuantScheme::kInt4;
+  if (name == "int8") return QuantScheme::kInt8;
+  if (name == "mxfp4") return QuantScheme::kMxfp4;
   return std::nullopt;
 }
 
 std::string_view quant_scheme_name(QuantScheme s) {
-  return s == QuantScheme::kInt4 ? "int4" : "none";
+  switch (s) {
+    case QuantScheme::kInt4:
+      return "int4";
+    case QuantScheme::kInt8:
+      return "int8";
+    case QuantScheme::kMxfp4:
+      return "mxfp4";
+    case QuantScheme::kNone:
+      break;
+  }
+  return "none";
+}
+
+WeightQuant quant_format(QuantScheme s) {
+  switch (s) {
+    case QuantScheme::kInt4:
+      return WeightQuant::kInt4;
+    case QuantScheme::kInt8:
+      return WeightQuant::kInt8;
+    case QuantScheme::kMxfp4:
+      return WeightQuant::kMxfp4;
+    case QuantScheme::kNone:
+      break;
+  }
+  return WeightQuant::kNone;
+}
+
+int effective_quant_group(QuantScheme s, int requested) {
+  if (s == QuantScheme::kMxfp4) {
+    MD_CHECK(requested == -1 || requested == 32,
+             "--quant-group {}: MXFP4 has one E8M0 scale per 32 columns (the format's group; "
+             "leave --quant-group out or give 32)",
+             requested);
+    return 32;
+  }
+  if (requested == -1) return 128;
+  MD_CHECK(requested == 0 || (requested >= 32 && requested % 32 == 0),
+           "--quant-group {}: the {} kernels need a positive multiple of 32 (or 0: one scale per "
+           "row)",
+           requested, quant_scheme_name(s));
+  return requested;
 }
 
 namespace {
@@ -41,7 +85,7 @@ struct Target {
 std::vector<Target> targets(const ModelConfig& cfg, ModelWeights& w, bool lm_head) {
   std::vector<Target> t;
   auto add = [&](Mat& m, const std::string& name) {
-    if (m.data && !m.packed4() && m.dtype == DType::BF16) t.push_back({&m, name});
+    if (m.data && !m.quantized() && m.dtype == DType::BF16) t.push_back({&m, name});
   };
   auto ffn = [&](FfnWeights& f, const std::string& p) {
     add(f.gate, p + ".gate_proj");
@@ -89,10 +133,9 @@ QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const Q
                                 ThreadPool& pool) {
   QuantizeReport rep;
   if (opt.scheme == QuantScheme::kNone) return rep;
-  MD_CHECK(opt.group == 0 || (opt.group >= 32 && opt.group % 32 == 0),
-           "--quant-group {}: the int4 kernels need a positive multiple of 32 (or 0: one scale "
-           "per row)",
-           opt.group);
+  const int req_group = effective_quant_group(opt.scheme, opt.group);
+  const std::string scheme(quant_scheme_name(opt.scheme));
+  rep.group = req_group;
   const double t0 = now_seconds();
   std::vector<Target> all = targets(cfg, w, opt.lm_head), ts;
   // A matrix whose columns the group does not divide (or that are not a multiple of 32) stays as
@@ -100,7 +143,7 @@ QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const Q
   // fits no matrix at all is an error.
   double total = 0;
   for (const Target& t : all) {
-    const int64_t g = opt.group ? opt.group : t.m->cols;
+    const int64_t g = req_group ? req_group : t.m->cols;
     if (t.m->cols % 32 == 0 && t.m->cols % g == 0) {
       ts.push_back(t);
       total += double(t.m->bytes());
@@ -111,23 +154,23 @@ QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const Q
     }
   }
   MD_CHECK(all.empty() || !ts.empty(),
-           "--quantize int4 --quant-group {}: the group divides the columns of none of the {} "
+           "--quantize {} --quant-group {}: the group divides the columns of none of the {} "
            "matrices to quantize (e.g. {}); choose a multiple of 32 that divides them, or 0 for "
            "one scale per row",
-           opt.group, all.size(), rep.first_kept);
+           scheme, req_group, all.size(), rep.first_kept);
   const bool tty = opt.progress && isatty(2);
   double done = 0, last_print = 0;
   for (const Target& t : ts) {
     Mat& m = *t.m;
-    const int group = int(opt.group ? opt.group : m.cols);
+    const int group = int(req_group ? req_group : m.cols);
     Mat q = m;
     q.dtype = DType::U8;
-    q.quant = WeightQuant::kInt4;
+    q.quant = quant_format(opt.scheme);
     q.group = group;
     const size_t code_row = q.code_row_bytes(), scale_row = q.scale_row_bytes();
     auto buf = std::make_shared<std::vector<uint8_t>>(size_t(m.rows) * (code_row + scale_row));
     uint8_t* codes = buf->data();
-    auto* scales = reinterpret_cast<bf16*>(codes + size_t(m.rows) * code_row);
+    uint8_t* scales = codes + size_t(m.rows) * code_row;
     std::atomic<int64_t> bad_row{-1};
     pool.parallel_for(size_t(m.rows), [&](size_t r0, size_t r1) {
       for (size_t r = r0; r < r1; ++r) {
@@ -138,14 +181,25 @@ QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const Q
             return;
           }
         }
-        cpu::quantize_int4_row(src, m.cols, group, codes + r * code_row,
-                               scales + r * size_t(m.cols / group));
+        uint8_t* c = codes + r * code_row;
+        uint8_t* sc = scales + r * scale_row;
+        switch (q.quant) {
+          case WeightQuant::kInt4:
+            cpu::quantize_int4_row(src, m.cols, group, c, reinterpret_cast<bf16*>(sc));
+            break;
+          case WeightQuant::kInt8:
+            cpu::quantize_int8_row(src, m.cols, group, c, reinterpret_cast<bf16*>(sc));
+            break;
+          default:
+            cpu::quantize_mxfp4_row(src, m.cols, c, sc);
+            break;
+        }
       }
     });
-    MD_CHECK(bad_row.load() < 0, "--quantize int4: {} row {} holds a weight that is not finite",
-             t.name, bad_row.load());
+    MD_CHECK(bad_row.load() < 0, "--quantize {}: {} row {} holds a weight that is not finite",
+             scheme, t.name, bad_row.load());
     q.data = codes;
-    q.scales = reinterpret_cast<const uint8_t*>(scales);
+    q.scales = scales;
     rep.bytes_before += double(m.bytes());
     rep.bytes_after += double(q.bytes());
     if (m.data != w.embed.data) release_mapped(m.data, m.bytes());  // (tied lm_head: still read)
@@ -156,8 +210,8 @@ QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const Q
     done += double(m.rows) * double(m.cols) * 2;
     if (tty && (done - last_print > total / 100 || done >= total)) {
       last_print = done;
-      std::fprintf(stderr, "\rquantizing to int4 (group %s): %3.0f%%",
-                   opt.group ? std::to_string(opt.group).c_str() : "per row",
+      std::fprintf(stderr, "\rquantizing to %s (group %s): %3.0f%%", scheme.c_str(),
+                   req_group ? std::to_string(req_group).c_str() : "per row",
                    total > 0 ? 100.0 * done / total : 100.0);
     }
   }

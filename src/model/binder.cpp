@@ -1,6 +1,8 @@
 // Binder: tensors by name, shape and dtype (model/binder.h).
 #include "megadecode/model/binder.h"
 
+#include <cstring>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -40,8 +42,7 @@ Mat Binder::mxfp4(const std::string& base, int64_t rows, int64_t cols) {
   if (!p) return m;
   for (const TensorInfo* t : {p, s})
     MD_CHECK(t->dtype == DType::U8,
-             "tensor {} in {}: dtype {} is not supported for an MXFP4 expert weight (expected "
-             "U8)",
+             "tensor {} in {}: dtype {} is not supported for an MXFP4 weight (expected U8)",
              t->name, t->file, dtype_name(t->dtype));
   // E8M0 255 is NaN (OCP MX): reject the checkpoint rather than compute NaNs. (Random scales
   // generated on a device never are: random_init.h.)
@@ -55,18 +56,24 @@ Mat Binder::mxfp4(const std::string& base, int64_t rows, int64_t cols) {
   return m;
 }
 
-void Binder::set_int4(int group, std::vector<std::string> ignore) {
-  int4_group_ = group;
-  int4_ignore_ = std::move(ignore);
+void Binder::set_quant(WeightQuant format, int group, std::vector<std::string> ignore) {
+  quant_ = format;
+  quant_group_ = group;
+  quant_ignore_ = std::move(ignore);
 }
 
-bool Binder::int4_module(const std::string& module) const {
-  return int4_group_ >= 0 && !quant_ignored(int4_ignore_, module);
+bool Binder::quantized_module(const std::string& module) const {
+  if (quant_ == WeightQuant::kNone || quant_ignored(quant_ignore_, module)) return false;
+  // MXFP4: the linears the checkpoint packs (K3's release leaves modules that are not nn.Linear,
+  // such as the router and the latent projections, out of its ignore list); without a checkpoint
+  // (make-model's specs) only the routed experts are, through mxfp4().
+  if (quant_ == WeightQuant::kMxfp4) return ck_ && ck_->find(module + ".weight_packed") != nullptr;
+  return true;
 }
 
 Mat Binder::bf16_linear(const std::string& module, int64_t rows, int64_t cols, const char* why,
                         bool allow_f32, DType write_dtype) {
-  MD_CHECK(!int4_module(module),
+  MD_CHECK(!quantized_module(module),
            "config.json: quantization_config quantizes {}, which megadecode reads as bf16 values "
            "({}); its `ignore` list must name it",
            module, why);
@@ -74,49 +81,70 @@ Mat Binder::bf16_linear(const std::string& module, int64_t rows, int64_t cols, c
 }
 
 Mat Binder::linear(const std::string& module, int64_t rows, int64_t cols) {
-  if (!int4_module(module)) return mat(module + ".weight", rows, cols);
-  const int64_t group = int4_group_ ? int4_group_ : cols;
+  if (!quantized_module(module)) return mat(module + ".weight", rows, cols);
+  if (quant_ == WeightQuant::kMxfp4) {
+    MD_CHECK(cols % 32 == 0,
+             "{}: {} columns do not split into MXFP4's groups of 32 (the checkpoint packs it)",
+             module, cols);
+    return mxfp4(module, rows, cols);
+  }
+  return packed_int(module, rows, cols);
+}
+
+Mat Binder::packed_int(const std::string& module, int64_t rows, int64_t cols) {
+  const int bits = quant_ == WeightQuant::kInt8 ? 8 : 4;
+  const int64_t group = quant_group_ ? quant_group_ : cols;
   MD_CHECK(cols % 32 == 0 && cols % group == 0,
-           "{}: {} columns do not split into the checkpoint's int4 groups of {} (the kernels need "
+           "{}: {} columns do not split into the checkpoint's int{} groups of {} (the kernels need "
            "whole groups of a multiple of 32 columns)",
-           module, cols, group);
+           module, cols, bits, group);
   Mat m;
   m.rows = rows;
   m.cols = cols;
   m.dtype = DType::U8;
-  m.quant = WeightQuant::kInt4;
+  m.quant = quant_;
   m.group = int32_t(group);
-  const TensorInfo* p = lookup(module + ".weight_packed", {rows, cols / 8}, DType::I32);
+  const TensorInfo* p =
+      lookup(module + ".weight_packed", {rows, cols * bits / 32}, DType::I32);
   const TensorInfo* s = lookup(module + ".weight_scale", {rows, cols / group}, DType::BF16);
   const TensorInfo* sh = lookup(module + ".weight_shape", {2}, DType::I64, /*read_at_load=*/true);
   if (!p) return m;
-  MD_CHECK(p->dtype == DType::I32, "tensor {} in {}: dtype {} (expected I32: packed int4 codes)",
-           p->name, p->file, dtype_name(p->dtype));
+  MD_CHECK(p->dtype == DType::I32,
+           "tensor {} in {}: dtype {} (expected I32: packed int{} codes)", p->name, p->file,
+           dtype_name(p->dtype), bits);
   MD_CHECK(s->dtype == DType::BF16,
-           "tensor {} in {}: dtype {} (expected BF16: the int4 kernels read bf16 group scales)",
-           s->name, s->file, dtype_name(s->dtype));
+           "tensor {} in {}: dtype {} (expected BF16: the int{} kernels read bf16 group scales)",
+           s->name, s->file, dtype_name(s->dtype), bits);
   MD_CHECK(sh->dtype == DType::I32 || sh->dtype == DType::I64,
            "tensor {} in {}: dtype {} (expected I32 or I64)", sh->name, sh->file,
            dtype_name(sh->dtype));
+  // (Read bytewise: safetensors packs tensors back to back, so an I64 after an odd number of
+  // 4-byte elements is not 8-byte aligned in the mapping.)
   int64_t shape[2];
-  for (int i = 0; i < 2; ++i)
-    shape[i] = sh->dtype == DType::I64 ? static_cast<const int64_t*>(sh->data)[i]
-                                       : static_cast<const int32_t*>(sh->data)[i];
+  for (int i = 0; i < 2; ++i) {
+    if (sh->dtype == DType::I64) {
+      std::memcpy(&shape[i], static_cast<const uint8_t*>(sh->data) + 8 * i, 8);
+    } else {
+      int32_t v;
+      std::memcpy(&v, static_cast<const uint8_t*>(sh->data) + 4 * i, 4);
+      shape[i] = v;
+    }
+  }
   MD_CHECK(shape[0] == rows && shape[1] == cols,
            "tensor {} in {}: [{}, {}] does not match the config (expected [{}, {}])", sh->name,
            sh->file, shape[0], shape[1], rows, cols);
   for (const char* extra : {".weight_zero_point", ".weight_g_idx"})
     MD_CHECK(!ck_->find(module + extra),
-             "checkpoint {}: {}{} is present, but the config says symmetric int4 without "
+             "checkpoint {}: {}{} is present, but the config says symmetric int{} without "
              "activation order",
-             ck_->dir(), module, extra);
+             ck_->dir(), module, extra, bits);
   // A scale that is not finite (or is zero) would turn its whole group into NaN or 0.
   const auto* sc = static_cast<const bf16*>(s->data);
   if (!ck_->device_only(s->data))
     for (int64_t i = 0; i < rows * (cols / group); ++i)
       MD_CHECK((sc[i] & 0x7f80) != 0x7f80 && (sc[i] & 0x7fff) != 0,
-               "tensor {} in {}: scale {} is {} (int4 scales must be finite and nonzero)", s->name,
-               s->file, i, bf16_to_f32(sc[i]));
+               "tensor {} in {}: scale {} is {} (int{} scales must be finite and nonzero)",
+               s->name, s->file, i, bf16_to_f32(sc[i]), bits);
   m.data = p->data;
   m.scales = static_cast<const uint8_t*>(s->data);
   return m;

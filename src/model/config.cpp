@@ -99,9 +99,6 @@ int ModelConfig::num_mla_layers() const {
 
 namespace {
 
-// compressed-tensors `quantization_config`. Supported: MXFP4 (`mxfp4-pack-quantized`: 4-bit float
-// e2m1 codes, one E8M0 scale per 32 inputs, symmetric, static) on the routed experts only; every
-// other weight must be excluded by `ignore`. Call after the rest of the config is parsed.
 // Python's re.match (anchored at the start) through PCRE2, whose syntax covers the patterns
 // compressed-tensors configs use. Returns -1 when the pattern does not compile, else 0 / 1.
 // (std::regex is avoided: GCC 12's <regex> trips -Wmaybe-uninitialized under ASan.)
@@ -139,19 +136,19 @@ std::vector<std::string> parse_ignore(const json& q, const std::string& p) {
   return ignore;
 }
 
-// pack-quantized int4 weights: 4-bit signed integers, symmetric, a static scale per group of
-// columns (or per row). Returns the group (0: per row).
-int parse_int4_weights(const json& w, const std::string& wp) {
+// pack-quantized int4 / int8 weights: 4- or 8-bit signed integers, symmetric, a static scale per
+// group of columns (or per row). Sets the format and the group (0: per row).
+void parse_int_weights(const json& w, const std::string& wp, ModelConfig& c) {
   const int64_t bits = get_int(w, wp, "num_bits");
-  MD_CHECK(bits == 4,
-           "config.json: field '{}num_bits' is {}: pack-quantized loads 4-bit weights only (8-bit "
-           "is not supported yet)",
-           wp, bits);
+  MD_CHECK(bits == 4 || bits == 8,
+           "config.json: field '{}num_bits' is {}: pack-quantized loads 4- and 8-bit weights", wp,
+           bits);
+  c.linear_quant = bits == 4 ? WeightQuant::kInt4 : WeightQuant::kInt8;
   const std::string type = get_str_or(w, wp, "type", "int");
   MD_CHECK(type == "int", "config.json: field '{}type' must be \"int\" for pack-quantized, got '{}'",
            wp, type);
   MD_CHECK(get_bool_or(w, wp, "symmetric", true),
-           "config.json: field '{}symmetric' is false: asymmetric int4 (zero points) is not "
+           "config.json: field '{}symmetric' is false: asymmetric weights (zero points) are not "
            "supported yet",
            wp);
   MD_CHECK(!get_bool_or(w, wp, "dynamic", false),
@@ -162,17 +159,25 @@ int parse_int4_weights(const json& w, const std::string& wp) {
              "supported",
              wp, a->dump());
   const std::string strategy = get_str_or(w, wp, "strategy", "group");
-  if (strategy == "channel") return 0;
+  if (strategy == "channel") {
+    c.quant_group = 0;
+    return;
+  }
   MD_CHECK(strategy == "group",
-           "config.json: field '{}strategy' must be \"group\" or \"channel\" for int4, got '{}'",
+           "config.json: field '{}strategy' must be \"group\" or \"channel\" for pack-quantized, "
+           "got '{}'",
            wp, strategy);
   const int64_t gs = get_int(w, wp, "group_size");
   MD_CHECK(gs >= 32 && gs % 32 == 0 && gs <= (1 << 20),
-           "config.json: field '{}group_size' is {}: the int4 kernels need a positive multiple of "
+           "config.json: field '{}group_size' is {}: the int{} kernels need a positive multiple of "
            "32",
-           wp, gs);
-  return int(gs);
+           wp, gs, bits);
+  c.quant_group = int(gs);
 }
+
+// compressed-tensors `quantization_config`: pack-quantized int4 / int8 (W4A16 / W8A16) or
+// mxfp4-pack-quantized (4-bit float e2m1 codes, one E8M0 scale per 32 inputs, symmetric, static)
+// on the linear layers the `ignore` list leaves. Call after the rest of the config is parsed.
 
 void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
   const std::string self = p.substr(0, p.size() - 1);
@@ -214,7 +219,7 @@ void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
     const std::string wp = gp + "weights.";
     MD_CHECK(w.is_object(), "config.json: field '{}weights' must be an object", gp);
     if (format == "pack-quantized") {
-      c.int4_group = parse_int4_weights(w, wp);
+      parse_int_weights(w, wp, c);
       continue;
     }
     const int64_t bits = get_int(w, wp, "num_bits");
@@ -235,31 +240,19 @@ void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
     MD_CHECK(sd == "torch.uint8",
              "config.json: field '{}scale_dtype' must be \"torch.uint8\" (E8M0), got '{}'", wp, sd);
   }
-  const std::vector<std::string> ignore = parse_ignore(q, p);
-  if (format == "pack-quantized") {
-    // Which linears are int4 is decided per module at load (model/binder.h), by this list.
-    c.quant_ignore = ignore;
-    return;
-  }
-  // Only the routed experts may be quantized: check representative module names.
-  const std::string m = c.tensor_prefix + "model.layers.1.";
-  MD_CHECK(!quant_ignored(ignore, m + "block_sparse_moe.experts.0.w1"),
-           "config.json: {}ignore excludes the routed experts: nothing would be MXFP4 (only "
-           "routed-expert MXFP4 is supported)",
-           p);
-  for (const std::string& kept :
-       {m + "self_attn.q_proj", m + "block_sparse_moe.shared_experts.gate_proj",
-        c.tensor_prefix + "model.layers.0.mlp.gate_proj", c.tensor_prefix + "lm_head"})
-    MD_CHECK(quant_ignored(ignore, kept),
-             "config.json: {}ignore does not exclude '{}': only the routed experts may be MXFP4", p,
-             kept);
-  MD_CHECK(c.num_experts > 0,
-           "config.json: {} quantizes routed experts but the model has no MoE layers", self);
-  MD_CHECK(c.expert_dim() % 32 == 0 && c.moe_intermediate_size % 32 == 0,
+  c.quant_ignore = parse_ignore(q, p);
+  if (format == "pack-quantized") return;  // (which linears: model/binder.h, by the list)
+  c.linear_quant = WeightQuant::kMxfp4;
+  c.quant_group = 32;
+  // The routed experts are MXFP4 unless the list names them (K3's release); other linears are
+  // when the checkpoint packs them.
+  c.experts_mxfp4 =
+      c.num_experts > 0 &&
+      !quant_ignored(c.quant_ignore, c.tensor_prefix + "model.layers.1.block_sparse_moe.experts.0.w1");
+  MD_CHECK(!c.experts_mxfp4 || (c.expert_dim() % 32 == 0 && c.moe_intermediate_size % 32 == 0),
            "config.json: MXFP4 experts need the expert input width ({}) and moe_intermediate_size "
            "({}) to be multiples of the group size 32",
            c.expert_dim(), c.moe_intermediate_size);
-  c.experts_mxfp4 = true;
 }
 
 // The kimi_linear schema: the whole file for Kimi Linear, `text_config` for K3. `p` is the JSON

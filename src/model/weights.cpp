@@ -139,9 +139,26 @@ ModelWeights walk(const ModelConfig& c, Binder& b) {
 
 }  // namespace
 
+bool quantized_outside_experts(const ModelWeights& w) {
+  auto ffn = [](const FfnWeights& f) {
+    return f.gate.quantized() || f.up.quantized() || f.down.quantized();
+  };
+  if (w.embed.quantized() || w.lm_head.quantized()) return true;
+  for (const LayerWeights& L : w.layers) {
+    const KdaWeights& k = L.kda;
+    const MlaWeights& a = L.mla;
+    for (const Mat* m : {&k.q, &k.k, &k.v, &k.f_a, &k.f_b, &k.b, &k.g_a, &k.g_b, &k.g, &k.o, &a.q,
+                         &a.q_a, &a.q_b, &a.g, &a.kv_a, &a.kv_b, &a.o, &L.moe.router,
+                         &L.moe.latent_down, &L.moe.latent_up})
+      if (m->quantized()) return true;
+    if (ffn(L.dense) || ffn(L.moe.shared)) return true;
+  }
+  return false;
+}
+
 ModelWeights bind_weights(const ModelConfig& cfg, const Checkpoint& ckpt) {
   Binder b(&ckpt, nullptr, cfg.tensor_prefix);
-  if (cfg.int4_group >= 0) b.set_int4(cfg.int4_group, cfg.quant_ignore);
+  b.set_quant(cfg.linear_quant, cfg.quant_group, cfg.quant_ignore);
   ModelWeights w = walk(cfg, b);
   w.ignored_tensors = b.check_no_extra();
   if (w.ignored_tensors > 0)
@@ -153,7 +170,7 @@ ModelWeights bind_weights(const ModelConfig& cfg, const Checkpoint& ckpt) {
 std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg) {
   std::vector<TensorSpec> specs;
   Binder b(nullptr, &specs);
-  if (cfg.int4_group >= 0) b.set_int4(cfg.int4_group, cfg.quant_ignore);
+  b.set_quant(cfg.linear_quant, cfg.quant_group, cfg.quant_ignore);
   walk(cfg, b);
   return specs;
 }
@@ -169,10 +186,11 @@ ModelSizes model_sizes(const ModelConfig& c) {
   for (const TensorSpec& t : expected_tensors(c)) {
     int64_t n = 1;
     for (int64_t d : t.shape) n *= d;
-    // 4-bit codes: MXFP4's weight_packed holds two weights a byte, int4's eight an int32;
+    // Codes: MXFP4's weight_packed holds two weights a byte, int4's eight an int32, int8's four;
     // weight_scale and weight_shape hold no weights (their bytes count: an MXFP4 weight costs
     // 4 + 8/32 = 4.25 bits).
-    if (ends_with(t.name, ".weight_packed")) n *= t.dtype == DType::I32 ? 8 : 2;
+    if (ends_with(t.name, ".weight_packed"))
+      n *= t.dtype != DType::I32 ? 2 : c.linear_quant == WeightQuant::kInt8 ? 4 : 8;
     if (ends_with(t.name, ".weight_scale") || ends_with(t.name, ".weight_shape")) n = 0;
     s.total_params += n;
     s.total_bytes += double(t.nbytes());
@@ -186,14 +204,16 @@ ModelSizes model_sizes(const ModelConfig& c) {
   }
   int moe_layers = 0;
   for (FfnKind f : c.ffn_kind) moe_layers += f == FfnKind::MoE;
-  // The routed experts' bytes per weight: MXFP4 4.25 bits; a pack-quantized checkpoint's int4
-  // (unless its ignore list names the experts) 4 bits + a bf16 scale per group; else bf16.
-  const bool int4_experts =
-      c.int4_group >= 0 &&
+  // The routed experts' bytes per weight: MXFP4 4.25 bits; a pack-quantized checkpoint's int4 /
+  // int8 (unless its ignore list names the experts) 4 / 8 bits + a bf16 scale per group; else
+  // bf16.
+  const bool int_experts =
+      (c.linear_quant == WeightQuant::kInt4 || c.linear_quant == WeightQuant::kInt8) &&
       !quant_ignored(c.quant_ignore, c.tensor_prefix + "model.layers.1.block_sparse_moe.experts.0.w1");
-  const double int4_bpw = 0.5 + 2.0 / double(c.int4_group > 0 ? c.int4_group : c.expert_dim());
+  const double int_bpw = (c.linear_quant == WeightQuant::kInt8 ? 1.0 : 0.5) +
+                         2.0 / double(c.quant_group > 0 ? c.quant_group : c.expert_dim());
   s.expert_bytes = c.experts_mxfp4 ? expert_params * 4.25 / 8
-                   : int4_experts  ? expert_params * int4_bpw
+                   : int_experts   ? expert_params * int_bpw
                                    : expert_params * 2;
   s.active_params += int64_t(expert_params) * c.num_experts_per_token * moe_layers;
   s.active_bytes += s.expert_bytes * c.num_experts_per_token * moe_layers;

@@ -1,4 +1,4 @@
-// Load-time int4 quantization (engine/quantize.h) on whole models: the quantized logits against a
+// Load-time quantization (engine/quantize.h: int4, int8, MXFP4) on whole models: the quantized logits against a
 // float64-checked reference of the same model with every quantized matrix replaced by its
 // dequantized fp32 copy; the CPU executors bit for bit against the reference path; what is and is
 // not quantized; bad options.
@@ -16,32 +16,42 @@
 #include "megadecode/engine/quantize.h"
 #include "megadecode/exec/cpu_executor.h"
 #include "megadecode/kernels/cpu/int4.h"
+#include "megadecode/kernels/cpu/int8.h"
+#include "megadecode/kernels/cpu/mxfp4.h"
 #include "test_util.h"
 
 namespace md {
 namespace {
 
-ModelOptions opts(Precision p, int group) {
+ModelOptions opts(Precision p, int group, QuantScheme scheme = QuantScheme::kInt4) {
   ModelOptions o;
   o.precision = p;
   o.threads = 1;
   o.pin_threads = false;
-  o.quantize.scheme = QuantScheme::kInt4;
+  o.quantize.scheme = scheme;
   o.quantize.group = group;
   return o;
 }
 
-// Replaces every int4 matrix of w by its dequantized values as an fp32 matrix (owned by w).
-int dequantize_all(ModelWeights& w) {
+// Replaces every matrix of w in `format` by its dequantized values as an fp32 matrix (owned by
+// w).
+int dequantize_all(ModelWeights& w, WeightQuant format) {
   int n = 0;
   auto fix = [&](Mat& m) {
-    if (!m.int4()) return;
+    if (m.quant != format) return;
     auto buf = std::make_shared<std::vector<uint8_t>>(size_t(m.rows * m.cols) * 4);
     auto* out = reinterpret_cast<float*>(buf->data());
     const auto* scales = reinterpret_cast<const bf16*>(m.scales);
-    for (int64_t r = 0; r < m.rows; ++r)
-      cpu::dequantize_int4_row(m.packed_data() + r * m.cols / 2, scales + r * (m.cols / m.group),
-                               m.cols, m.group, out + r * m.cols);
+    for (int64_t r = 0; r < m.rows; ++r) {
+      const uint8_t* codes = m.packed_data() + r * m.code_row_bytes();
+      float* o = out + r * m.cols;
+      if (m.int4())
+        cpu::dequantize_int4_row(codes, scales + r * (m.cols / m.group), m.cols, m.group, o);
+      else if (m.int8())
+        cpu::dequantize_int8_row(codes, scales + r * (m.cols / m.group), m.cols, m.group, o);
+      else
+        cpu::dequantize_mxfp4_row(codes, m.scales + r * m.scale_row_bytes(), m.cols, o);
+    }
     Mat f;
     f.data = out;
     f.dtype = DType::F32;
@@ -90,23 +100,40 @@ class QuantizeTest : public ::testing::TestWithParam<const char*> {
   std::string dir() const { return test::shared_checkpoint(GetParam(), 5); }
 };
 
-// In FP32 precision (no bf16 rounding points) the int4 model and its dequantized fp32 twin
+// In FP32 precision (no bf16 rounding points) the quantized model and its dequantized fp32 twin
 // compute the same function with the same weights; they differ only in the fp32 accumulation
-// order of each matmul (the int4 kernel's 32-column runs vs the fp32 kernel's lanes), which is
-// ~sqrt(K) u relative per output and stays at that order through the layers (norms rescale,
+// order of each matmul (the quantized kernels' 32-column runs vs the fp32 kernel's lanes), which
+// is ~sqrt(K) u relative per output and stays at that order through the layers (norms rescale,
 // nothing amplifies it by more than the layer count). So |dlogit| <= 1e-4 * rms(logits) is ~50x
-// the expected gap; a wrong scale, group or nibble anywhere moves logits by ~rms (the test of the
-// bf16 model below shows quantization itself moves them by far more than this tolerance).
-TEST_P(QuantizeTest, Int4LogitsMatchTheDequantizedFp32Model) {
-  for (int group : {32, 0}) {
-    Model q(dir(), opts(Precision::FP32, group));
-    ASSERT_GT(q.quantize_report().matrices, 0);
-    EXPECT_LT(q.quantize_report().bytes_after, 0.35 * q.quantize_report().bytes_before);
-    ModelOptions plain = opts(Precision::FP32, group);
-    plain.quantize.scheme = QuantScheme::kNone;
+// the expected gap; a wrong scale, group, code or byte order anywhere moves logits by ~rms (the
+// check against the bf16 model below shows quantization itself moves them by far more than this
+// tolerance). Each scheme, with groups and per-row scales where the scheme has them; the bytes
+// after quantization against the format's bits per weight.
+TEST_P(QuantizeTest, LogitsMatchTheDequantizedFp32Model) {
+  struct Case {
+    QuantScheme scheme;
+    int group;
+    double max_ratio;  // bytes after / before: bits / 16 plus the scales, with margin
+  };
+  for (const Case& c : {Case{QuantScheme::kInt4, 32, 0.35}, Case{QuantScheme::kInt4, 0, 0.3},
+                        Case{QuantScheme::kInt8, 32, 0.6}, Case{QuantScheme::kInt8, 0, 0.55},
+                        Case{QuantScheme::kMxfp4, -1, 0.3}}) {
+    const std::string what =
+        std::string(GetParam()) + " " + std::string(quant_scheme_name(c.scheme)) + " group " +
+        std::to_string(c.group);
+    Model q(dir(), opts(Precision::FP32, c.group, c.scheme));
+    const QuantizeReport& rep = q.quantize_report();
+    ASSERT_GT(rep.matrices, 0) << what;
+    EXPECT_LT(rep.bytes_after, c.max_ratio * rep.bytes_before) << what;
+    ModelOptions plain = opts(Precision::FP32, c.group, QuantScheme::kNone);
     Model ref(dir(), plain);
-    Model deq(dir(), opts(Precision::FP32, group));
-    EXPECT_EQ(dequantize_all(deq.mutable_weights()), q.quantize_report().matrices);
+    Model deq(dir(), opts(Precision::FP32, c.group, c.scheme));
+    // (K3's routed experts are MXFP4 as loaded: the MXFP4 twin dequantizes them too.)
+    const int n = dequantize_all(deq.mutable_weights(), quant_format(c.scheme));
+    if (c.scheme == QuantScheme::kMxfp4)
+      EXPECT_GE(n, rep.matrices) << what;
+    else
+      EXPECT_EQ(n, rep.matrices) << what;
     const std::vector<int32_t> ids = ids_for(q, 12);
     const auto yq = run(q, ids), yd = run(deq, ids), yr = run(ref, ids);
     double ss = 0, dmax = 0, qgap = 0;
@@ -116,29 +143,32 @@ TEST_P(QuantizeTest, Int4LogitsMatchTheDequantizedFp32Model) {
       qgap = std::max(qgap, std::fabs(double(yr[i]) - yd[i]));
     }
     const double rms = std::sqrt(ss / double(yq.size()));
-    EXPECT_LE(dmax, 1e-4 * rms) << GetParam() << " group " << group;
+    EXPECT_LE(dmax, 1e-4 * rms) << what;
     // Quantization is not a no-op: the bf16 weights give other logits.
-    EXPECT_GT(qgap, 100 * 1e-4 * rms) << GetParam() << " group " << group;
+    EXPECT_GT(qgap, 100 * 1e-4 * rms) << what;
   }
 }
 
-// The plan executors run int4 matrices through the same kernel entry as the reference path, so
-// they stay bit-identical to it (BF16 precision, batches of 2).
+// The plan executors run quantized matrices through the same kernel entry as the reference path,
+// so they stay bit-identical to it (BF16 precision, batches of 2), in every format.
 TEST_P(QuantizeTest, ExecutorsAreBitIdenticalToTheReferencePath) {
-  Model m(dir(), opts(Precision::BF16, 32));
-  const int64_t V = m.config().vocab_size;
-  const std::vector<int32_t> ids = ids_for(m, 6);
-  const auto want = run(m, ids);
-  for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
-    CpuExecutor ex(m, 2, 2, kind);
-    SequenceState a = ex.new_sequence(), b = ex.new_sequence();
-    std::vector<float> out(2 * size_t(V));
-    for (size_t i = 0; i < ids.size(); ++i) {
-      std::vector<SequenceState*> seqs = {&a, &b};
-      std::vector<int32_t> toks = {ids[i], ids[(i + 3) % ids.size()]};
-      ex.step(seqs, toks, out.data());
-      ASSERT_EQ(0, std::memcmp(out.data(), want.data() + i * size_t(V), size_t(V) * 4))
-          << GetParam() << " " << executor_name(kind) << " step " << i;
+  for (QuantScheme scheme : {QuantScheme::kInt4, QuantScheme::kInt8, QuantScheme::kMxfp4}) {
+    Model m(dir(), opts(Precision::BF16, scheme == QuantScheme::kMxfp4 ? -1 : 32, scheme));
+    const int64_t V = m.config().vocab_size;
+    const std::vector<int32_t> ids = ids_for(m, 6);
+    const auto want = run(m, ids);
+    for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
+      CpuExecutor ex(m, 2, 2, kind);
+      SequenceState a = ex.new_sequence(), b = ex.new_sequence();
+      std::vector<float> out(2 * size_t(V));
+      for (size_t i = 0; i < ids.size(); ++i) {
+        std::vector<SequenceState*> seqs = {&a, &b};
+        std::vector<int32_t> toks = {ids[i], ids[(i + 3) % ids.size()]};
+        ex.step(seqs, toks, out.data());
+        ASSERT_EQ(0, std::memcmp(out.data(), want.data() + i * size_t(V), size_t(V) * 4))
+            << GetParam() << " " << quant_scheme_name(scheme) << " " << executor_name(kind)
+            << " step " << i;
+      }
     }
   }
 }
@@ -151,12 +181,12 @@ INSTANTIATE_TEST_SUITE_P(Presets, QuantizeTest, ::testing::Values("tiny", "k3-ti
 TEST(Quantize, WhatIsQuantized) {
   Model m(test::shared_checkpoint("tiny", 5), opts(Precision::BF16, 32));
   const ModelWeights& w = m.weights();
-  EXPECT_FALSE(w.embed.packed4());
-  EXPECT_FALSE(w.lm_head.packed4());  // lm_head only with QuantizeOptions::lm_head
+  EXPECT_FALSE(w.embed.quantized());
+  EXPECT_FALSE(w.lm_head.quantized());  // lm_head only with QuantizeOptions::lm_head
   bool any_router = false, kvb = false, proj = true;
   for (const LayerWeights& L : w.layers) {
-    any_router |= L.moe.router.packed4();
-    kvb |= L.mla.kv_b.packed4();
+    any_router |= L.moe.router.quantized();
+    kvb |= L.mla.kv_b.quantized();
     if (L.kda.q.data) proj &= L.kda.q.int4() && L.kda.o.int4();
     for (const FfnWeights& e : L.moe.experts) proj &= !e.gate.data || e.gate.int4();
   }
@@ -191,7 +221,16 @@ TEST(Quantize, BadGroupsAreErrorsNamingTheProblem) {
   EXPECT_GT(m.quantize_report().kept, 0);
   EXPECT_NE(m.quantize_report().first_kept.find("columns"), std::string::npos);
   EXPECT_EQ(parse_quant_scheme("int4"), QuantScheme::kInt4);
+  EXPECT_EQ(parse_quant_scheme("int8"), QuantScheme::kInt8);
+  EXPECT_EQ(parse_quant_scheme("mxfp4"), QuantScheme::kMxfp4);
   EXPECT_FALSE(parse_quant_scheme("int3").has_value());
+  // MXFP4's group is the format's.
+  try {
+    Model x(dir, opts(Precision::BF16, 64, QuantScheme::kMxfp4));
+    ADD_FAILURE() << "mxfp4 with group 64 loaded";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("one E8M0 scale per 32 columns"));
+  }
 }
 
 }  // namespace

@@ -331,5 +331,55 @@ TEST(Mxfp4, NanScalePropagates) {
   }
 }
 
+// The load-time quantizer (quantize_mxfp4_row) on hand-picked groups, each value's expected code
+// worked out from compressed-tensors' rule (mxfp4.h): the scale's power-of-two rounding at 1.75,
+// the e2m1 intervals' ties to the even code, saturation, zero groups and negative zeros.
+TEST(Mxfp4, QuantizeRowFollowsCompressedTensors) {
+  auto quantize = [](std::vector<float> vals, uint8_t* scale) {
+    vals.resize(32, 0.0f);
+    std::vector<bf16> w(32);
+    for (int i = 0; i < 32; ++i) w[i] = f32_to_bf16(vals[size_t(i)]);
+    std::vector<uint8_t> packed(16, 0xEE);
+    quantize_mxfp4_row(w.data(), 32, packed.data(), scale);
+    std::vector<int> codes(32);
+    for (int i = 0; i < 32; ++i) codes[size_t(i)] = i % 2 ? packed[i / 2] >> 4 : packed[i / 2] & 15;
+    return codes;
+  };
+  uint8_t s = 0;
+  // max 6 = 1.5 * 2^2: stays 2^2, scale 127 + 2 - 2 = 127 (values as they are). Ties: 0.25 -> 0,
+  // 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4; 5.5 -> 6; -0.1 -> 0 (no sign).
+  auto c = quantize({6, 0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5, 5.5f, -0.1f, -3, -0.5f}, &s);
+  EXPECT_EQ(s, 127);
+  const int want[] = {7, 0, 2, 2, 4, 4, 6, 6, 7, 0, 8 | 5, 8 | 1};
+  for (int i = 0; i < 12; ++i) EXPECT_EQ(c[size_t(i)], want[i]) << "value " << i;
+  // max 7 = 1.75 * 2^2 rounds up to 2^3: scale 128, values halved; 7 / 2 = 3.5 -> 4.
+  c = quantize({7, 1}, &s);
+  EXPECT_EQ(s, 128);
+  EXPECT_EQ(c[0], 6);
+  EXPECT_EQ(c[1], 1);  // 0.5
+  // max 1.7 * 2^-10 stays 2^-10: scale 115; 1.7 * 4 = 6.8 saturates to 6.
+  c = quantize({std::ldexp(1.7f, -10)}, &s);
+  EXPECT_EQ(s, 115);
+  EXPECT_EQ(c[0], 7);
+  // An all-zero group: scale 0, codes 0 (also for -0).
+  c = quantize({0.0f, -0.0f}, &s);
+  EXPECT_EQ(s, 0);
+  EXPECT_EQ(c[0], 0);
+  EXPECT_EQ(c[1], 0);
+  // The codes decode to the rounded values times the scale (the kernels' view).
+  std::vector<bf16> w(64);
+  Rng rng(9);
+  for (auto& v : w) v = f32_to_bf16(static_cast<float>(rng.normal() * 0.02));
+  std::vector<uint8_t> packed(32), scales(2);
+  quantize_mxfp4_row(w.data(), 64, packed.data(), scales.data());
+  std::vector<float> back(64);
+  dequantize_mxfp4_row(packed.data(), scales.data(), 64, back.data());
+  for (int k = 0; k < 64; ++k) {
+    const double step = std::ldexp(1.0, int(scales[size_t(k / 32)]) - 127);  // e2m1 spacing <= 2
+    EXPECT_LE(std::fabs(double(back[size_t(k)]) - bf16_to_f32(w[size_t(k)])), step * 1.0001)
+        << k;
+  }
+}
+
 }  // namespace
 }  // namespace md::cpu

@@ -1,6 +1,7 @@
-// compressed-tensors pack-quantized int4 checkpoints: `megadecode quantize` writes one from a
-// bf16 checkpoint and the loader (model/binder.h Binder::linear, config.cpp) reads it back to the
-// same bits as `--quantize int4` on the original; the packed codes follow compressed-tensors'
+// compressed-tensors checkpoints with quantized linears (pack-quantized int4 / int8,
+// mxfp4-pack-quantized): `megadecode quantize --scheme` writes one from a bf16 checkpoint and the
+// loader (model/binder.h Binder::linear, config.cpp) reads it back to the same bits as
+// `--quantize SCHEME` on the original; the packed codes follow compressed-tensors'
 // pack_to_int32 definition (checked here from the original bf16 weights, independently of the
 // quantizer); the config is the format's; bad configs and tensors are errors naming the problem.
 #include <gmock/gmock.h>
@@ -57,31 +58,44 @@ std::vector<float> logits_of(Model& m, const std::vector<int32_t>& prompt) {
   return out;
 }
 
-// `megadecode quantize` of a golden model into dir.
-void write_quantized(const std::string& model, const std::string& dir, int group) {
-  const auto r = test::run_cli("quantize --model " + model + " --out " + dir +
-                               " --quant-group " + std::to_string(group));
+// `megadecode quantize` of a golden model into dir (group -1: the scheme's default).
+void write_quantized(const std::string& model, const std::string& dir, int group,
+                     const std::string& scheme = "int4") {
+  const auto r = test::run_cli("quantize --model " + model + " --out " + dir + " --scheme " +
+                               scheme + " --quant-group " + std::to_string(group));
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("matrices in int4"));
+  EXPECT_THAT(r.out, HasSubstr("matrices in " + scheme));
 }
 
 TEST(PackQuantized, AWrittenCheckpointLoadsBackToTheSameBitsAsQuantizingAtLoad) {
-  for (const std::string name : {"tiny", "small"})
-    for (int group : {32, 0}) {
-      SCOPED_TRACE(name + " group " + std::to_string(group));
+  struct Case {
+    const char* model;
+    QuantScheme scheme;
+    int group;
+  };
+  for (const Case& c : {Case{"tiny", QuantScheme::kInt4, 32}, Case{"tiny", QuantScheme::kInt4, 0},
+                        Case{"tiny", QuantScheme::kInt8, 64}, Case{"tiny", QuantScheme::kMxfp4, -1},
+                        Case{"small", QuantScheme::kInt4, 32}, Case{"small", QuantScheme::kInt8, 0},
+                        Case{"small", QuantScheme::kMxfp4, -1}}) {
+    {
+      const std::string name = c.model, scheme(quant_scheme_name(c.scheme));
+      SCOPED_TRACE(name + " " + scheme + " group " + std::to_string(c.group));
       test::TempDir d("pack_quantized");
       const std::string src = golden_dir(name), out = d / "q";
-      write_quantized(src, out, group);
+      write_quantized(src, out, c.group, scheme);
       const std::vector<int32_t> prompt = prompt_of(src);
       for (Precision p : {Precision::BF16, Precision::FP32}) {
         ModelOptions at_load = plain(p);
-        at_load.quantize.scheme = QuantScheme::kInt4;
-        at_load.quantize.group = group;
+        at_load.quantize.scheme = c.scheme;
+        at_load.quantize.group = c.group;
         Model want(src, at_load);
         Model got(out, plain(p));
         ASSERT_GT(want.quantize_report().matrices, 0);
-        EXPECT_EQ(got.quantize_report().matrices, 0);  // nothing to do at load: it is int4 already
-        EXPECT_EQ(got.config().int4_group, group);
+        // Nothing to do at load: it is quantized already, in the same format.
+        EXPECT_EQ(got.quantize_report().matrices, 0);
+        EXPECT_EQ(got.config().linear_quant, quant_format(c.scheme));
+        EXPECT_EQ(got.config().quant_group, effective_quant_group(c.scheme, c.group));
+        EXPECT_TRUE(quantized_outside_experts(got.weights()));
         const std::vector<float> a = logits_of(want, prompt), b = logits_of(got, prompt);
         ASSERT_EQ(a.size(), b.size());
         EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
@@ -98,6 +112,7 @@ TEST(PackQuantized, AWrittenCheckpointLoadsBackToTheSameBitsAsQuantizingAtLoad) 
         EXPECT_EQ(std::memcmp(x.data(), y.data(), size_t(V) * 4), 0);
       }
     }
+  }
 }
 
 // The config and the tensors are compressed-tensors' pack-quantized format: checked field by
@@ -164,6 +179,124 @@ TEST(PackQuantized, TheCheckpointIsCompressedTensorsFormat) {
   EXPECT_GT(modules, 50);
 }
 
+// int8 (pack-quantized, 8 bits) and MXFP4 (mxfp4-pack-quantized) checkpoints: the config fields,
+// and every code against the format's definition applied to the original bf16 weights, written
+// out here independently of the quantizers: int8 q = clamp(round_half_even(w / s), -128, 127)
+// with s = bf16(max|w| / 127.5), byte i of int32 j = q + 128 of column 4j + i; MXFP4 scale
+// e + 125 where 2^e is max|w| rounded to a power of two (1.75 * 2^k and up round up), code = the
+// nearest e2m1 magnitude of w / 2^(e - 2) (ties to the even code, > 5 saturating to 6) with the
+// sign in bit 3 (none on zero), low nibble first.
+TEST(PackQuantized, Int8AndMxfp4CheckpointsAreTheFormat) {
+  const std::string src = golden_dir("tiny");
+  const Checkpoint orig(src);
+  {
+    test::TempDir d("int8_format");
+    const std::string out = d / "q";
+    write_quantized(src, out, 64, "int8");
+    std::ifstream f(out + "/config.json");
+    const nlohmann::json q = nlohmann::json::parse(f)["quantization_config"];
+    EXPECT_EQ(q["format"], "pack-quantized");
+    EXPECT_EQ(q["config_groups"]["group_0"]["weights"]["num_bits"], 8);
+    EXPECT_EQ(q["config_groups"]["group_0"]["weights"]["type"], "int");
+    EXPECT_EQ(q["config_groups"]["group_0"]["weights"]["group_size"], 64);
+    const Checkpoint packed(out);
+    int modules = 0;
+    for (const auto& [name, t] : packed.tensors()) {
+      const size_t at = name.rfind(".weight_packed");
+      if (at == std::string::npos || at + 14 != name.size()) continue;
+      const std::string module = name.substr(0, at);
+      SCOPED_TRACE(module);
+      ++modules;
+      const TensorInfo& w = orig.get(module + ".weight");
+      const TensorInfo& s = packed.get(module + ".weight_scale");
+      const int64_t rows = w.shape[0], cols = w.shape[1], groups = cols / 64;
+      ASSERT_EQ(t.dtype, DType::I32);
+      ASSERT_EQ(t.shape, (std::vector<int64_t>{rows, cols / 4}));
+      ASSERT_EQ(s.shape, (std::vector<int64_t>{rows, groups}));
+      const auto* wv = static_cast<const bf16*>(w.data);
+      const auto* sv = static_cast<const bf16*>(s.data);
+      const auto* pv = static_cast<const int32_t*>(t.data);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < groups; ++g) {
+          double amax = 0;
+          for (int64_t k = g * 64; k < g * 64 + 64; ++k)
+            amax = std::max(amax, std::fabs(double(bf16_to_f32(wv[r * cols + k]))));
+          ASSERT_EQ(bf16_to_f32(sv[r * groups + g]), round_bf16(float(amax / 127.5)));
+        }
+        for (int64_t j = 0; j < cols / 4; ++j) {
+          uint32_t want = 0;
+          for (int i = 0; i < 4; ++i) {
+            const int64_t col = 4 * j + i;
+            const float x = bf16_to_f32(wv[r * cols + col]) / bf16_to_f32(sv[r * groups + col / 64]);
+            const int qv = int(std::clamp(std::nearbyint(x), -128.0f, 127.0f));
+            want |= uint32_t(qv + 128) << (8 * i);
+          }
+          ASSERT_EQ(uint32_t(pv[r * (cols / 4) + j]), want) << "row " << r << " int32 " << j;
+        }
+      }
+    }
+    EXPECT_GT(modules, 50);
+  }
+  {
+    test::TempDir d("mxfp4_format");
+    const std::string out = d / "q";
+    write_quantized(src, out, -1, "mxfp4");
+    std::ifstream f(out + "/config.json");
+    const nlohmann::json q = nlohmann::json::parse(f)["quantization_config"];
+    EXPECT_EQ(q["format"], "mxfp4-pack-quantized");
+    const nlohmann::json& w = q["config_groups"]["group_0"]["weights"];
+    EXPECT_EQ(w["num_bits"], 4);
+    EXPECT_EQ(w["type"], "float");
+    EXPECT_EQ(w["group_size"], 32);
+    EXPECT_EQ(w["scale_dtype"], "torch.uint8");
+    const double grid[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    const Checkpoint packed(out);
+    int modules = 0;
+    for (const auto& [name, t] : packed.tensors()) {
+      const size_t at = name.rfind(".weight_packed");
+      if (at == std::string::npos || at + 14 != name.size()) continue;
+      const std::string module = name.substr(0, at);
+      SCOPED_TRACE(module);
+      ++modules;
+      const TensorInfo& wt = orig.get(module + ".weight");
+      const TensorInfo& s = packed.get(module + ".weight_scale");
+      EXPECT_FALSE(packed.find(module + ".weight_shape"));
+      const int64_t rows = wt.shape[0], cols = wt.shape[1];
+      ASSERT_EQ(t.dtype, DType::U8);
+      ASSERT_EQ(s.dtype, DType::U8);
+      ASSERT_EQ(t.shape, (std::vector<int64_t>{rows, cols / 2}));
+      ASSERT_EQ(s.shape, (std::vector<int64_t>{rows, cols / 32}));
+      const auto* wv = static_cast<const bf16*>(wt.data);
+      const auto* sv = static_cast<const uint8_t*>(s.data);
+      const auto* pv = static_cast<const uint8_t*>(t.data);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t g = 0; g < cols / 32; ++g) {
+          double amax = 0;
+          for (int64_t k = g * 32; k < g * 32 + 32; ++k)
+            amax = std::max(amax, std::fabs(double(bf16_to_f32(wv[r * cols + k]))));
+          ASSERT_GT(amax, 0);  // (random weights)
+          int e = int(std::floor(std::log2(amax)));
+          if (amax / std::ldexp(1.0, e) >= 1.75) ++e;
+          const int scale = e + 125;
+          ASSERT_EQ(int(sv[r * (cols / 32) + g]), scale) << "row " << r << " group " << g;
+          for (int64_t k = g * 32; k < g * 32 + 32; ++k) {
+            const double v = double(bf16_to_f32(wv[r * cols + k])) / std::ldexp(1.0, scale - 127);
+            int best = 0;
+            for (int m = 1; m < 8; ++m) {
+              const double dm = std::fabs(std::fabs(v) - grid[m]),
+                           db = std::fabs(std::fabs(v) - grid[best]);
+              if (dm < db || (dm == db && m % 2 == 0)) best = m;
+            }
+            const int want = best != 0 && v < 0 ? best | 8 : best;
+            const uint8_t byte = pv[r * (cols / 2) + k / 2];
+            ASSERT_EQ(k % 2 ? byte >> 4 : byte & 15, want) << "row " << r << " col " << k;
+          }
+        }
+    }
+    EXPECT_GT(modules, 50);
+  }
+}
+
 TEST(PackQuantized, BadConfigsAndTensorsAreErrorsNamingTheProblem) {
   test::TempDir d("pack_bad");
   const std::string src = golden_dir("tiny"), out = d / "q";
@@ -186,9 +319,12 @@ TEST(PackQuantized, BadConfigsAndTensorsAreErrorsNamingTheProblem) {
     return c["quantization_config"]["config_groups"]["group_0"]["weights"];
   };
   EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["symmetric"] = false; }),
-              HasSubstr("asymmetric int4"));
+              HasSubstr("asymmetric weights"));
+  EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["num_bits"] = 2; }),
+              HasSubstr("num_bits' is 2"));
+  // 8 bits with the 4-bit tensors: the packed tensor's shape is named.
   EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["num_bits"] = 8; }),
-              HasSubstr("8-bit is not supported"));
+              HasSubstr("weight_packed"));
   EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["group_size"] = 48; }),
               HasSubstr("multiple of 32"));
   EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["group_size"] = 64; }),
@@ -223,7 +359,7 @@ TEST(PackQuantized, BadConfigsAndTensorsAreErrorsNamingTheProblem) {
         try {
           CudaExecutor ex(m, 1, ExecutorKind::kMegakernel, CudaTarget::kSim, ExecutorOptions{});
         } catch (const Error& e) {
-          EXPECT_THAT(e.what(), HasSubstr("pack-quantized checkpoint runs with --device cpu"));
+          EXPECT_THAT(e.what(), HasSubstr("quantized linears run with --device cpu"));
           throw;
         }
       },

@@ -427,7 +427,7 @@ TEST(WeightsK3, Mxfp4AndK3TensorErrorsAreNamed) {
       {"packed_shape", reshape(P + "1.block_sparse_moe.experts.0.w3.weight_packed", {32, 32}),
        "tensor " + P + "1.block_sparse_moe.experts.0.w3.weight_packed"},
       {"packed_dtype", retype(P + "1.block_sparse_moe.experts.0.w1.weight_packed", DType::BF16),
-       "dtype BF16 is not supported for an MXFP4 expert weight"},
+       "dtype BF16 is not supported for an MXFP4 weight"},
       {"res_proj", reshape(P + "4.mlp_res_proj.weight", {64}),
        "tensor " + P + "4.mlp_res_proj.weight"},
       {"latent", drop(P + "3.block_sparse_moe.routed_expert_norm.weight"),

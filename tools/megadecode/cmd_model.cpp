@@ -452,6 +452,18 @@ void register_run_commands(CLI::App& app) {
                                               .c_str()
                                         : "hidden width",
                     cfg.experts_mxfp4 ? ", MXFP4 (4.25 bits per weight)" : ", bf16", "");
+      if (cfg.linear_quant == WeightQuant::kInt4 || cfg.linear_quant == WeightQuant::kInt8 ||
+          (cfg.linear_quant == WeightQuant::kMxfp4 && !cfg.experts_mxfp4))
+        std::printf("quantized      linears not in quantization_config.ignore (%zu entries): %s, "
+                    "%s\n",
+                    cfg.quant_ignore.size(),
+                    cfg.linear_quant == WeightQuant::kInt4   ? "int4"
+                    : cfg.linear_quant == WeightQuant::kInt8 ? "int8"
+                                                             : "MXFP4",
+                    cfg.linear_quant == WeightQuant::kMxfp4 ? "E8M0 scale per 32 columns"
+                    : cfg.quant_group
+                        ? fmt::format("bf16 scale per {} columns", cfg.quant_group).c_str()
+                        : "bf16 scale per row");
       std::printf("activation     %s\n", cfg.uses_situ()
                                              ? fmt::format("SiTU (beta {}, linear beta {})",
                                                            cfg.situ_beta, cfg.situ_linear_beta)

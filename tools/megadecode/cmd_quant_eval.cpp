@@ -140,7 +140,11 @@ void register_quant_eval(CLI::App& app) {
     mean /= double(n);
     const nlohmann::json j = {{"model", o->f.model},
                               {"quantize", o->f.quantize},
-                              {"quant_group", o->f.quant_group},
+                              {"quant_group", o->f.quantize == "none"
+                                                  ? 0
+                                                  : effective_quant_group(
+                                                        *parse_quant_scheme(o->f.quantize),
+                                                        o->f.quant_group)},
                               {"quantize_lm_head", o->f.quant_lm_head},
                               {"precision", o->f.precision},
                               {"reference_precision", plain.precision},

@@ -1,17 +1,22 @@
-// `megadecode quantize --model DIR --out DIR2 [--quant-group 128] [--quantize-lm-head]`: writes a
-// bf16 checkpoint's int4 quantization (the load-time quantizer's, engine/quantize.h) as a
-// compressed-tensors `pack-quantized` checkpoint, which loads back to the same bits as
-// `--quantize int4` on the original (docs/quantization.md "Writing").
+// `megadecode quantize --model DIR --out DIR2 [--scheme int4|int8|mxfp4] [--quant-group 128]
+// [--quantize-lm-head]`: writes a bf16 checkpoint's quantization (the load-time quantizer's,
+// engine/quantize.h) as a compressed-tensors checkpoint, which loads back to the same bits as
+// `--quantize SCHEME` on the original (docs/quantization.md "Writing").
 //
-// The format, as compressed-tensors' PackedQuantizationCompressor writes it: per quantized linear
-// MODULE, MODULE.weight_packed I32 [rows, cols/8] (pack_to_int32: code q + 8 of column 8j + i in
-// bits 4i..4i+3 of int32 j, so the little-endian bytes are the int4 kernels' layout),
-// MODULE.weight_scale [rows, cols/group] in the model's dtype (bf16) and MODULE.weight_shape
-// [2]; config.json gains a quantization_config (quant_method compressed-tensors, format
-// pack-quantized, one config group targeting Linear with 4-bit symmetric int weights, and an
-// `ignore` list naming every linear left in bf16). Every other tensor and file is copied as is.
+// The formats, as compressed-tensors writes them, per quantized linear MODULE:
+//  * int4 / int8, `pack-quantized` (PackedQuantizationCompressor): MODULE.weight_packed I32
+//    [rows, cols * bits / 32] (pack_to_int32: code q + 2^(bits-1) of column (32/bits) j + i in
+//    bits i*bits.. of int32 j, so the little-endian bytes are the kernels' layout),
+//    MODULE.weight_scale [rows, cols/group] in the model's dtype (bf16) and MODULE.weight_shape [2];
+//  * MXFP4, `mxfp4-pack-quantized`: MODULE.weight_packed U8 [rows, cols/2] (two e2m1 codes a
+//    byte, low nibble first) and MODULE.weight_scale U8 [rows, cols/32] (E8M0), as Kimi K3's
+//    release stores its experts.
+// config.json gains a quantization_config (quant_method compressed-tensors, the format, one config
+// group targeting Linear, and an `ignore` list naming every linear left in bf16). Every other
+// tensor and file is copied as is.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -29,9 +34,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-nlohmann::json quantization_config(int group, const std::vector<std::string>& ignore) {
-  nlohmann::json w = {{"num_bits", 4},
-                      {"type", "int"},
+nlohmann::json quantization_config(QuantScheme scheme, int group,
+                                   const std::vector<std::string>& ignore) {
+  const bool mx = scheme == QuantScheme::kMxfp4;
+  const char* format = mx ? "mxfp4-pack-quantized" : "pack-quantized";
+  nlohmann::json w = {{"num_bits", scheme == QuantScheme::kInt8 ? 8 : 4},
+                      {"type", mx ? "float" : "int"},
                       {"symmetric", true},
                       {"strategy", group ? "group" : "channel"},
                       {"group_size", group ? nlohmann::json(group) : nlohmann::json(nullptr)},
@@ -40,8 +48,9 @@ nlohmann::json quantization_config(int group, const std::vector<std::string>& ig
                       {"block_structure", nullptr},
                       {"observer", "minmax"},
                       {"observer_kwargs", nlohmann::json::object()}};
+  if (mx) w["scale_dtype"] = "torch.uint8";
   return {{"quant_method", "compressed-tensors"},
-          {"format", "pack-quantized"},
+          {"format", format},
           {"quantization_status", "compressed"},
           {"config_groups",
            {{"group_0",
@@ -49,7 +58,7 @@ nlohmann::json quantization_config(int group, const std::vector<std::string>& ig
               {"weights", w},
               {"input_activations", nullptr},
               {"output_activations", nullptr},
-              {"format", "pack-quantized"}}}}},
+              {"format", format}}}}},
           {"ignore", ignore},
           {"kv_cache_scheme", nullptr}};
 }
@@ -59,18 +68,24 @@ nlohmann::json quantization_config(int group, const std::vector<std::string>& ig
 void register_quantize(CLI::App& app) {
   struct Opts {
     RunFlags f;
-    std::string out;
+    std::string out, scheme = "int4";
     bool force = false;
   };
   auto o = std::make_shared<Opts>();
   auto* c = app.add_subcommand(
-      "quantize", "write a bf16 checkpoint's int4 quantization as a compressed-tensors checkpoint");
+      "quantize", "write a bf16 checkpoint's quantization as a compressed-tensors checkpoint");
   o->f.add(c);
   c->add_option("--out", o->out, "the directory to write")->required();
+  c->add_option("--scheme", o->scheme,
+                "int4 or int8 (pack-quantized, W4A16 / W8A16, bf16 scale per --quant-group "
+                "columns) or mxfp4 (mxfp4-pack-quantized, E8M0 scale per 32)")
+      ->check(CLI::IsMember({"int4", "int8", "mxfp4"}));
   c->add_flag("--force", o->force, "overwrite an existing checkpoint in --out");
   c->callback([o] {
-    MD_CHECK(o->f.quantize == "none" || o->f.quantize == "int4",
-             "quantize: --quantize {}: the writer writes int4", o->f.quantize);
+    MD_CHECK(o->f.quantize == "none" || o->f.quantize == o->scheme,
+             "quantize: --quantize {} differs from --scheme {} (--scheme says what to write)",
+             o->f.quantize, o->scheme);
+    const QuantScheme scheme = *parse_quant_scheme(o->scheme);
     MD_CHECK(o->f.tp * o->f.ep == 1, "quantize: runs in one process (no --tp / --ep)");
     MD_CHECK(fs::path(o->out) != fs::path(o->f.model) &&
                  fs::weakly_canonical(o->out) != fs::weakly_canonical(o->f.model),
@@ -78,11 +93,11 @@ void register_quantize(CLI::App& app) {
     MD_CHECK(o->force || !fs::exists(fs::path(o->out) / "config.json"),
              "quantize: {} already holds a checkpoint (--force to overwrite)", o->out);
     const ModelConfig source_cfg = load_config_file((fs::path(o->f.model) / "config.json").string());
-    MD_CHECK(source_cfg.int4_group < 0 && !source_cfg.experts_mxfp4,
+    MD_CHECK(source_cfg.linear_quant == WeightQuant::kNone && !source_cfg.experts_mxfp4,
              "quantize: {} is already quantized (its config.json has a quantization_config)",
              o->f.model);
     RunFlags f = o->f;
-    f.quantize = "int4";
+    f.quantize = o->scheme;
     LoadedModel lm = load_model(f, /*with_tokenizer=*/false);
     const Model& model = *lm.model;
     const QuantizeReport& rep = model.quantize_report();
@@ -96,7 +111,7 @@ void register_quantize(CLI::App& app) {
     const Checkpoint& ck = model.checkpoint();
     std::vector<TensorSpec> specs;
     std::map<std::string, const TensorInfo*> copied;
-    std::map<std::string, const Mat*> packed;  // module -> its int4 matrix
+    std::map<std::string, const Mat*> packed;  // module -> its quantized matrix
     std::vector<std::string> ignore;
     size_t matched = 0;
     for (const auto& [name, t] : ck.tensors()) {
@@ -106,9 +121,15 @@ void register_quantize(CLI::App& app) {
       if (it != by_source.end() && t.shape.size() == 2 && t.shape[0] == it->second->rows &&
           t.shape[1] == it->second->cols && t.dtype == DType::BF16) {
         const Mat& q = *it->second;
-        specs.push_back({module + ".weight_packed", DType::I32, {q.rows, q.cols / 8}});
-        specs.push_back({module + ".weight_scale", DType::BF16, {q.rows, q.cols / q.group}});
-        specs.push_back({module + ".weight_shape", DType::I64, {2}});
+        if (q.mxfp4()) {
+          specs.push_back({module + ".weight_packed", DType::U8, {q.rows, q.cols / 2}});
+          specs.push_back({module + ".weight_scale", DType::U8, {q.rows, q.cols / 32}});
+        } else {
+          specs.push_back(
+              {module + ".weight_packed", DType::I32, {q.rows, q.cols * q.code_bits() / 32}});
+          specs.push_back({module + ".weight_scale", DType::BF16, {q.rows, q.cols / q.group}});
+          specs.push_back({module + ".weight_shape", DType::I64, {2}});
+        }
         packed[module] = &q;
         ++matched;
         continue;
@@ -120,10 +141,16 @@ void register_quantize(CLI::App& app) {
     }
     MD_CHECK(matched == rep.done.size(),
              "quantize: {} of the {} quantized matrices are not whole checkpoint tensors; this "
-             "checkpoint cannot be written as pack-quantized",
+             "checkpoint cannot be written as compressed-tensors",
              rep.done.size() - matched, rep.done.size());
-    const int group = model.options().quantize.group;
+    const int group = rep.group;
 
+    // Wider elements first, as Hugging Face's safetensors writer orders tensors: packed back to
+    // back they all stay aligned to their element size (an I64 weight_shape after an odd number
+    // of bf16 scales would not be).
+    std::stable_sort(specs.begin(), specs.end(), [](const TensorSpec& a, const TensorSpec& b) {
+      return dtype_size(a.dtype) > dtype_size(b.dtype);
+    });
     fs::create_directories(o->out);
     write_checkpoint(o->out, specs, [&](const TensorSpec& s, uint8_t* out) {
       if (auto cp = copied.find(s.name); cp != copied.end()) {
@@ -147,7 +174,7 @@ void register_quantize(CLI::App& app) {
     // generation config) copied.
     std::ifstream in(fs::path(o->f.model) / "config.json");
     nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(in);
-    cfg["quantization_config"] = quantization_config(group, ignore);
+    cfg["quantization_config"] = quantization_config(scheme, group, ignore);
     std::ofstream(fs::path(o->out) / "config.json") << cfg.dump(2) << "\n";
     for (const auto& e : fs::directory_iterator(o->f.model)) {
       const std::string n = e.path().filename().string();
@@ -156,9 +183,10 @@ void register_quantize(CLI::App& app) {
         continue;
       fs::copy_file(e.path(), fs::path(o->out) / n, fs::copy_options::overwrite_existing);
     }
-    std::printf("wrote %s: %d matrices in int4 (group %s), %zu linear weights left as loaded "
+    std::printf("wrote %s: %d matrices in %s (group %s), %zu linear weights left as loaded "
                 "(quantization_config.ignore), %.3f GB -> %.3f GB of quantized weights\n",
-                o->out.c_str(), rep.matrices, group ? std::to_string(group).c_str() : "per row",
+                o->out.c_str(), rep.matrices, o->scheme.c_str(),
+                group ? std::to_string(group).c_str() : "per row",
                 ignore.size(), rep.bytes_before / 1e9, rep.bytes_after / 1e9);
   });
 }

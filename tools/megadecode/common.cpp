@@ -60,12 +60,14 @@ void RunFlags::add(CLI::App* app, bool model_required) {
                   "on the host simulation of the CUDA execution model; slow, for checking)")
       ->check(CLI::IsMember({"cpu", "cuda", "cuda-sim"}));
   app->add_option("--quantize", quantize,
-                  "quantize the bf16 projections and experts at load: none or int4 (W4A16, "
-                  "symmetric, group-wise bf16 scales; docs/quantization.md)")
-      ->check(CLI::IsMember({"none", "int4"}));
+                  "quantize the bf16 projections and experts at load: none, int4 or int8 (W4A16 "
+                  "/ W8A16, symmetric, group-wise bf16 scales) or mxfp4 (e2m1 codes, E8M0 scale "
+                  "per 32; docs/quantization.md)")
+      ->check(CLI::IsMember({"none", "int4", "int8", "mxfp4"}));
   app->add_option("--quant-group", quant_group,
-                  "--quantize: columns per scale, a multiple of 32 (0: one scale per row)")
-      ->check(CLI::Range(0, 1 << 20));
+                  "--quantize int4/int8: columns per scale, a multiple of 32 (default 128; 0: one "
+                  "scale per row); MXFP4's is 32")
+      ->check(CLI::Range(-1, 1 << 20));
   app->add_flag("--quantize-lm-head", quant_lm_head, "--quantize: the output head too");
   app->add_flag("--no-mmap", no_mmap,
                 "copy the weights into memory on 2 MiB pages instead of mapping the files (as "
@@ -147,7 +149,7 @@ LoadedModel load_model(const RunFlags& f, bool with_tokenizer) {
     if (tty) std::fprintf(stderr, "\n");
     std::fprintf(stderr, "quantized %d matrices to %s (%s): %s -> %s in %.1f s\n", q.matrices,
                  std::string(quant_scheme_name(f.options().quantize.scheme)).c_str(),
-                 f.quant_group ? ("group " + std::to_string(f.quant_group)).c_str() : "per row",
+                 q.group ? ("group " + std::to_string(q.group)).c_str() : "per row",
                  human_bytes(q.bytes_before).c_str(), human_bytes(q.bytes_after).c_str(),
                  q.seconds);
     if (q.kept > 0)

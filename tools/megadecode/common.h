@@ -37,7 +37,7 @@ struct RunFlags {
   int tp = 1, ep = 1;
   // --quantize / --quant-group / --quantize-lm-head: load-time quantization (engine/quantize.h).
   std::string quantize = "none";
-  int quant_group = 128;
+  int quant_group = -1;  // -1: the scheme's default (engine/quantize.h)
   bool quant_lm_head = false;
   // --no-mmap: copy the checkpoint into huge-page memory instead of mapping it.
   bool no_mmap = false;

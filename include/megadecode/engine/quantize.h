@@ -1,6 +1,7 @@
-// Load-time quantization of a bf16 checkpoint's matrices (--quantize int4): done once, after the
-// weights are bound (and, on a distributed rank, sliced), into memory the weights own; the
-// quantized matrices then run through the int4 kernels (kernels/cpu/int4.h) on every CPU path.
+// Load-time quantization of a bf16 checkpoint's matrices (--quantize int4|int8|mxfp4): done once,
+// after the weights are bound (and, on a distributed rank, sliced), into memory the weights own;
+// the quantized matrices then run through their format's kernels (kernels/cpu/int4.h, int8.h,
+// mxfp4.h) on every CPU path.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -15,24 +16,32 @@ namespace md {
 class ThreadPool;
 struct ModelConfig;
 
-enum class QuantScheme : uint8_t { kNone, kInt4 };
+enum class QuantScheme : uint8_t { kNone, kInt4, kInt8, kMxfp4 };
 
 struct QuantizeOptions {
   QuantScheme scheme = QuantScheme::kNone;
-  // Columns per scale: a multiple of 32 dividing every quantized matrix's columns; 0 = one scale
-  // per row (compressed-tensors' "channel" strategy).
-  int group = 128;
+  // int4 / int8: columns per scale, a multiple of 32 dividing every quantized matrix's columns;
+  // 0 = one scale per row (compressed-tensors' "channel" strategy); -1 = the default, 128.
+  // MXFP4's group is the format's 32 (-1 or 32; anything else is an error).
+  int group = -1;
   bool lm_head = false;   // quantize the output head too (off by default, as llm-compressor's
                           // recipes leave lm_head out)
   bool progress = false;  // a progress line on stderr while it runs
 };
 
-// "none" / "int4"; nullopt for anything else.
+// "none" / "int4" / "int8" / "mxfp4"; nullopt for anything else.
 std::optional<QuantScheme> parse_quant_scheme(std::string_view name);
 std::string_view quant_scheme_name(QuantScheme s);
 
+// The columns per scale a scheme uses for `requested` (QuantizeOptions::group): an md::Error when
+// the scheme cannot use it.
+int effective_quant_group(QuantScheme s, int requested);
+// What the format stores per group: WeightQuant of the scheme (kNone for kNone).
+WeightQuant quant_format(QuantScheme s);
+
 struct QuantizeReport {
   int matrices = 0;         // matrices quantized
+  int group = 0;            // the columns per scale used (0: per row)
   double bytes_before = 0;  // their bytes as loaded
   double bytes_after = 0;   // codes + scales
   double seconds = 0;

@@ -33,14 +33,16 @@ class Binder {
   // U8 [rows, cols/32] (compressed-tensors mxfp4-pack-quantized).
   Mat mxfp4(const std::string& base, int64_t rows, int64_t cols);
 
-  // A pack-quantized int4 checkpoint (ModelConfig::int4_group >= 0): the linear layers not in
-  // `ignore` are int4. Set before the walk.
-  void set_int4(int group, std::vector<std::string> ignore);
+  // A checkpoint with quantized linears (ModelConfig::linear_quant, quant_group, quant_ignore):
+  // which modules are quantized and how. Set before the walk.
+  void set_quant(WeightQuant format, int group, std::vector<std::string> ignore);
   // A linear layer's weight [rows, cols] of module `module` (no ".weight"): bf16 `module`.weight,
-  // or, when the checkpoint quantizes the module, int4 from `module`.weight_packed I32
-  // [rows, cols/8] (eight 4-bit codes an int32, the first in the low bits: compressed-tensors'
-  // pack_to_int32, which is the int4 kernels' byte layout), `module`.weight_scale BF16
-  // [rows, cols/group] and `module`.weight_shape I32/I64 [2] = {rows, cols}.
+  // or, when the checkpoint quantizes the module:
+  //  * int4 / int8 (pack-quantized) from `module`.weight_packed I32 [rows, cols * bits / 32]
+  //    (compressed-tensors' pack_to_int32: q + 2^(bits-1) in the int32's bits from the least
+  //    significant up, which is the kernels' byte layout), `module`.weight_scale BF16
+  //    [rows, cols/group] and `module`.weight_shape I32/I64 [2] = {rows, cols};
+  //  * MXFP4 (mxfp4-pack-quantized) as mxfp4() reads it.
   Mat linear(const std::string& module, int64_t rows, int64_t cols);
   // A linear layer megadecode reads as bf16 values (the router gate, MLA's kv_b): an md::Error
   // naming it when the checkpoint quantizes it.
@@ -68,9 +70,11 @@ class Binder {
   std::string language_prefix_;
   std::set<std::string> used_;
   std::string first_skipped_;
-  int int4_group_ = -1;  // -1: not an int4 checkpoint
-  std::vector<std::string> int4_ignore_;
-  bool int4_module(const std::string& module) const;
+  WeightQuant quant_ = WeightQuant::kNone;
+  int quant_group_ = 0;
+  std::vector<std::string> quant_ignore_;
+  bool quantized_module(const std::string& module) const;
+  Mat packed_int(const std::string& module, int64_t rows, int64_t cols);
 };
 
 // A gated MLP p+g / p+u / p+d (".weight" appended for bf16; MXFP4 pairs otherwise): gate and up

@@ -82,10 +82,14 @@ struct ModelConfig {
   double situ_linear_beta = 0;      //   (0: no soft cap on u)
   int attn_res_block_size = 0;      // block attention residuals (0: the plain residual stream)
   bool experts_mxfp4 = false;       // routed experts MXFP4 (compressed-tensors, group 32)
-  // compressed-tensors pack-quantized int4 (W4A16, symmetric): the linear layers not in
-  // `quant_ignore` are stored as weight_packed / weight_scale / weight_shape. -1: not such a
-  // checkpoint; 0: one scale per row ("channel"); else columns per scale ("group").
-  int int4_group = -1;
+  // A compressed-tensors checkpoint's quantized linear layers (model/binder.h decides per module,
+  // by `quant_ignore`). kNone: none. kInt4 / kInt8: pack-quantized (W4A16 / W8A16, symmetric;
+  // weight_packed / weight_scale / weight_shape), `quant_group` columns per scale (0: one per
+  // row, the "channel" strategy), every linear not ignored must be packed. kMxfp4:
+  // mxfp4-pack-quantized (weight_packed / weight_scale U8, group 32): the linears not ignored
+  // whose weight_packed the checkpoint holds (K3's release: the routed experts, experts_mxfp4).
+  WeightQuant linear_quant = WeightQuant::kNone;
+  int quant_group = 0;
   std::vector<std::string> quant_ignore;  // quantization_config.ignore (names, "re:" patterns)
 
   int64_t bos_token_id = -1;

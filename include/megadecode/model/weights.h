@@ -17,31 +17,38 @@ class Checkpoint;
 
 // A [rows, cols] row-major matrix in the mapping (Hugging Face Linear layout [out, in]), or in
 // memory the weights own (ModelWeights::owned: a load-time quantized or sliced copy).
-// dtype BF16 or F32 (quant kNone); or U8 with 4-bit codes, `data` [rows, cols/2] (two codes per
-// byte, low nibble first) and `scales` per group of `group` columns of a row:
-//  * kMxfp4 (compressed-tensors mxfp4-pack-quantized): E8M0 bytes [rows, cols/32], group 32;
-//  * kInt4 (pack-quantized int4, symmetric, or --quantize int4): bf16 [rows, cols/group].
+// dtype BF16 or F32 (quant kNone); or U8 codes, `data` [rows, cols * bits / 8] (4-bit: two codes a
+// byte, low nibble first; 8-bit: one a byte) and `scales` per group of `group` columns of a row:
+//  * kMxfp4 (compressed-tensors mxfp4-pack-quantized, or --quantize mxfp4): E8M0 bytes
+//    [rows, cols/32], group 32;
+//  * kInt4 / kInt8 (pack-quantized int4 / int8, symmetric, or --quantize int4 / int8): bf16
+//    [rows, cols/group].
 struct Mat {
   const void* data = nullptr;
   DType dtype = DType::BF16;
   int64_t rows = 0, cols = 0;
-  const uint8_t* scales = nullptr;  // 4-bit formats only
+  const uint8_t* scales = nullptr;  // quantized formats only
   WeightQuant quant = WeightQuant::kNone;
-  int32_t group = 0;  // 4-bit formats: columns per scale
+  int32_t group = 0;  // quantized formats: columns per scale
   bool mxfp4() const { return quant == WeightQuant::kMxfp4; }
   bool int4() const { return quant == WeightQuant::kInt4; }
-  bool packed4() const { return quant != WeightQuant::kNone; }
+  bool int8() const { return quant == WeightQuant::kInt8; }
+  bool quantized() const { return quant != WeightQuant::kNone; }
+  int code_bits() const { return quant == WeightQuant::kInt8 ? 8 : 4; }  // quantized formats
   const bf16* bf16_data() const { return static_cast<const bf16*>(data); }
   const float* f32_data() const { return static_cast<const float*>(data); }
   const uint8_t* packed_data() const { return static_cast<const uint8_t*>(data); }
-  // Bytes of one row of codes or values, and of one row's scales (for `cols` columns).
-  size_t code_row_bytes() const {
-    return packed4() ? size_t(cols) / 2 : size_t(cols) * dtype_size(dtype);
+  // Bytes of `n` columns of codes or values, and of one row's scales (for `cols` columns).
+  size_t code_bytes(int64_t n) const {
+    return quantized() ? size_t(n) * size_t(code_bits()) / 8 : size_t(n) * dtype_size(dtype);
   }
-  size_t scale_row_bytes() const {
-    if (!packed4()) return 0;
-    return mxfp4() ? size_t(cols) / 32 : size_t(cols) / size_t(group) * 2;
+  size_t code_row_bytes() const { return code_bytes(cols); }
+  // Bytes of the scales of `n` columns (whole groups).
+  size_t scale_bytes(int64_t n) const {
+    if (!quantized()) return 0;
+    return mxfp4() ? size_t(n) / 32 : size_t(n) / size_t(group) * 2;
   }
+  size_t scale_row_bytes() const { return scale_bytes(cols); }
   size_t bytes() const { return size_t(rows) * (code_row_bytes() + scale_row_bytes()); }
   const void* row(int64_t r) const {
     return static_cast<const uint8_t*>(data) + size_t(r) * code_row_bytes();
@@ -116,6 +123,11 @@ struct ModelWeights {
   // dist/shard.h): shared, so that copies of these weights stay valid.
   std::vector<std::shared_ptr<const std::vector<uint8_t>>> owned;
 };
+
+// Whether any matrix other than the routed experts' is quantized (a pack-quantized checkpoint, an
+// MXFP4 one beyond K3's experts, or --quantize): what the CUDA executors and distributed loading
+// cannot run yet.
+bool quantized_outside_experts(const ModelWeights& w);
 
 // Drops the whole pages of [p, p + n) from this process (madvise DONTNEED, best effort): for the
 // read-only file mapping, after a matrix was copied (sliced, quantized) and its source is no

@@ -45,12 +45,13 @@ CudaExecutor::CudaExecutor(Model& model, int max_batch, ExecutorKind kind, CudaT
                  "the CUDA executors run whole models only; this is {} (use --device cpu)",
                  dist::describe_shard(model.shard()));
         MD_CHECK(model.quantize_report().matrices == 0,
-                 "the CUDA executors have no int4 kernels yet; --quantize {} runs with "
+                 "the CUDA executors have no {} kernels yet; --quantize {} runs with "
                  "--device cpu",
+                 quant_scheme_name(model.options().quantize.scheme),
                  quant_scheme_name(model.options().quantize.scheme));
-        MD_CHECK(model.config().int4_group < 0,
-                 "the CUDA executors have no int4 kernels yet; this pack-quantized checkpoint "
-                 "runs with --device cpu");
+        MD_CHECK(!quantized_outside_experts(model.weights()),
+                 "the CUDA executors have no int4 / int8 kernels and run MXFP4 only on the routed "
+                 "experts yet; this checkpoint's quantized linears run with --device cpu");
         return std::make_unique<Impl>(model, max_batch, kind, target, opt);
       }()) {}
 CudaExecutor::~CudaExecutor() = default;

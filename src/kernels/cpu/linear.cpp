@@ -2,6 +2,7 @@
 #include "megadecode/kernels/cpu/linear.h"
 
 #include "megadecode/kernels/cpu/int4.h"
+#include "megadecode/kernels/cpu/int8.h"
 #include "megadecode/kernels/cpu/matmul.h"
 #include "megadecode/kernels/cpu/mxfp4.h"
 
@@ -16,6 +17,10 @@ void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X,
       return;
     case WeightQuant::kInt4:
       matmul_int4(static_cast<const uint8_t*>(w.data), reinterpret_cast<const bf16*>(w.scales),
+                  w.cols, w.group, r0, r1, X, B, ldx, Y, ldy);
+      return;
+    case WeightQuant::kInt8:
+      matmul_int8(static_cast<const uint8_t*>(w.data), reinterpret_cast<const bf16*>(w.scales),
                   w.cols, w.group, r0, r1, X, B, ldx, Y, ldy);
       return;
     case WeightQuant::kNone:

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -72,6 +73,54 @@ void dequantize_mxfp4_row(const uint8_t* packed, const uint8_t* scales, int64_t 
   for (int64_t k = 0; k < K; ++k) {
     const uint8_t byte = packed[k / 2];
     out[k] = mxfp4_value(static_cast<uint8_t>(k % 2 ? byte >> 4 : byte & 15), scales[k / 32]);
+  }
+}
+
+namespace {
+
+// The e2m1 code (sign in bit 3) of v, rounded to the nearest of 0, 0.5, 1, 1.5, 2, 3, 4, 6 with
+// ties to the even code: cast_to_fp4's intervals.
+uint8_t e2m1_code(double v) {
+  const double a = std::fabs(v);
+  uint8_t mag;
+  if (a <= 0.25) {
+    mag = 0;
+  } else if (a < 0.75) {
+    mag = 1;
+  } else if (a <= 1.25) {
+    mag = 2;
+  } else if (a < 1.75) {
+    mag = 3;
+  } else if (a <= 2.5) {
+    mag = 4;
+  } else if (a < 3.5) {
+    mag = 5;
+  } else if (a <= 5.0) {
+    mag = 6;
+  } else {
+    mag = 7;
+  }
+  return mag != 0 && v < 0 ? static_cast<uint8_t>(mag | 8) : mag;
+}
+
+}  // namespace
+
+void quantize_mxfp4_row(const uint16_t* w, int64_t K, uint8_t* packed, uint8_t* scales) {
+  for (int64_t g0 = 0; g0 < K; g0 += 32) {
+    uint16_t amax = 0;  // the largest magnitude's bf16 bits (non-negative: ordered as integers)
+    for (int64_t k = g0; k < g0 + 32; ++k) amax = std::max<uint16_t>(amax, w[k] & 0x7fff);
+    const int field = ((amax + (1 << 5)) & 0x7f80) >> 7;  // the rounded power's exponent field
+    const int s = amax == 0 ? 0 : std::clamp(field - 2, 0, 254);
+    scales[g0 / 32] = static_cast<uint8_t>(s);
+    for (int64_t k = g0; k < g0 + 32; ++k) {
+      const uint32_t bits = uint32_t{w[k]} << 16;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      const uint8_t code = e2m1_code(std::ldexp(double(f), 127 - s));
+      uint8_t& byte = packed[k / 2];
+      byte = k % 2 ? static_cast<uint8_t>((byte & 0x0F) | (code << 4))
+                   : static_cast<uint8_t>((byte & 0xF0) | code);
+    }
   }
 }
 

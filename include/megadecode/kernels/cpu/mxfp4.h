@@ -31,6 +31,15 @@ float mxfp4_value(uint8_t code, uint8_t scale);
 // Row of K decoded values (K a multiple of 32), for tests and reference code only.
 void dequantize_mxfp4_row(const uint8_t* packed, const uint8_t* scales, int64_t K, float* out);
 
+// Quantizes one row of K bf16 weights (K a multiple of 32) to MXFP4 as compressed-tensors does
+// (mxfp4_utils.generate_mxfp4_scales and FP4_E2M1_DATA.cast_to_fp4): per group of 32, the largest
+// magnitude m is rounded to a power of two 2^e by adding 1 << 5 to its bf16 bits and dropping the
+// mantissa (so 1.75 * 2^k and up round to 2^(k+1)), the scale byte is e + 127 - 2 (clamped to
+// 0..254; an all-zero group gets 0), and each w / 2^(scale - 127) (exact) is rounded to the
+// nearest e2m1 magnitude with ties to the even code (|v| > 5 saturates at 6); a zero magnitude is
+// code 0. Writes K/2 packed bytes and K/32 scale bytes.
+void quantize_mxfp4_row(const uint16_t* w, int64_t K, uint8_t* packed, uint8_t* scales);
+
 // Index of the first NaN scale (255) among n scale bytes, or -1 if there is none. Loaders call this
 // to reject such checkpoints with a clear error; the kernels themselves propagate NaN (a row with a
 // 255 scale in any group produces NaN for every vector), they never trap.
