@@ -22,7 +22,7 @@
 namespace md::cpu {
 namespace {
 
-// Error bound: per 32-column sub-group each lane is a chain of 4 rounded products/adds of exact
+// Error bound: per 32-column sub-group each lane is a chain of at most 4 rounded products/adds of exact
 // integers times activations, one rounding for the scale (an fma, or a multiply then an add on the
 // portable path), K/32 accumulation steps per lane and a tree of depth 3, so every term passes
 // through at most n = G + 9 roundings (G = K/32), and |y - exact| <= (n + 2) u sum_k |w_k x_k|
@@ -129,7 +129,7 @@ TEST(Int8, QuantizeRowFollowsTheObserver) {
 
 TEST(Int8, IsaFollowsLevel) {
   IsaList isas;
-  const char* expect[] = {"portable", "avx2", "avx2", "avx2"};
+  const char* expect[] = {"portable", "avx2", "avx512", "avx512"};
   for (size_t i = 0; i < isas.names.size(); ++i) {
     isas.use(isas.names[i]);
     EXPECT_STREQ(matmul_int8_isa(), expect[i]) << isas.names[i];

@@ -72,11 +72,18 @@ void matmul_int8(const uint8_t* codes, const bf16* scales, int64_t K, int group,
   m.scales = scales;
   m.K = K;
   m.group = group;
-  if (active_isa() == Isa::kPortable) {
-    detail::matmul_q8_portable(m, r0, r1, X, B, ldx, Y, ldy);
-  } else {
-    detail::matmul_q8_avx2(m, r0, r1, X, B, ldx, Y, ldy);
+  switch (active_isa()) {
+    case Isa::kAvx512Bf16:
+    case Isa::kAvx512:
+      detail::matmul_q8_avx512(m, r0, r1, X, B, ldx, Y, ldy);
+      return;
+    case Isa::kAvx2:
+      detail::matmul_q8_avx2(m, r0, r1, X, B, ldx, Y, ldy);
+      return;
+    case Isa::kPortable:
+      break;
   }
+  detail::matmul_q8_portable(m, r0, r1, X, B, ldx, Y, ldy);
 }
 
 void dequantize_int8_row(const uint8_t* codes, const bf16* scales, int64_t K, int group,
@@ -100,7 +107,16 @@ void quantize_int8_row(const bf16* w, int64_t K, int group, uint8_t* codes, bf16
 }
 
 const char* matmul_int8_isa() {
-  return active_isa() == Isa::kPortable ? "portable" : "avx2";
+  switch (active_isa()) {
+    case Isa::kAvx512Bf16:
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kPortable:
+      break;
+  }
+  return "portable";
 }
 
 }  // namespace md::cpu

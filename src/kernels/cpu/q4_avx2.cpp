@@ -113,11 +113,15 @@ void tile(const uint8_t* w, const uint8_t* sc, int64_t sb, const int32_t* map, i
   for (int64_t g = 0; g < G; g += 2) {
     const bool two = g + 1 < G;
     const uint8_t* wc = w + g * 16;
+    // kPrefetchBytes ahead in each row; over a row's last kPrefetchBytes, on into the same row of
+    // the next tile (NR rows down), so that tile does not start with NR demand misses.
+    const int64_t ahead =
+        g * 16 + kPrefetchBytes < rb ? kPrefetchBytes : kPrefetchBytes + (NR - 1) * rb;
     __m256i p[NR];
     for (int i = 0; i < NR; ++i) {
       const uint8_t* wi = wc + i * rb;
       if constexpr (kPrefetch)
-        _mm_prefetch(reinterpret_cast<const char*>(wi) + kPrefetchBytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wi) + ahead, _MM_HINT_T0);
       p[i] =
           two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wi))
               : _mm256_inserti128_si256(_mm256_setzero_si256(),

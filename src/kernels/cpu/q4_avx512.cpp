@@ -234,8 +234,13 @@ void tile(const uint8_t* w, const uint8_t* s, int64_t sb, const int32_t* map, in
     for (int c = 0; c < 4; ++c) {
       const uint8_t* wc = w + (g + 4 * c) * 16;
       if constexpr (kPrefetch) {
+        // kPrefetchBytes ahead in each row; over a row's last kPrefetchBytes, on into the same
+        // row of the next tile (NR rows down), so that tile does not start with NR demand misses.
+        const int64_t ahead = (g + 4 * c) * 16 + kPrefetchBytes < rb
+                                  ? kPrefetchBytes
+                                  : kPrefetchBytes + (NR - 1) * rb;
         for (int i = 0; i < NR; ++i)
-          _mm_prefetch(reinterpret_cast<const char*>(wc + i * rb) + kPrefetchBytes, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(wc + i * rb) + ahead, _MM_HINT_T0);
       }
       chunk_step<Op, NR, NB, false>(acc, sv, chunk_scale_index(c), lut, wc, rb,
                                     x + (g + 4 * c) * 32, xs, 0, 0);

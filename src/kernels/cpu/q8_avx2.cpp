@@ -56,11 +56,16 @@ void tile(const Tile& t, const float* x, int64_t ldx, float* y, int64_t ldy) {
   int64_t gi = 0;  // the group of sub-group g
   int sub = 0;     // g's index inside it
   for (int64_t g = 0; g < G; ++g) {
+    // Each row's stream is prefetched kPrefetchBytes ahead; over its last kPrefetchBytes it goes
+    // on into the same row of the next tile (NR rows down), so that tile does not start with NR
+    // demand misses (rows of a few KB make that a large share of the traffic).
+    const int64_t ahead =
+        g * 32 + kPrefetchBytes < t.K ? kPrefetchBytes : kPrefetchBytes + (NR - 1) * t.K;
     __m256i q[NR];
     for (int i = 0; i < NR; ++i) {
       const uint8_t* wi = t.codes + i * t.K + g * 32;
       if constexpr (kPrefetch)
-        _mm_prefetch(reinterpret_cast<const char*>(wi) + kPrefetchBytes, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wi) + ahead, _MM_HINT_T0);
       q[i] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wi)), flip);
     }
     __m256 gs[NR][NB];

@@ -16,8 +16,10 @@ struct Q8Matrix {
 };
 
 // ISA entry points; only matmul_int8 calls them, after checking the level (cpu_features.h).
-// q8_avx2.cpp (AVX2 + FMA; also the avx512 levels' kernel: an AVX-512 one is not written yet,
-// since it could not be run on the AVX2-only host it would have been written on):
+// q8_avx512.cpp (AVX-512 F/BW/VL/DQ; the avx512 and avx512bf16 levels):
+void matmul_q8_avx512(const Q8Matrix& w, int64_t r0, int64_t r1, const float* X, int B,
+                      int64_t ldx, float* Y, int64_t ldy);
+// q8_avx2.cpp (AVX2 + FMA):
 void matmul_q8_avx2(const Q8Matrix& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
                     float* Y, int64_t ldy);
 // int8.cpp (the x86-64 baseline):

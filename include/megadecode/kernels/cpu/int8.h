@@ -22,8 +22,8 @@ namespace md::cpu {
 // reduced in short runs of fp32 products of unscaled integers q and activations (q * x is exact in
 // fp32 when x is a bf16 value: 8 + 8 significant bits), and the run is multiplied by its group's scale once
 // (an fma into the accumulator; the portable path a multiply and an add). Portable: 8 lanes, runs
-// of 4 products. AVX2 (also at the AVX-512 levels, for now): 8 lanes, runs of 4 (columns 8s + l,
-// s = 0..3). Then a fixed pairwise reduction of the lanes. So Y[b, r] is one fixed sequence of fp32
+// of 4 products. AVX2: 8 lanes, runs of 4 (columns 8s + l, s = 0..3). AVX-512: 16 lanes, runs of
+// 2 (columns 16s + l). Then a fixed pairwise reduction of the lanes. So Y[b, r] is one fixed sequence of fp32
 // operations that depends only on row r, vector b, K and g: splitting rows, batching and threads
 // give bit-identical results; ISAs agree within the fp32 accumulation bound.
 void matmul_int8(const uint8_t* codes, const bf16* scales, int64_t K, int group, int64_t r0,
@@ -39,8 +39,8 @@ void dequantize_int8_row(const uint8_t* codes, const bf16* scales, int64_t K, in
 // even(w / scale), -128, 127). Writes K codes (q + 128) and K/group scales.
 void quantize_int8_row(const bf16* w, int64_t K, int group, uint8_t* codes, bf16* scales);
 
-// Which implementation matmul_int8 uses at the active ISA level: "avx2" (at every level from avx2
-// up) or "portable".
+// Which implementation matmul_int8 uses at the active ISA level: "avx512" (the avx512 and
+// avx512bf16 levels), "avx2" or "portable".
 const char* matmul_int8_isa();
 
 }  // namespace md::cpu

@@ -1,0 +1,158 @@
+// AVX-512 kernel of int8 weights (int8.h; compiled with AVX-512 F/BW/VL/DQ; entered at the avx512
+// and avx512bf16 levels). q8_avx2.cpp's scheme at twice the width:
+//
+// A 32-column sub-group of a row is one 32-byte load; xor 0x80 turns the codes c into the signed
+// bytes q = c - 128, and step s (s = 0, 1) sign-extends bytes 16s..16s+15 into 16 int32 lanes and
+// converts them (exact): lane l = q of column 16s + l, the activations' natural order. Each output
+// Y[b, r] has one zmm accumulator:
+//   g   = fma(q[16+l], x[16+l], q[l] * x[l])
+//   acc = fma(g, scale of the sub-group's group, acc)
+// then a fixed pairwise reduction of its 16 lanes. Tiles share only loads and decodes between these
+// sequences, so results do not depend on the tile, row range, batch size or thread.
+#include <immintrin.h>
+
+// GCC 12 reports its own AVX-512 intrinsics (which start from _mm512_undefined_*) as reading
+// uninitialised values once they are inlined (GCC PR 105593, fixed in GCC 13).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include <algorithm>
+#include <cstdint>
+
+#include "q8_kernels.h"
+
+namespace md::cpu::detail {
+namespace {
+
+constexpr int64_t kRowChunkBytes = 256 << 10;  // B > 4: code bytes kept in L2 per row chunk
+constexpr int kPrefetchBytes = 512;
+constexpr int kTileVecs = 4;
+
+// Sum of the 16 lanes in a fixed tree (halves, quarters, pairs of pairs, pairs).
+inline float hsum(__m512 v) {
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));
+  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
+  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
+  return _mm512_cvtss_f32(v);
+}
+
+// Step s's 16 weights (columns 16s..16s+15 of the sub-group) from its 32 signed bytes.
+inline __m512 decode(__m256i q, int s) {
+  const __m128i half = s == 0 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(half));
+}
+
+struct Tile {
+  const uint8_t* codes;  // row 0 of the tile
+  const bf16* scales;    // row 0 of the tile
+  int64_t K, spr;        // codes and scales per row
+  int per;               // sub-groups per group
+};
+
+// NR rows x NB vectors at x (stride ldx): y[j * ldy + i].
+template <int NR, int NB, bool kPrefetch>
+void tile(const Tile& t, const float* x, int64_t ldx, float* y, int64_t ldy) {
+  const int64_t G = t.K / 32;
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[NR][NB];
+  for (int i = 0; i < NR; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  int64_t gi = 0;  // the group of sub-group g
+  int sub = 0;     // g's index inside it
+  for (int64_t g = 0; g < G; ++g) {
+    // Each row's stream is prefetched kPrefetchBytes ahead; over its last kPrefetchBytes it goes
+    // on into the same row of the next tile (NR rows down), so that tile does not start with NR
+    // demand misses (rows of a few KB make that a large share of the traffic).
+    const int64_t ahead =
+        g * 32 + kPrefetchBytes < t.K ? kPrefetchBytes : kPrefetchBytes + (NR - 1) * t.K;
+    __m256i q[NR];
+    for (int i = 0; i < NR; ++i) {
+      const uint8_t* wi = t.codes + i * t.K + g * 32;
+      if constexpr (kPrefetch)
+        _mm_prefetch(reinterpret_cast<const char*>(wi) + ahead, _MM_HINT_T0);
+      q[i] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wi)), flip);
+    }
+    __m512 gs[NR][NB];
+    for (int s = 0; s < 2; ++s) {
+      __m512 xv[NB];
+      for (int j = 0; j < NB; ++j) xv[j] = _mm512_loadu_ps(x + j * ldx + g * 32 + s * 16);
+      for (int i = 0; i < NR; ++i) {
+        const __m512 wv = decode(q[i], s);
+        for (int j = 0; j < NB; ++j)
+          gs[i][j] = s == 0 ? _mm512_mul_ps(wv, xv[j]) : _mm512_fmadd_ps(wv, xv[j], gs[i][j]);
+      }
+    }
+    for (int i = 0; i < NR; ++i) {
+      const __m512 scv = _mm512_set1_ps(bf16_to_f32(t.scales[i * t.spr + gi]));
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(gs[i][j], scv, acc[i][j]);
+    }
+    if (++sub == t.per) {
+      sub = 0;
+      ++gi;
+    }
+  }
+  for (int i = 0; i < NR; ++i)
+    for (int j = 0; j < NB; ++j) y[j * ldy + i] = hsum(acc[i][j]);
+}
+
+// Rows [r, r1): tiles of NR rows, then the rest in tiles of NR/2, .., 1.
+template <int NB, bool kPrefetch, int NR>
+void row_tiles(const Q8Matrix& m, int64_t r, int64_t r1, const float* x, int64_t ldx, float* y,
+               int64_t ldy) {
+  const int64_t spr = m.scales_per_row();
+  for (; r + NR <= r1; r += NR) {
+    const Tile t{m.codes + r * m.K, m.scales + r * spr, m.K, spr, m.group / 32};
+    tile<NR, NB, kPrefetch>(t, x, ldx, y + r, ldy);
+  }
+  if constexpr (NR > 1) row_tiles<NB, kPrefetch, NR / 2>(m, r, r1, x, ldx, y, ldy);
+}
+
+// Tile heights for the 32 zmm registers (NR x NB chain sums and accumulators, X).
+template <bool kPrefetch>
+void batch_tile(int nv, const Q8Matrix& m, int64_t r0, int64_t r1, const float* x, int64_t ldx,
+                float* y, int64_t ldy) {
+  switch (nv) {
+    case 1:
+      row_tiles<1, kPrefetch, 4>(m, r0, r1, x, ldx, y, ldy);
+      break;
+    case 2:
+      row_tiles<2, kPrefetch, 4>(m, r0, r1, x, ldx, y, ldy);
+      break;
+    case 3:
+      row_tiles<3, kPrefetch, 2>(m, r0, r1, x, ldx, y, ldy);
+      break;
+    default:
+      row_tiles<4, kPrefetch, 2>(m, r0, r1, x, ldx, y, ldy);
+      break;
+  }
+}
+
+}  // namespace
+
+void matmul_q8_avx512(const Q8Matrix& m, int64_t r0, int64_t r1, const float* X, int B,
+                      int64_t ldx, float* Y, int64_t ldy) {
+  if (r0 >= r1 || B <= 0 || m.K < 32) return;
+  if (B <= kTileVecs) {
+    batch_tile<true>(B, m, r0, r1, X, ldx, Y, ldy);
+    return;
+  }
+  // Larger batches: a chunk of rows stays in L2 while every group of 4 vectors walks it.
+  const int64_t row_bytes = m.K + m.scales_per_row() * 2;
+  const int64_t chunk_rows = std::max<int64_t>(4, kRowChunkBytes / row_bytes / 4 * 4);
+  for (int64_t rc = r0; rc < r1; rc += chunk_rows) {
+    const int64_t rce = std::min(r1, rc + chunk_rows);
+    for (int j = 0; j < B; j += kTileVecs) {
+      const int nv = std::min(kTileVecs, B - j);
+      if (j == 0) {
+        batch_tile<true>(nv, m, rc, rce, X, ldx, Y, ldy);
+      } else {
+        batch_tile<false>(nv, m, rc, rce, X + j * ldx, ldx, Y + j * ldy, ldy);
+      }
+    }
+  }
+}
+
+}  // namespace md::cpu::detail
