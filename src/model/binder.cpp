@@ -56,9 +56,11 @@ Mat Binder::mxfp4(const std::string& base, int64_t rows, int64_t cols) {
   return m;
 }
 
-void Binder::set_quant(WeightQuant format, int group, std::vector<std::string> ignore) {
+void Binder::set_quant(WeightQuant format, int group, std::vector<std::string> ignore,
+                       bool asymmetric) {
   quant_ = format;
   quant_group_ = group;
+  quant_asymmetric_ = asymmetric;
   quant_ignore_ = std::move(ignore);
 }
 
@@ -108,6 +110,11 @@ Mat Binder::packed_int(const std::string& module, int64_t rows, int64_t cols) {
       lookup(module + ".weight_packed", {rows, cols * bits / 32}, DType::I32);
   const TensorInfo* s = lookup(module + ".weight_scale", {rows, cols / group}, DType::BF16);
   const TensorInfo* sh = lookup(module + ".weight_shape", {2}, DType::I64, /*read_at_load=*/true);
+  const int64_t groups = cols / group;
+  const TensorInfo* z =
+      quant_asymmetric_
+          ? lookup(module + ".weight_zero_point", {(rows + 7) / 8, groups}, DType::I32)
+          : nullptr;
   if (!p) return m;
   MD_CHECK(p->dtype == DType::I32,
            "tensor {} in {}: dtype {} (expected I32: packed int{} codes)", p->name, p->file,
@@ -133,11 +140,13 @@ Mat Binder::packed_int(const std::string& module, int64_t rows, int64_t cols) {
   MD_CHECK(shape[0] == rows && shape[1] == cols,
            "tensor {} in {}: [{}, {}] does not match the config (expected [{}, {}])", sh->name,
            sh->file, shape[0], shape[1], rows, cols);
-  for (const char* extra : {".weight_zero_point", ".weight_g_idx"})
-    MD_CHECK(!ck_->find(module + extra),
-             "checkpoint {}: {}{} is present, but the config says symmetric int{} without "
-             "activation order",
-             ck_->dir(), module, extra, bits);
+  MD_CHECK(!ck_->find(module + ".weight_g_idx"),
+           "checkpoint {}: {}.weight_g_idx is present, but the config says int{} without "
+           "activation order",
+           ck_->dir(), module, bits);
+  MD_CHECK(quant_asymmetric_ || !ck_->find(module + ".weight_zero_point"),
+           "checkpoint {}: {}.weight_zero_point is present, but the config says symmetric int{}",
+           ck_->dir(), module, bits);
   // A scale that is not finite (or is zero) would turn its whole group into NaN or 0.
   const auto* sc = static_cast<const bf16*>(s->data);
   if (!ck_->device_only(s->data))
@@ -147,7 +156,37 @@ Mat Binder::packed_int(const std::string& module, int64_t rows, int64_t cols) {
                s->name, s->file, i, bf16_to_f32(sc[i]), bits);
   m.data = p->data;
   m.scales = static_cast<const uint8_t*>(s->data);
+  if (z) return with_zero_points(m, *z);
   return m;
+}
+
+// Asymmetric int4 as int8: code q - z + 128 for q = c - 8 (c the packed 4-bit code) and z = zc - 8
+// (zc the zero point's 4-bit code), i.e. c - zc + 128, exact.
+Mat Binder::with_zero_points(const Mat& m, const TensorInfo& z) {
+  MD_CHECK(z.dtype == DType::I32, "tensor {} in {}: dtype {} (expected I32: packed zero points)",
+           z.name, z.file, dtype_name(z.dtype));
+  MD_CHECK(!ck_->device_only(m.data), "{}: zero points need the weights in host memory", z.name);
+  const int64_t groups = m.cols / m.group, zcols = groups;
+  auto buf = std::make_shared<std::vector<uint8_t>>(size_t(m.rows) * size_t(m.cols));
+  const auto* packed = static_cast<const uint8_t*>(m.data);
+  const auto* zp = static_cast<const uint8_t*>(z.data);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    // Row r's zero point of group g: nibble r % 8 of int32 [r / 8, g] (little-endian bytes).
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t zbyte = zp[(size_t(r / 8) * size_t(zcols) + size_t(g)) * 4 + size_t(r % 8) / 2];
+      const int zc = r % 2 ? zbyte >> 4 : zbyte & 15;
+      for (int64_t k = g * m.group; k < (g + 1) * m.group; ++k) {
+        const uint8_t byte = packed[size_t(r) * size_t(m.cols / 2) + size_t(k / 2)];
+        const int c = k % 2 ? byte >> 4 : byte & 15;
+        (*buf)[size_t(r) * size_t(m.cols) + size_t(k)] = static_cast<uint8_t>(c - zc + 128);
+      }
+    }
+  }
+  Mat q = m;
+  q.quant = WeightQuant::kInt8;
+  q.data = buf->data();
+  owned_.push_back(std::move(buf));
+  return q;
 }
 
 // A vector of which only the first `n` entries are used, stored with any shape whose dimensions

@@ -136,8 +136,9 @@ std::vector<std::string> parse_ignore(const json& q, const std::string& p) {
   return ignore;
 }
 
-// pack-quantized int4 / int8 weights: 4- or 8-bit signed integers, symmetric, a static scale per
-// group of columns (or per row). Sets the format and the group (0: per row).
+// pack-quantized int4 / int8 weights: 4- or 8-bit signed integers, symmetric (or 4-bit with zero
+// points), a static scale per group of columns (or per row). Sets the format and the group (0: per
+// row).
 void parse_int_weights(const json& w, const std::string& wp, ModelConfig& c) {
   const int64_t bits = get_int(w, wp, "num_bits");
   MD_CHECK(bits == 4 || bits == 8,
@@ -147,9 +148,10 @@ void parse_int_weights(const json& w, const std::string& wp, ModelConfig& c) {
   const std::string type = get_str_or(w, wp, "type", "int");
   MD_CHECK(type == "int", "config.json: field '{}type' must be \"int\" for pack-quantized, got '{}'",
            wp, type);
-  MD_CHECK(get_bool_or(w, wp, "symmetric", true),
-           "config.json: field '{}symmetric' is false: asymmetric weights (zero points) are not "
-           "supported yet",
+  c.quant_asymmetric = !get_bool_or(w, wp, "symmetric", true);
+  MD_CHECK(!c.quant_asymmetric || bits == 4,
+           "config.json: field '{}symmetric' is false with num_bits 8: asymmetric 8-bit weights "
+           "(zero points) are not supported yet (asymmetric 4-bit are)",
            wp);
   MD_CHECK(!get_bool_or(w, wp, "dynamic", false),
            "config.json: field '{}dynamic' must be false (static weight scales)", wp);

@@ -158,8 +158,9 @@ bool quantized_outside_experts(const ModelWeights& w) {
 
 ModelWeights bind_weights(const ModelConfig& cfg, const Checkpoint& ckpt) {
   Binder b(&ckpt, nullptr, cfg.tensor_prefix);
-  b.set_quant(cfg.linear_quant, cfg.quant_group, cfg.quant_ignore);
+  b.set_quant(cfg.linear_quant, cfg.quant_group, cfg.quant_ignore, cfg.quant_asymmetric);
   ModelWeights w = walk(cfg, b);
+  for (auto& o : b.take_owned()) w.owned.push_back(std::move(o));
   w.ignored_tensors = b.check_no_extra();
   if (w.ignored_tensors > 0)
     w.note = fmt::format("note: ignored {} tensor(s) outside the language model ({}*), e.g. {}",
@@ -170,7 +171,7 @@ ModelWeights bind_weights(const ModelConfig& cfg, const Checkpoint& ckpt) {
 std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg) {
   std::vector<TensorSpec> specs;
   Binder b(nullptr, &specs);
-  b.set_quant(cfg.linear_quant, cfg.quant_group, cfg.quant_ignore);
+  b.set_quant(cfg.linear_quant, cfg.quant_group, cfg.quant_ignore, cfg.quant_asymmetric);
   walk(cfg, b);
   return specs;
 }
@@ -191,15 +192,22 @@ ModelSizes model_sizes(const ModelConfig& c) {
     // 4 + 8/32 = 4.25 bits).
     if (ends_with(t.name, ".weight_packed"))
       n *= t.dtype != DType::I32 ? 2 : c.linear_quant == WeightQuant::kInt8 ? 4 : 8;
-    if (ends_with(t.name, ".weight_scale") || ends_with(t.name, ".weight_shape")) n = 0;
+    if (ends_with(t.name, ".weight_scale") || ends_with(t.name, ".weight_shape") ||
+        ends_with(t.name, ".weight_zero_point"))
+      n = 0;
     s.total_params += n;
     s.total_bytes += double(t.nbytes());
     bool routed = t.name.find(".experts.") != std::string::npos;
     bool embed = t.name == embed_name;
+    // Asymmetric int4 runs as int8 codes (model/binder.h): twice the packed bytes are read, and
+    // the zero points are not.
+    const double read = ends_with(t.name, ".weight_zero_point")                       ? 0.0
+                        : c.quant_asymmetric && ends_with(t.name, ".weight_packed") ? 2.0 * double(t.nbytes())
+                                                                                    : double(t.nbytes());
     if (!routed) {
       s.active_params += embed ? c.hidden_size : n;
       // An embedding lookup reads one row, not the table.
-      s.active_bytes += embed ? double(c.hidden_size) * 2 : double(t.nbytes());
+      s.active_bytes += embed ? double(c.hidden_size) * 2 : read;
     }
   }
   int moe_layers = 0;
@@ -210,7 +218,7 @@ ModelSizes model_sizes(const ModelConfig& c) {
   const bool int_experts =
       (c.linear_quant == WeightQuant::kInt4 || c.linear_quant == WeightQuant::kInt8) &&
       !quant_ignored(c.quant_ignore, c.tensor_prefix + "model.layers.1.block_sparse_moe.experts.0.w1");
-  const double int_bpw = (c.linear_quant == WeightQuant::kInt8 ? 1.0 : 0.5) +
+  const double int_bpw = (c.linear_quant == WeightQuant::kInt8 || c.quant_asymmetric ? 1.0 : 0.5) +
                          2.0 / double(c.quant_group > 0 ? c.quant_group : c.expert_dim());
   s.expert_bytes = c.experts_mxfp4 ? expert_params * 4.25 / 8
                    : int_experts   ? expert_params * int_bpw

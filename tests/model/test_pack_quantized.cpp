@@ -7,7 +7,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
+#include <map>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "megadecode/base/bf16.h"
+#include "megadecode/base/util.h"
 #include "megadecode/base/error.h"
 #include "megadecode/engine/model.h"
 #include "megadecode/dist/communicator.h"
@@ -297,6 +301,146 @@ TEST(PackQuantized, Int8AndMxfp4CheckpointsAreTheFormat) {
   }
 }
 
+// A copy of the checkpoint in `src` at `dst` with config.json edited and its tensors rewritten:
+// each of src's tensors goes through `tensor` (which may add, replace or drop: it returns the
+// specs and fills them), every other file copied.
+void rewrite_checkpoint(
+    const std::string& src, const std::string& dst,
+    const std::function<void(nlohmann::json&)>& edit_config,
+    const std::function<void(const std::string&, const TensorInfo&, std::vector<TensorSpec>&,
+                             std::map<std::string, std::vector<uint8_t>>&)>& tensor) {
+  const Checkpoint ck(src);
+  std::vector<TensorSpec> specs;
+  std::map<std::string, std::vector<uint8_t>> data;
+  for (const auto& [name, t] : ck.tensors()) tensor(name, t, specs, data);
+  std::stable_sort(specs.begin(), specs.end(), [](const TensorSpec& a, const TensorSpec& b) {
+    return dtype_size(a.dtype) > dtype_size(b.dtype);
+  });
+  fs::create_directories(dst);
+  write_checkpoint(dst, specs, [&](const TensorSpec& sp, uint8_t* out) {
+    const std::vector<uint8_t>& v = data.at(sp.name);
+    std::memcpy(out, v.data(), v.size());
+  });
+  std::ifstream in(src + "/config.json");
+  nlohmann::json c = nlohmann::json::parse(in);
+  edit_config(c);
+  std::ofstream(dst + "/config.json") << c.dump(2);
+  for (const auto& e : fs::directory_iterator(src)) {
+    const std::string n = e.path().filename().string();
+    if (n != "config.json" && e.path().extension() != ".safetensors" &&
+        n != "model.safetensors.index.json")
+      fs::copy_file(e.path(), fs::path(dst) / n, fs::copy_options::overwrite_existing);
+  }
+}
+
+// Asymmetric int4 (compressed-tensors pack-quantized with `symmetric: false`, the AWQ layout):
+// weight_zero_point I32 [ceil(rows/8), groups] packed along the rows (pack_to_int32 with
+// packed_dim 0: z + 8 of row 8i + k in bits 4k of int32 [i, g]); each weight is (q - z) * scale.
+// The loader turns it into int8 codes q - z + 128, exactly: the same model written here as a
+// symmetric int8 pack-quantized checkpoint with those codes (computed in this test from the two
+// files' bits) gives the same logits, bit for bit.
+TEST(PackQuantized, AsymmetricInt4LoadsExactlyAsItsInt8Codes) {
+  test::TempDir d("pack_asym");
+  const std::string src = golden_dir("tiny"), sym = d / "sym", asym = d / "asym", i8 = d / "i8";
+  write_quantized(src, sym, 32);
+  Rng rng(17);
+  std::map<std::string, std::vector<uint8_t>> zcodes;  // module -> [rows, groups] codes 0..15
+  auto is_packed = [](const std::string& n) {
+    return n.size() > 14 && n.compare(n.size() - 14, 14, ".weight_packed") == 0;
+  };
+  auto copy = [](const std::string& name, const TensorInfo& t, std::vector<TensorSpec>& specs,
+                 std::map<std::string, std::vector<uint8_t>>& data) {
+    specs.push_back({name, t.dtype, t.shape});
+    const auto* p = static_cast<const uint8_t*>(t.data);
+    data[name].assign(p, p + t.nbytes);
+  };
+  rewrite_checkpoint(
+      sym, asym,
+      [](nlohmann::json& c) {
+        c["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = false;
+      },
+      [&](const std::string& name, const TensorInfo& t, std::vector<TensorSpec>& specs,
+          std::map<std::string, std::vector<uint8_t>>& data) {
+        copy(name, t, specs, data);
+        if (!is_packed(name)) return;
+        const std::string module = name.substr(0, name.size() - 14);
+        const int64_t rows = t.shape[0], groups = t.shape[1] * 8 / 32;
+        std::vector<uint8_t>& z = zcodes[module];
+        z.resize(size_t(rows * groups));
+        for (auto& v : z) v = uint8_t(rng.next() % 16);
+        const int64_t zr = (rows + 7) / 8;
+        std::vector<uint32_t> packed(size_t(zr * groups), 0);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t g = 0; g < groups; ++g)
+            packed[size_t((r / 8) * groups + g)] |= uint32_t(z[size_t(r * groups + g)])
+                                                    << (4 * (r % 8));
+        const std::string zn = module + ".weight_zero_point";
+        specs.push_back({zn, DType::I32, {zr, groups}});
+        data[zn].resize(packed.size() * 4);
+        std::memcpy(data[zn].data(), packed.data(), packed.size() * 4);
+      });
+  rewrite_checkpoint(
+      sym, i8,
+      [](nlohmann::json& c) {
+        c["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8;
+      },
+      [&](const std::string& name, const TensorInfo& t, std::vector<TensorSpec>& specs,
+          std::map<std::string, std::vector<uint8_t>>& data) {
+        if (!is_packed(name)) return copy(name, t, specs, data);
+        const std::string module = name.substr(0, name.size() - 14);
+        const int64_t rows = t.shape[0], cols = t.shape[1] * 8, groups = cols / 32;
+        const std::vector<uint8_t>& z = zcodes.at(module);
+        const auto* p = static_cast<const uint8_t*>(t.data);
+        std::vector<uint8_t> codes(size_t(rows * cols));
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t k = 0; k < cols; ++k) {
+            const uint8_t byte = p[r * cols / 2 + k / 2];
+            const int q = (k % 2 ? byte >> 4 : byte & 15) - 8;
+            const int zp = int(z[size_t(r * groups + k / 32)]) - 8;
+            codes[size_t(r * cols + k)] = uint8_t(q - zp + 128);
+          }
+        specs.push_back({name, DType::I32, {rows, cols / 4}});
+        data[name] = std::move(codes);
+      });
+  Model a(asym, plain(Precision::BF16)), e(i8, plain(Precision::BF16));
+  EXPECT_TRUE(a.config().quant_asymmetric);
+  EXPECT_EQ(a.config().linear_quant, WeightQuant::kInt4);
+  EXPECT_TRUE(a.weights().layers[0].kda.q.int8());  // (tiny's layer 0 is KDA)
+  EXPECT_TRUE(e.weights().layers[0].kda.q.int8());
+  const std::vector<int32_t> prompt = prompt_of(src);
+  const std::vector<float> ya = logits_of(a, prompt), ye = logits_of(e, prompt);
+  ASSERT_EQ(ya.size(), ye.size());
+  EXPECT_EQ(std::memcmp(ya.data(), ye.data(), ya.size() * 4), 0);
+  // The zero points matter: the symmetric checkpoint's logits differ.
+  Model s(sym, plain(Precision::BF16));
+  EXPECT_NE(std::memcmp(ya.data(), logits_of(s, prompt).data(), ya.size() * 4), 0);
+
+  // Errors: asymmetric 8-bit, a zero point tensor of the wrong shape, zero points in a symmetric
+  // checkpoint.
+  auto error_of = [](const std::string& dir) -> std::string {
+    try {
+      Model m(dir, plain(Precision::BF16));
+    } catch (const Error& err) {
+      return err.what();
+    }
+    return "(loaded)";
+  };
+  const std::string cfg = asym + "/config.json";
+  std::ifstream in(cfg);
+  const nlohmann::json good = nlohmann::json::parse(in);
+  nlohmann::json bad = good;
+  bad["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8;
+  std::ofstream(cfg) << bad.dump();
+  EXPECT_THAT(error_of(asym), HasSubstr("asymmetric 8-bit"));
+  bad = good;
+  bad["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = true;
+  std::ofstream(cfg) << bad.dump();
+  EXPECT_THAT(error_of(asym), HasSubstr("weight_zero_point is present, but the config says symmetric"));
+  std::ofstream(cfg) << good.dump();
+  EXPECT_EQ(error_of(asym), "(loaded)");
+  EXPECT_THAT(error_of(sym + "/../nonexistent"), HasSubstr("does not exist"));
+}
+
 TEST(PackQuantized, BadConfigsAndTensorsAreErrorsNamingTheProblem) {
   test::TempDir d("pack_bad");
   const std::string src = golden_dir("tiny"), out = d / "q";
@@ -318,8 +462,9 @@ TEST(PackQuantized, BadConfigsAndTensorsAreErrorsNamingTheProblem) {
   auto weights = [](nlohmann::json& c) -> nlohmann::json& {
     return c["quantization_config"]["config_groups"]["group_0"]["weights"];
   };
+  // Asymmetric without zero points: the missing tensor is named.
   EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["symmetric"] = false; }),
-              HasSubstr("asymmetric weights"));
+              HasSubstr("missing tensor model.layers.0.self_attn.q_proj.weight_zero_point"));
   EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["num_bits"] = 2; }),
               HasSubstr("num_bits' is 2"));
   // 8 bits with the 4-bit tensors: the packed tensor's shape is named.

@@ -4,6 +4,7 @@
 // (model/weights.cpp) and the speculative draft (spec/draft_model.cpp).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -35,15 +36,24 @@ class Binder {
 
   // A checkpoint with quantized linears (ModelConfig::linear_quant, quant_group, quant_ignore):
   // which modules are quantized and how. Set before the walk.
-  void set_quant(WeightQuant format, int group, std::vector<std::string> ignore);
+  void set_quant(WeightQuant format, int group, std::vector<std::string> ignore,
+                 bool asymmetric = false);
   // A linear layer's weight [rows, cols] of module `module` (no ".weight"): bf16 `module`.weight,
   // or, when the checkpoint quantizes the module:
   //  * int4 / int8 (pack-quantized) from `module`.weight_packed I32 [rows, cols * bits / 32]
   //    (compressed-tensors' pack_to_int32: q + 2^(bits-1) in the int32's bits from the least
   //    significant up, which is the kernels' byte layout), `module`.weight_scale BF16
   //    [rows, cols/group] and `module`.weight_shape I32/I64 [2] = {rows, cols};
+  //    With zero points (asymmetric int4: `module`.weight_zero_point I32 [ceil(rows/8), groups],
+  //    pack_to_int32 along the rows: z + 8 of row 8i + k in bits 4k of int32 [i, g]) every weight
+  //    is (q - z) * scale with q - z in [-15, 15]: loaded exactly as an int8 matrix of codes
+  //    q - z + 128 with the same scales (memory the Binder owns: take_owned()), so the int8
+  //    kernels run it; twice int4's bytes, no rounding.
   //  * MXFP4 (mxfp4-pack-quantized) as mxfp4() reads it.
   Mat linear(const std::string& module, int64_t rows, int64_t cols);
+  // Memory matrices point into instead of the mapping (asymmetric int4 converted at load): for
+  // ModelWeights::owned.
+  std::vector<std::shared_ptr<const std::vector<uint8_t>>> take_owned() { return std::move(owned_); }
   // A linear layer megadecode reads as bf16 values (the router gate, MLA's kv_b): an md::Error
   // naming it when the checkpoint quantizes it.
   Mat bf16_linear(const std::string& module, int64_t rows, int64_t cols, const char* why,
@@ -72,9 +82,12 @@ class Binder {
   std::string first_skipped_;
   WeightQuant quant_ = WeightQuant::kNone;
   int quant_group_ = 0;
+  bool quant_asymmetric_ = false;
   std::vector<std::string> quant_ignore_;
+  std::vector<std::shared_ptr<const std::vector<uint8_t>>> owned_;
   bool quantized_module(const std::string& module) const;
   Mat packed_int(const std::string& module, int64_t rows, int64_t cols);
+  Mat with_zero_points(const Mat& m, const TensorInfo& z);
 };
 
 // A gated MLP p+g / p+u / p+d (".weight" appended for bf16; MXFP4 pairs otherwise): gate and up

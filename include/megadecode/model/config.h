@@ -90,6 +90,9 @@ struct ModelConfig {
   // whose weight_packed the checkpoint holds (K3's release: the routed experts, experts_mxfp4).
   WeightQuant linear_quant = WeightQuant::kNone;
   int quant_group = 0;
+  // pack-quantized int4 with zero points (`symmetric: false`, the AWQ layout): weight_zero_point
+  // per row and group; loaded exactly as int8 codes q - z (model/binder.h).
+  bool quant_asymmetric = false;
   std::vector<std::string> quant_ignore;  // quantization_config.ignore (names, "re:" patterns)
 
   int64_t bos_token_id = -1;
