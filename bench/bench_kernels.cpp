@@ -333,6 +333,7 @@ BENCHMARK(BM_MlaDecode)
 }  // namespace md::cpu
 
 // ---- int4 / int8 (W4A16 / W8A16, --quantize int4|int8) -------------------------------------------
+#include "megadecode/kernels/cpu/fp8.h"
 #include "megadecode/kernels/cpu/int4.h"
 #include "megadecode/kernels/cpu/int8.h"
 
@@ -393,6 +394,43 @@ void kl48_bf16_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_MatmulInt<4>)->Name("Kl48DenseInt4")->Apply(kl48_int4_args)->UseRealTime();
 BENCHMARK(BM_MatmulInt<8>)->Name("Kl48DenseInt8")->Apply(kl48_int4_args)->UseRealTime();
+
+// FP8 e4m3 with fp32 scales per row and group (the loader's expanded block scales): values from the
+// MXFP4 pool with NaN bytes cleared once, scales 1.0 in their own buffer (pool bytes read as fp32
+// could be subnormal and slow the FMAs down). Bytes are values + scales.
+void BM_MatmulFp8(benchmark::State& state) {
+  const int64_t rows = state.range(0), K = state.range(1);
+  const int threads = static_cast<int>(state.range(2)), B = static_cast<int>(state.range(3));
+  const int group = static_cast<int>(state.range(4));
+  if (state.range(5) != 0) set_isa(Isa::kPortable);
+  const size_t value_bytes = static_cast<size_t>(rows * K);
+  const std::vector<float> scales(static_cast<size_t>(rows * (K / group)), 1.0f);
+  const size_t bytes = value_bytes + scales.size() * sizeof(float);
+  static const bool cleared = [] {
+    uint8_t* p = mxfp4_pool();
+    for (size_t i = 0; i < kPoolBytes; ++i)
+      if ((p[i] & 0x7f) == 0x7f) p[i] = 0x7e;
+    return true;
+  }();
+  (void)cleared;
+  const auto x = make_x(B, K);
+  std::vector<float> y(static_cast<size_t>(B * rows));
+  uint8_t* wp = mxfp4_pool();
+  ThreadPool& tp = pool(threads);
+  run_timed(state, threads, bytes, [&](size_t slot) {
+    const uint8_t* P = wp + slot * value_bytes;
+    split_rows(tp, rows, [&](int64_t r0, int64_t r1) {
+      matmul_fp8(P, scales.data(), K, group, r0, r1, x.data(), B, K, y.data(), rows);
+    });
+    benchmark::DoNotOptimize(y.data());
+  });
+  state.counters["Gweights_per_s"] = benchmark::Counter(
+      static_cast<double>(rows * K) * static_cast<double>(state.iterations()) * 1e-9,
+      benchmark::Counter::kIsRate);
+  state.SetLabel(matmul_fp8_isa());
+  reset_isa();
+}
+BENCHMARK(BM_MatmulFp8)->Name("Kl48DenseFp8")->Apply(kl48_int4_args)->UseRealTime();
 BENCHMARK(BM_MatmulBf16)->Name("Kl48DenseBf16")->Apply(kl48_bf16_args)->UseRealTime();
 
 }  // namespace

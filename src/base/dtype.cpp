@@ -10,6 +10,7 @@ std::string_view dtype_name(DType t) {
     case DType::U8: return "U8";
     case DType::I32: return "I32";
     case DType::I64: return "I64";
+    case DType::F8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -22,6 +23,7 @@ size_t dtype_size(DType t) {
     case DType::U8: return 1;
     case DType::I32: return 4;
     case DType::I64: return 8;
+    case DType::F8E4M3: return 1;
   }
   return 0;
 }
@@ -33,6 +35,7 @@ std::optional<DType> dtype_from_name(std::string_view n) {
   if (n == "U8") return DType::U8;
   if (n == "I32") return DType::I32;
   if (n == "I64") return DType::I64;
+  if (n == "F8_E4M3") return DType::F8E4M3;
   return std::nullopt;
 }
 

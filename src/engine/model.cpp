@@ -200,9 +200,11 @@ Model::Model(const std::string& dir, const ModelOptions& opt, const dist::Shard&
   MD_CHECK(fs::is_directory(dir), "model directory {} does not exist or is not a directory", dir);
   cfg_ = load_config_file((fs::path(dir) / "config.json").string());
   if (shard_.sharded()) {
-    MD_CHECK(cfg_.linear_quant != WeightQuant::kInt4 && cfg_.linear_quant != WeightQuant::kInt8,
-             "{}: a pack-quantized (int4 / int8) checkpoint does not run distributed yet; load the "
-             "bf16 one and quantize at load instead (--quantize slices each rank's matrices first)",
+    MD_CHECK(cfg_.linear_quant != WeightQuant::kInt4 && cfg_.linear_quant != WeightQuant::kInt8 &&
+                 cfg_.linear_quant != WeightQuant::kFp8,
+             "{}: a pack-quantized (int4 / int8) or FP8 checkpoint does not run distributed yet; "
+             "load the bf16 one and quantize at load instead (--quantize slices each rank's "
+             "matrices first)",
              describe_shard(shard_));
     MD_CHECK(comm_ && comm_->size() == shard_.world() && comm_->rank() == shard_.rank,
              "{}: the layout needs {} ranks and this is rank {}; the communicator has {} ranks "

@@ -1,6 +1,7 @@
 // Binder: tensors by name, shape and dtype (model/binder.h).
 #include "megadecode/model/binder.h"
 
+#include <cmath>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -56,12 +57,13 @@ Mat Binder::mxfp4(const std::string& base, int64_t rows, int64_t cols) {
   return m;
 }
 
-void Binder::set_quant(WeightQuant format, int group, std::vector<std::string> ignore,
-                       bool asymmetric) {
-  quant_ = format;
-  quant_group_ = group;
-  quant_asymmetric_ = asymmetric;
-  quant_ignore_ = std::move(ignore);
+void Binder::set_quant(const ModelConfig& c) {
+  quant_ = c.linear_quant;
+  quant_group_ = c.quant_group;
+  quant_asymmetric_ = c.quant_asymmetric;
+  quant_block_rows_ = c.quant_block_rows;
+  quant_scale_name_ = c.quant_scale_name;
+  quant_ignore_ = c.quant_ignore;
 }
 
 bool Binder::quantized_module(const std::string& module) const {
@@ -70,6 +72,12 @@ bool Binder::quantized_module(const std::string& module) const {
   // such as the router and the latent projections, out of its ignore list); without a checkpoint
   // (make-model's specs) only the routed experts are, through mxfp4().
   if (quant_ == WeightQuant::kMxfp4) return ck_ && ck_->find(module + ".weight_packed") != nullptr;
+  // FP8: the linears stored as F8_E4M3 (DeepSeek-style checkpoints keep some in bf16 without
+  // listing them).
+  if (quant_ == WeightQuant::kFp8) {
+    const TensorInfo* t = ck_ ? ck_->find(module + ".weight") : nullptr;
+    return t && t->dtype == DType::F8E4M3;
+  }
   return true;
 }
 
@@ -83,6 +91,17 @@ Mat Binder::bf16_linear(const std::string& module, int64_t rows, int64_t cols, c
 }
 
 Mat Binder::linear(const std::string& module, int64_t rows, int64_t cols) {
+  if (quant_ == WeightQuant::kFp8 && !ck_ && !quant_ignored(quant_ignore_, module)) {
+    // Specs of an FP8 config (inspect's byte counts): e4m3 weights and their block scales.
+    const int64_t group = quant_group_ ? quant_group_ : cols, br = quant_block_rows_;
+    lookup(module + ".weight", {rows, cols}, DType::F8E4M3);
+    lookup(module + "." + quant_scale_name_, {br ? (rows + br - 1) / br : 1, cols / group},
+           DType::F32);
+    Mat m;
+    m.rows = rows;
+    m.cols = cols;
+    return m;
+  }
   if (!quantized_module(module)) return mat(module + ".weight", rows, cols);
   if (quant_ == WeightQuant::kMxfp4) {
     MD_CHECK(cols % 32 == 0,
@@ -90,7 +109,67 @@ Mat Binder::linear(const std::string& module, int64_t rows, int64_t cols) {
              module, cols);
     return mxfp4(module, rows, cols);
   }
+  if (quant_ == WeightQuant::kFp8) return fp8(module, *ck_->find(module + ".weight"), rows, cols);
   return packed_int(module, rows, cols);
+}
+
+Mat Binder::fp8(const std::string& module, const TensorInfo& w, int64_t rows, int64_t cols) {
+  MD_CHECK(w.shape == (std::vector<int64_t>{rows, cols}),
+           "tensor {} in {}: shape {} does not match the config (expected [{}, {}])", w.name,
+           w.file, w.shape_str(), rows, cols);
+  used_.insert(w.name);
+  const int64_t group = quant_group_ ? quant_group_ : cols;
+  MD_CHECK(cols % 32 == 0 && cols % group == 0,
+           "{}: {} columns do not split into the checkpoint's FP8 scale blocks of {} columns (the "
+           "kernels need whole blocks of a multiple of 32)",
+           module, cols, group);
+  const int64_t br = quant_block_rows_;  // 0: one scale for all rows
+  const int64_t srows = br ? (rows + br - 1) / br : 1, scols = cols / group;
+  const std::string sname = module + "." + quant_scale_name_;
+  const TensorInfo* s = ck_->find(sname);
+  MD_CHECK(s, "checkpoint {}: missing tensor {} (the FP8 scales of {})", ck_->dir(), sname, w.name);
+  used_.insert(sname);
+  MD_CHECK(s->dtype == DType::F32 || s->dtype == DType::BF16,
+           "tensor {} in {}: dtype {} (expected F32 or BF16 scales)", s->name, s->file,
+           dtype_name(s->dtype));
+  MD_CHECK(s->numel() == srows * scols && (s->shape.empty() || s->shape[0] == srows),
+           "tensor {} in {}: shape {} does not match the weight's {} scale blocks of {} x {} "
+           "(expected [{}, {}])",
+           s->name, s->file, s->shape_str(), w.shape_str(), br ? br : rows, group, srows, scols);
+  MD_CHECK(!ck_->device_only(w.data), "{}: FP8 weights need host memory", w.name);
+  const auto* v = static_cast<const uint8_t*>(w.data);
+  for (size_t i = 0; i < w.nbytes; ++i)
+    MD_CHECK((v[i] & 0x7f) != 0x7f, "tensor {} in {}: byte {} is 0x{:02x}, NaN in e4m3", w.name,
+             w.file, i, v[i]);
+  // The scales, expanded to one fp32 per row and group of columns for the kernels.
+  auto buf = std::make_shared<std::vector<uint8_t>>(size_t(rows) * size_t(scols) * 4);
+  auto* out = reinterpret_cast<float*>(buf->data());
+  const auto* sb = static_cast<const uint8_t*>(s->data);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < scols; ++j) {
+      const size_t at = size_t((br ? r / br : 0) * scols + j);
+      float f;
+      if (s->dtype == DType::F32) {
+        std::memcpy(&f, sb + at * 4, 4);
+      } else {
+        bf16 h;
+        std::memcpy(&h, sb + at * 2, 2);
+        f = bf16_to_f32(h);
+      }
+      MD_CHECK(std::isfinite(f), "tensor {} in {}: scale {} is {} (FP8 scales must be finite)",
+               s->name, s->file, at, f);
+      out[r * scols + j] = f;
+    }
+  Mat m;
+  m.rows = rows;
+  m.cols = cols;
+  m.dtype = DType::F8E4M3;
+  m.quant = WeightQuant::kFp8;
+  m.group = int32_t(group);
+  m.data = w.data;
+  m.scales = buf->data();
+  owned_.push_back(std::move(buf));
+  return m;
 }
 
 Mat Binder::packed_int(const std::string& module, int64_t rows, int64_t cols) {

@@ -181,17 +181,94 @@ void parse_int_weights(const json& w, const std::string& wp, ModelConfig& c) {
 // mxfp4-pack-quantized (4-bit float e2m1 codes, one E8M0 scale per 32 inputs, symmetric, static)
 // on the linear layers the `ignore` list leaves. Call after the rest of the config is parsed.
 
+// The block [rows, cols] of an FP8 scale: cols a multiple of 32 (the kernels' sub-groups).
+void set_fp8_block(const json& b, const std::string& name, ModelConfig& c) {
+  MD_CHECK(b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer(),
+           "config.json: field '{}' must be a list of two integers, got {}", name, b.dump());
+  const int64_t br = b[0].get<int64_t>(), bc = b[1].get<int64_t>();
+  MD_CHECK(br >= 1 && br <= (1 << 20) && bc >= 32 && bc % 32 == 0 && bc <= (1 << 20),
+           "config.json: field '{}' is [{}, {}]: the FP8 kernels need blocks of a positive number "
+           "of rows and a positive multiple of 32 columns",
+           name, br, bc);
+  c.quant_block_rows = int(br);
+  c.quant_group = int(bc);
+}
+
+// DeepSeek-style FP8 (`quant_method: "fp8"`, as Kimi K2 and DeepSeek V3 are released): e4m3
+// weights, `weight_scale_inv` F32 per block of `weight_block_size`, activations quantized
+// dynamically by engines that run W8A8 (here they stay bf16: W8A16).
+void parse_fp8(const json& q, const std::string& p, ModelConfig& c) {
+  const std::string fmt_ = get_str_or(q, p, "fmt", "e4m3");
+  MD_CHECK(fmt_ == "e4m3", "config.json: field '{}fmt' is '{}': only e4m3 FP8 is supported", p,
+           fmt_);
+  const std::string act = get_str_or(q, p, "activation_scheme", "dynamic");
+  MD_CHECK(act == "dynamic",
+           "config.json: field '{}activation_scheme' is '{}': static activation scales are not "
+           "supported (megadecode keeps activations in bf16)",
+           p, act);
+  set_fp8_block(field(q, p, "weight_block_size"), p + "weight_block_size", c);
+  c.linear_quant = WeightQuant::kFp8;
+  c.quant_scale_name = "weight_scale_inv";
+  if (auto it = q.find("modules_to_not_convert"); it != q.end() && !it->is_null()) {
+    MD_CHECK(it->is_array(), "config.json: field '{}modules_to_not_convert' must be a list", p);
+    for (const auto& e : *it) {
+      MD_CHECK(e.is_string(), "config.json: field '{}modules_to_not_convert' must hold strings", p);
+      c.quant_ignore.push_back(e.get<std::string>());
+    }
+  }
+}
+
+// compressed-tensors float-quantized weights: 8-bit e4m3, symmetric, static scales per channel,
+// block or tensor. Activation settings may say dynamic FP8 (W8A8 in engines that run it); they
+// stay bf16 here.
+void parse_float_weights(const json& g, const std::string& gp, ModelConfig& c) {
+  const json& w = field(g, gp, "weights");
+  const std::string wp = gp + "weights.";
+  MD_CHECK(w.is_object(), "config.json: field '{}weights' must be an object", gp);
+  const int64_t bits = get_int(w, wp, "num_bits");
+  MD_CHECK(bits == 8, "config.json: field '{}num_bits' must be 8 for float-quantized, got {}", wp,
+           bits);
+  const std::string type = get_str_or(w, wp, "type", "");
+  MD_CHECK(type == "float", "config.json: field '{}type' must be \"float\", got '{}'", wp, type);
+  MD_CHECK(get_bool_or(w, wp, "symmetric", true),
+           "config.json: field '{}symmetric' must be true for FP8 weights", wp);
+  MD_CHECK(!get_bool_or(w, wp, "dynamic", false),
+           "config.json: field '{}dynamic' must be false (static weight scales)", wp);
+  const std::string strategy = get_str_or(w, wp, "strategy", "channel");
+  if (strategy == "block") {
+    set_fp8_block(field(w, wp, "block_structure"), wp + "block_structure", c);
+  } else {
+    MD_CHECK(strategy == "channel" || strategy == "tensor",
+             "config.json: field '{}strategy' is '{}': FP8 weights load with channel, block or "
+             "tensor scales",
+             wp, strategy);
+    c.quant_block_rows = strategy == "channel" ? 1 : 0;
+    c.quant_group = 0;
+  }
+  if (auto a = g.find("input_activations"); a != g.end() && !a->is_null())
+    MD_CHECK(a->is_object() && get_bool_or(*a, gp + "input_activations.", "dynamic", false),
+             "config.json: {}input_activations has static scales: not supported (megadecode "
+             "keeps activations in bf16; dynamic activation quantization is ignored)",
+             gp);
+  MD_CHECK(!g.contains("output_activations") || g["output_activations"].is_null(),
+           "config.json: {}output_activations is set: not supported", gp);
+  c.linear_quant = WeightQuant::kFp8;
+  c.quant_scale_name = "weight_scale";
+}
+
 void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
   const std::string self = p.substr(0, p.size() - 1);
   MD_CHECK(q.is_object(), "config.json: field '{}' must be an object", self);
   const std::string method = get_str_or(q, p, "quant_method", "");
+  if (method == "fp8") return parse_fp8(q, p, c);
   MD_CHECK(method == "compressed-tensors",
-           "config.json: unsupported {}quant_method '{}' (supported: compressed-tensors)", p,
+           "config.json: unsupported {}quant_method '{}' (supported: compressed-tensors, fp8)", p,
            method);
   const std::string format = get_str_or(q, p, "format", "");
-  MD_CHECK(format == "mxfp4-pack-quantized" || format == "pack-quantized",
+  MD_CHECK(format == "mxfp4-pack-quantized" || format == "pack-quantized" ||
+               format == "float-quantized",
            "config.json: unsupported {}format '{}' (supported: mxfp4-pack-quantized, "
-           "pack-quantized)",
+           "pack-quantized, float-quantized)",
            p, format);
   const std::string status = get_str_or(q, p, "quantization_status", "compressed");
   MD_CHECK(status == "compressed",
@@ -200,10 +277,10 @@ void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
   const json& groups = field(q, p, "config_groups");
   MD_CHECK(groups.is_object() && !groups.empty(),
            "config.json: field '{}config_groups' must be a non-empty object", p);
-  MD_CHECK(format != "pack-quantized" || groups.size() == 1,
-           "config.json: {}config_groups has {} groups: pack-quantized loads one scheme for every "
-           "quantized linear",
-           p, groups.size());
+  MD_CHECK(format == "mxfp4-pack-quantized" || groups.size() == 1,
+           "config.json: {}config_groups has {} groups: {} loads one scheme for every quantized "
+           "linear",
+           p, groups.size(), format);
   for (const auto& [name, g] : groups.items()) {
     const std::string gp = p + "config_groups." + name + ".";
     MD_CHECK(g.is_object(), "config.json: field '{}' must be an object",
@@ -214,6 +291,10 @@ void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
     const json& targets = field(g, gp, "targets");
     MD_CHECK(targets == json::array({"Linear"}),
              "config.json: field '{}targets' must be [\"Linear\"], got {}", gp, targets.dump());
+    if (format == "float-quantized") {
+      parse_float_weights(g, gp, c);
+      continue;
+    }
     for (const char* k : {"input_activations", "output_activations"})
       MD_CHECK(!g.contains(k) || g[k].is_null(),
                "config.json: {}{} is set: activation quantization is not supported", gp, k);
@@ -243,7 +324,8 @@ void parse_quantization(const json& q, const std::string& p, ModelConfig& c) {
              "config.json: field '{}scale_dtype' must be \"torch.uint8\" (E8M0), got '{}'", wp, sd);
   }
   c.quant_ignore = parse_ignore(q, p);
-  if (format == "pack-quantized") return;  // (which linears: model/binder.h, by the list)
+  // (Which linears: model/binder.h, by the list; FP8 ones also by their dtype.)
+  if (format == "pack-quantized" || format == "float-quantized") return;
   c.linear_quant = WeightQuant::kMxfp4;
   c.quant_group = 32;
   // The routed experts are MXFP4 unless the list names them (K3's release); other linears are

@@ -304,6 +304,14 @@ void make_random_checkpoint(const ModelConfig& cfg, const std::string& dir, uint
   fs::create_directories(dir, ec);
   MD_CHECK(!ec, "cannot create directory {}: {}", dir, ec.message());
   std::vector<TensorSpec> specs = expected_tensors(cfg);
+  // Random values are drawn for bf16 / fp32 tensors and MXFP4 codes; a config whose
+  // quantization_config stores linears otherwise (pack-quantized, FP8) cannot be made this way.
+  for (const TensorSpec& t : specs)
+    MD_CHECK(t.dtype == DType::BF16 || t.dtype == DType::F32 || t.dtype == DType::U8,
+             "make-model: the config's quantization_config stores {} as {}; make-model writes bf16 "
+             "checkpoints (with K3's MXFP4 experts): remove the quantization_config, and quantize "
+             "with `megadecode quantize` or --quantize",
+             t.name, dtype_name(t.dtype));
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < specs.size(); ++i) index[specs[i].name] = i;
   double total = 0, done = 0;

@@ -160,7 +160,7 @@ TensorInfo parse_tensor(const std::string& file, const std::string& key, const j
            describe(jd));
   const auto dtype = dtype_from_name(jd.get_ref<const std::string&>());
   MD_CHECK(dtype.has_value(),
-           "{}: unsupported dtype {} for tensor '{}' (supported: BF16, F16, F32, U8, I32, I64)", file,
+           "{}: unsupported dtype {} for tensor '{}' (supported: BF16, F16, F32, U8, I32, I64, F8_E4M3)", file,
            printable(jd.get_ref<const std::string&>()), tn);
   t.dtype = *dtype;
 

@@ -158,7 +158,7 @@ bool quantized_outside_experts(const ModelWeights& w) {
 
 ModelWeights bind_weights(const ModelConfig& cfg, const Checkpoint& ckpt) {
   Binder b(&ckpt, nullptr, cfg.tensor_prefix);
-  b.set_quant(cfg.linear_quant, cfg.quant_group, cfg.quant_ignore, cfg.quant_asymmetric);
+  b.set_quant(cfg);
   ModelWeights w = walk(cfg, b);
   for (auto& o : b.take_owned()) w.owned.push_back(std::move(o));
   w.ignored_tensors = b.check_no_extra();
@@ -171,7 +171,7 @@ ModelWeights bind_weights(const ModelConfig& cfg, const Checkpoint& ckpt) {
 std::vector<TensorSpec> expected_tensors(const ModelConfig& cfg) {
   std::vector<TensorSpec> specs;
   Binder b(nullptr, &specs);
-  b.set_quant(cfg.linear_quant, cfg.quant_group, cfg.quant_ignore, cfg.quant_asymmetric);
+  b.set_quant(cfg);
   walk(cfg, b);
   return specs;
 }
@@ -220,8 +220,12 @@ ModelSizes model_sizes(const ModelConfig& c) {
       !quant_ignored(c.quant_ignore, c.tensor_prefix + "model.layers.1.block_sparse_moe.experts.0.w1");
   const double int_bpw = (c.linear_quant == WeightQuant::kInt8 || c.quant_asymmetric ? 1.0 : 0.5) +
                          2.0 / double(c.quant_group > 0 ? c.quant_group : c.expert_dim());
+  const bool fp8_experts =
+      c.linear_quant == WeightQuant::kFp8 &&
+      !quant_ignored(c.quant_ignore, c.tensor_prefix + "model.layers.1.block_sparse_moe.experts.0.w1");
   s.expert_bytes = c.experts_mxfp4 ? expert_params * 4.25 / 8
                    : int_experts   ? expert_params * int_bpw
+                   : fp8_experts   ? expert_params
                                    : expert_params * 2;
   s.active_params += int64_t(expert_params) * c.num_experts_per_token * moe_layers;
   s.active_bytes += s.expert_bytes * c.num_experts_per_token * moe_layers;

@@ -39,7 +39,7 @@ TEST(CpuFeatures, LevelsAreConsistent) {
     EXPECT_NE(missing_features(static_cast<Isa>(static_cast<int>(hw) + 1)), "");
   }
   const CpuFeatures& f = cpu_features();
-  EXPECT_EQ(hw >= Isa::kAvx2, f.avx2 && f.fma && f.popcnt);
+  EXPECT_EQ(hw >= Isa::kAvx2, f.avx2 && f.fma && f.popcnt && f.f16c);
   EXPECT_EQ(hw >= Isa::kAvx512,
             hw >= Isa::kAvx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq);
   EXPECT_EQ(hw >= Isa::kAvx512Bf16, hw >= Isa::kAvx512 && f.avx512bf16);

@@ -479,9 +479,9 @@ TEST(PackQuantized, BadConfigsAndTensorsAreErrorsNamingTheProblem) {
   EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["actorder"] = "group"; }),
               HasSubstr("activation-ordered"));
   EXPECT_THAT(load_with([&](nlohmann::json& c) {
-                c["quantization_config"]["format"] = "float-quantized";
+                c["quantization_config"]["format"] = "naive-quantized";
               }),
-              HasSubstr("unsupported quantization_config.format 'float-quantized'"));
+              HasSubstr("unsupported quantization_config.format 'naive-quantized'"));
   // The ignore list decides which linears are int4: one it no longer names must be packed.
   auto without = [&](const std::string& module) {
     return [module](nlohmann::json& c) {

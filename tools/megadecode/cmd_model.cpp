@@ -453,17 +453,26 @@ void register_run_commands(CLI::App& app) {
                                         : "hidden width",
                     cfg.experts_mxfp4 ? ", MXFP4 (4.25 bits per weight)" : ", bf16", "");
       if (cfg.linear_quant == WeightQuant::kInt4 || cfg.linear_quant == WeightQuant::kInt8 ||
-          (cfg.linear_quant == WeightQuant::kMxfp4 && !cfg.experts_mxfp4))
-        std::printf("quantized      linears not in quantization_config.ignore (%zu entries): %s, "
-                    "%s\n",
-                    cfg.quant_ignore.size(),
-                    cfg.linear_quant == WeightQuant::kInt4   ? "int4"
-                    : cfg.linear_quant == WeightQuant::kInt8 ? "int8"
-                                                             : "MXFP4",
-                    cfg.linear_quant == WeightQuant::kMxfp4 ? "E8M0 scale per 32 columns"
-                    : cfg.quant_group
-                        ? fmt::format("bf16 scale per {} columns", cfg.quant_group).c_str()
-                        : "bf16 scale per row");
+          cfg.linear_quant == WeightQuant::kFp8 ||
+          (cfg.linear_quant == WeightQuant::kMxfp4 && !cfg.experts_mxfp4)) {
+        const char* format = cfg.linear_quant == WeightQuant::kInt4   ? "int4"
+                             : cfg.linear_quant == WeightQuant::kInt8 ? "int8"
+                             : cfg.linear_quant == WeightQuant::kFp8  ? "FP8 e4m3"
+                                                                      : "MXFP4";
+        std::string scales =
+            cfg.linear_quant == WeightQuant::kMxfp4 ? "E8M0 scale per 32 columns"
+            : cfg.linear_quant == WeightQuant::kFp8
+                ? fmt::format("fp32 scale per {} x {}",
+                              cfg.quant_block_rows ? std::to_string(cfg.quant_block_rows) + " rows"
+                                                   : std::string("all rows"),
+                              cfg.quant_group ? std::to_string(cfg.quant_group) + " columns"
+                                              : std::string("whole rows"))
+            : cfg.quant_group ? fmt::format("bf16 scale per {} columns", cfg.quant_group)
+                              : std::string("bf16 scale per row");
+        if (cfg.quant_asymmetric) scales += ", zero points (loaded as int8)";
+        std::printf("quantized      linears not in the ignore list (%zu entries): %s, %s\n",
+                    cfg.quant_ignore.size(), format, scales.c_str());
+      }
       std::printf("activation     %s\n", cfg.uses_situ()
                                              ? fmt::format("SiTU (beta {}, linear beta {})",
                                                            cfg.situ_beta, cfg.situ_linear_beta)

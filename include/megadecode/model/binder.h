@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "megadecode/base/dtype.h"
+#include "megadecode/model/config.h"
 #include "megadecode/model/weights.h"
 
 namespace md {
@@ -34,10 +35,9 @@ class Binder {
   // U8 [rows, cols/32] (compressed-tensors mxfp4-pack-quantized).
   Mat mxfp4(const std::string& base, int64_t rows, int64_t cols);
 
-  // A checkpoint with quantized linears (ModelConfig::linear_quant, quant_group, quant_ignore):
-  // which modules are quantized and how. Set before the walk.
-  void set_quant(WeightQuant format, int group, std::vector<std::string> ignore,
-                 bool asymmetric = false);
+  // A checkpoint with quantized linears (ModelConfig::linear_quant and the quant_* fields): which
+  // modules are quantized and how. Set before the walk.
+  void set_quant(const ModelConfig& c);
   // A linear layer's weight [rows, cols] of module `module` (no ".weight"): bf16 `module`.weight,
   // or, when the checkpoint quantizes the module:
   //  * int4 / int8 (pack-quantized) from `module`.weight_packed I32 [rows, cols * bits / 32]
@@ -49,7 +49,10 @@ class Binder {
   //    is (q - z) * scale with q - z in [-15, 15]: loaded exactly as an int8 matrix of codes
   //    q - z + 128 with the same scales (memory the Binder owns: take_owned()), so the int8
   //    kernels run it; twice int4's bytes, no rounding.
-  //  * MXFP4 (mxfp4-pack-quantized) as mxfp4() reads it.
+  //  * MXFP4 (mxfp4-pack-quantized) as mxfp4() reads it;
+  //  * FP8, when `module`.weight is F8_E4M3: that tensor in place, and its scale tensor (F32 or
+  //    BF16: [ceil(rows/br), ceil(cols/bc)] per block, [rows, 1] per channel, [1] for the tensor)
+  //    expanded to fp32 per row and group of columns (memory the Binder owns).
   Mat linear(const std::string& module, int64_t rows, int64_t cols);
   // Memory matrices point into instead of the mapping (asymmetric int4 converted at load): for
   // ModelWeights::owned.
@@ -83,6 +86,9 @@ class Binder {
   WeightQuant quant_ = WeightQuant::kNone;
   int quant_group_ = 0;
   bool quant_asymmetric_ = false;
+  int quant_block_rows_ = 0;
+  std::string quant_scale_name_;
+  Mat fp8(const std::string& module, const TensorInfo& w, int64_t rows, int64_t cols);
   std::vector<std::string> quant_ignore_;
   std::vector<std::shared_ptr<const std::vector<uint8_t>>> owned_;
   bool quantized_module(const std::string& module) const;

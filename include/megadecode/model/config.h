@@ -93,6 +93,12 @@ struct ModelConfig {
   // pack-quantized int4 with zero points (`symmetric: false`, the AWQ layout): weight_zero_point
   // per row and group; loaded exactly as int8 codes q - z (model/binder.h).
   bool quant_asymmetric = false;
+  // kFp8 (quant_method "fp8", DeepSeek-style, or compressed-tensors float-quantized): the linears
+  // whose `.weight` is F8_E4M3 (and `quant_ignore` does not name), with their scale tensor
+  // `quant_scale_name` ("weight_scale_inv" / "weight_scale") per block of quant_block_rows rows
+  // (1: per row; 0: all rows) by quant_group columns (0: the whole row).
+  int quant_block_rows = 0;
+  std::string quant_scale_name;
   std::vector<std::string> quant_ignore;  // quantization_config.ignore (names, "re:" patterns)
 
   int64_t bos_token_id = -1;

@@ -22,7 +22,10 @@ class Checkpoint;
 //  * kMxfp4 (compressed-tensors mxfp4-pack-quantized, or --quantize mxfp4): E8M0 bytes
 //    [rows, cols/32], group 32;
 //  * kInt4 / kInt8 (pack-quantized int4 / int8, symmetric, or --quantize int4 / int8): bf16
-//    [rows, cols/group].
+//    [rows, cols/group];
+//  * kFp8 (dtype F8E4M3: e4m3 values as stored, DeepSeek-style fp8 or compressed-tensors
+//    float-quantized checkpoints): fp32 [rows, cols/group], the checkpoint's block, channel or
+//    tensor scales expanded per row at load.
 struct Mat {
   const void* data = nullptr;
   DType dtype = DType::BF16;
@@ -34,7 +37,9 @@ struct Mat {
   bool int4() const { return quant == WeightQuant::kInt4; }
   bool int8() const { return quant == WeightQuant::kInt8; }
   bool quantized() const { return quant != WeightQuant::kNone; }
-  int code_bits() const { return quant == WeightQuant::kInt8 ? 8 : 4; }  // quantized formats
+  int code_bits() const {  // quantized formats
+    return quant == WeightQuant::kInt8 || quant == WeightQuant::kFp8 ? 8 : 4;
+  }
   const bf16* bf16_data() const { return static_cast<const bf16*>(data); }
   const float* f32_data() const { return static_cast<const float*>(data); }
   const uint8_t* packed_data() const { return static_cast<const uint8_t*>(data); }
@@ -46,6 +51,7 @@ struct Mat {
   // Bytes of the scales of `n` columns (whole groups).
   size_t scale_bytes(int64_t n) const {
     if (!quantized()) return 0;
+    if (quant == WeightQuant::kFp8) return size_t(n) / size_t(group) * 4;
     return mxfp4() ? size_t(n) / 32 : size_t(n) / size_t(group) * 2;
   }
   size_t scale_row_bytes() const { return scale_bytes(cols); }

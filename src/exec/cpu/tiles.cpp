@@ -466,9 +466,10 @@ void run_instr(const StepCtx& s, const Instr& instr, Scratch& sc) {
   fail("decode plan: instruction #{} has an unknown opcode {}", in.id, int(in.op));
 }
 
-// Bytes of one row as stored (MXFP4: the packed codes; its scales, 1/16 of that, are not
-// prefetched).
+// Bytes of one row as stored (quantized: the codes, one byte a weight for int8, half for the 4-bit
+// formats; the scales, a few percent of that, are not prefetched).
 static size_t stored_row_bytes(const WeightView& w) {
+  if (w.quant == WeightQuant::kInt8) return size_t(w.cols);
   return w.dtype == DType::U8 ? size_t(w.cols) / 2 : size_t(w.cols) * dtype_size(w.dtype);
 }
 

@@ -16,6 +16,7 @@ CpuFeatures detect() {
   f.avx2 = __builtin_cpu_supports("avx2");
   f.fma = __builtin_cpu_supports("fma");
   f.popcnt = __builtin_cpu_supports("popcnt");
+  f.f16c = __builtin_cpu_supports("f16c");
   f.avx512f = __builtin_cpu_supports("avx512f");
   f.avx512bw = __builtin_cpu_supports("avx512bw");
   f.avx512vl = __builtin_cpu_supports("avx512vl");
@@ -32,7 +33,10 @@ struct Need {
   const char* name;
 };
 constexpr Need kAvx2Needs[] = {
-    {&CpuFeatures::avx2, "avx2"}, {&CpuFeatures::fma, "fma"}, {&CpuFeatures::popcnt, "popcnt"}};
+    {&CpuFeatures::avx2, "avx2"},
+    {&CpuFeatures::fma, "fma"},
+    {&CpuFeatures::popcnt, "popcnt"},
+    {&CpuFeatures::f16c, "f16c"}};  // (every AVX2 CPU has F16C: the FP8 decode uses it)
 constexpr Need kAvx512Needs[] = {{&CpuFeatures::avx512f, "avx512f"},
                                  {&CpuFeatures::avx512bw, "avx512bw"},
                                  {&CpuFeatures::avx512vl, "avx512vl"},

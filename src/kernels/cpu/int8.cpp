@@ -1,5 +1,5 @@
-// int8 (W8A16) matmul: the run-time dispatch into the ISA kernels (q8_kernels.h), the portable
-// kernel, the reference decode and the load-time quantizer.
+// int8 (W8A16) matmul: the run-time dispatch of the 8-bit kernels (q8_kernels.h: int8 and FP8), the
+// portable kernel, the int8 reference decode and the load-time quantizer.
 #include "megadecode/kernels/cpu/int8.h"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "megadecode/kernels/cpu/cpu_features.h"
+#include "q4_kernels.h"
 #include "q8_kernels.h"
 
 namespace md::cpu {
@@ -15,7 +16,7 @@ namespace md::cpu {
 namespace detail {
 
 // The portable kernel, within the x86-64 baseline (SSE2: no FMA). Per row and vector, 8 fp32
-// lanes; for each 32-column sub-group lane l forms
+// lanes; for each 32-column sub-group lane l forms (q the integer or the e4m3 value)
 //   g_l = ((q[l] x[l] + q[8+l] x[8+l]) + q[16+l] x[16+l]) + q[24+l] x[24+l]
 // then acc_l = acc_l + g_l * scale of the sub-group's group; after the last sub-group the lanes
 // are reduced pairwise as in the 4-bit portable kernel. A tile's decoded sub-group is shared by
@@ -36,8 +37,14 @@ void matmul_q8_portable(const Q8Matrix& m, int64_t r0, int64_t r1, const float* 
         float sc[kRows];
         for (int i = 0; i < nr; ++i) {
           const uint8_t* c = m.codes + (r + i) * K + g * 32;
-          for (int k = 0; k < 32; ++k) w[i][k] = static_cast<float>(int(c[k]) - 128);
-          sc[i] = bf16_to_f32(m.scales[(r + i) * spr + g / per]);
+          const int64_t si = (r + i) * spr + g / per;
+          if (m.kind == Q8Codes::kFp8) {
+            for (int k = 0; k < 32; ++k) w[i][k] = kE4m3Values[c[k]];
+            sc[i] = static_cast<const float*>(m.scales)[si];
+          } else {
+            for (int k = 0; k < 32; ++k) w[i][k] = static_cast<float>(int(c[k]) - 128);
+            sc[i] = bf16_to_f32(static_cast<const bf16*>(m.scales)[si]);
+          }
         }
         for (int v = 0; v < nb; ++v) {
           const float* x = X + (b0 + v) * ldx + g * 32;
@@ -62,28 +69,34 @@ void matmul_q8_portable(const Q8Matrix& m, int64_t r0, int64_t r1, const float* 
   }
 }
 
+void matmul_q8(const Q8Matrix& m, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
+               float* Y, int64_t ldy) {
+  if (r0 >= r1 || B <= 0 || m.K <= 0) return;
+  switch (active_isa()) {
+    case Isa::kAvx512Bf16:
+    case Isa::kAvx512:
+      matmul_q8_avx512(m, r0, r1, X, B, ldx, Y, ldy);
+      return;
+    case Isa::kAvx2:
+      matmul_q8_avx2(m, r0, r1, X, B, ldx, Y, ldy);
+      return;
+    case Isa::kPortable:
+      break;
+  }
+  matmul_q8_portable(m, r0, r1, X, B, ldx, Y, ldy);
+}
+
 }  // namespace detail
 
 void matmul_int8(const uint8_t* codes, const bf16* scales, int64_t K, int group, int64_t r0,
                  int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy) {
-  if (r0 >= r1 || B <= 0 || K <= 0) return;
   detail::Q8Matrix m;
   m.codes = codes;
   m.scales = scales;
   m.K = K;
   m.group = group;
-  switch (active_isa()) {
-    case Isa::kAvx512Bf16:
-    case Isa::kAvx512:
-      detail::matmul_q8_avx512(m, r0, r1, X, B, ldx, Y, ldy);
-      return;
-    case Isa::kAvx2:
-      detail::matmul_q8_avx2(m, r0, r1, X, B, ldx, Y, ldy);
-      return;
-    case Isa::kPortable:
-      break;
-  }
-  detail::matmul_q8_portable(m, r0, r1, X, B, ldx, Y, ldy);
+  m.kind = detail::Q8Codes::kInt8;
+  detail::matmul_q8(m, r0, r1, X, B, ldx, Y, ldy);
 }
 
 void dequantize_int8_row(const uint8_t* codes, const bf16* scales, int64_t K, int group,
@@ -107,16 +120,7 @@ void quantize_int8_row(const bf16* w, int64_t K, int group, uint8_t* codes, bf16
 }
 
 const char* matmul_int8_isa() {
-  switch (active_isa()) {
-    case Isa::kAvx512Bf16:
-    case Isa::kAvx512:
-      return "avx512";
-    case Isa::kAvx2:
-      return "avx2";
-    case Isa::kPortable:
-      break;
-  }
-  return "portable";
+  return detail::matmul_q4_isa();  // (the same levels map to the same kernel names)
 }
 
 }  // namespace md::cpu

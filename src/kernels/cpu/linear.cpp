@@ -1,6 +1,7 @@
 // Format dispatch of linear_rows (linear.h).
 #include "megadecode/kernels/cpu/linear.h"
 
+#include "megadecode/kernels/cpu/fp8.h"
 #include "megadecode/kernels/cpu/int4.h"
 #include "megadecode/kernels/cpu/int8.h"
 #include "megadecode/kernels/cpu/matmul.h"
@@ -22,6 +23,10 @@ void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X,
     case WeightQuant::kInt8:
       matmul_int8(static_cast<const uint8_t*>(w.data), reinterpret_cast<const bf16*>(w.scales),
                   w.cols, w.group, r0, r1, X, B, ldx, Y, ldy);
+      return;
+    case WeightQuant::kFp8:
+      matmul_fp8(static_cast<const uint8_t*>(w.data), reinterpret_cast<const float*>(w.scales),
+                 w.cols, w.group, r0, r1, X, B, ldx, Y, ldy);
       return;
     case WeightQuant::kNone:
       break;

@@ -39,24 +39,45 @@ inline float hsum(__m512 v) {
   return _mm512_cvtss_f32(v);
 }
 
-// Step s's 16 weights (columns 16s..16s+15 of the sub-group) from its 32 signed bytes.
-inline __m512 decode(__m256i q, int s) {
-  const __m128i half = s == 0 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(half));
-}
+// The two code kinds' decode (step s's 16 weights, columns 16s..16s+15 of the sub-group, from its
+// 32 bytes as prepared) and scale (q8_avx2.cpp has the reasoning).
+struct Int8Codes {
+  static __m256i prepare(__m256i p) {
+    return _mm256_xor_si256(p, _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+  static __m512 decode(__m256i q, int s) {
+    const __m128i half = s == 0 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(half));
+  }
+  static float scale(const void* s, int64_t i) {
+    return bf16_to_f32(static_cast<const bf16*>(s)[i]);
+  }
+};
+
+struct Fp8Codes {
+  static __m256i prepare(__m256i p) { return p; }
+  static __m512 decode(__m256i p, int s) {
+    const __m128i half = s == 0 ? _mm256_castsi256_si128(p) : _mm256_extracti128_si256(p, 1);
+    const __m256i w = _mm256_cvtepu8_epi16(half);
+    const __m256i h =
+        _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
+                        _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7f)), 7));
+    return _mm512_cvtph_ps(h);
+  }
+  static float scale(const void* s, int64_t i) { return static_cast<const float*>(s)[i] * 256.0f; }
+};
 
 struct Tile {
   const uint8_t* codes;  // row 0 of the tile
-  const bf16* scales;    // row 0 of the tile
+  const void* scales;    // row 0 of the tile (the format's scale type)
   int64_t K, spr;        // codes and scales per row
   int per;               // sub-groups per group
 };
 
 // NR rows x NB vectors at x (stride ldx): y[j * ldy + i].
-template <int NR, int NB, bool kPrefetch>
+template <class C, int NR, int NB, bool kPrefetch>
 void tile(const Tile& t, const float* x, int64_t ldx, float* y, int64_t ldy) {
   const int64_t G = t.K / 32;
-  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   __m512 acc[NR][NB];
   for (int i = 0; i < NR; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -73,20 +94,20 @@ void tile(const Tile& t, const float* x, int64_t ldx, float* y, int64_t ldy) {
       const uint8_t* wi = t.codes + i * t.K + g * 32;
       if constexpr (kPrefetch)
         _mm_prefetch(reinterpret_cast<const char*>(wi) + ahead, _MM_HINT_T0);
-      q[i] = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wi)), flip);
+      q[i] = C::prepare(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wi)));
     }
     __m512 gs[NR][NB];
     for (int s = 0; s < 2; ++s) {
       __m512 xv[NB];
       for (int j = 0; j < NB; ++j) xv[j] = _mm512_loadu_ps(x + j * ldx + g * 32 + s * 16);
       for (int i = 0; i < NR; ++i) {
-        const __m512 wv = decode(q[i], s);
+        const __m512 wv = C::decode(q[i], s);
         for (int j = 0; j < NB; ++j)
           gs[i][j] = s == 0 ? _mm512_mul_ps(wv, xv[j]) : _mm512_fmadd_ps(wv, xv[j], gs[i][j]);
       }
     }
     for (int i = 0; i < NR; ++i) {
-      const __m512 scv = _mm512_set1_ps(bf16_to_f32(t.scales[i * t.spr + gi]));
+      const __m512 scv = _mm512_set1_ps(C::scale(t.scales, i * t.spr + gi));
       for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_fmadd_ps(gs[i][j], scv, acc[i][j]);
     }
     if (++sub == t.per) {
@@ -99,44 +120,46 @@ void tile(const Tile& t, const float* x, int64_t ldx, float* y, int64_t ldy) {
 }
 
 // Rows [r, r1): tiles of NR rows, then the rest in tiles of NR/2, .., 1.
-template <int NB, bool kPrefetch, int NR>
+template <class C, int NB, bool kPrefetch, int NR>
 void row_tiles(const Q8Matrix& m, int64_t r, int64_t r1, const float* x, int64_t ldx, float* y,
                int64_t ldy) {
   const int64_t spr = m.scales_per_row();
   for (; r + NR <= r1; r += NR) {
-    const Tile t{m.codes + r * m.K, m.scales + r * spr, m.K, spr, m.group / 32};
-    tile<NR, NB, kPrefetch>(t, x, ldx, y + r, ldy);
+    const size_t scale_bytes = m.kind == Q8Codes::kFp8 ? sizeof(float) : sizeof(bf16);
+    const Tile t{m.codes + r * m.K,
+                 static_cast<const uint8_t*>(m.scales) + size_t(r * spr) * scale_bytes, m.K, spr,
+                 m.group / 32};
+    tile<C, NR, NB, kPrefetch>(t, x, ldx, y + r, ldy);
   }
-  if constexpr (NR > 1) row_tiles<NB, kPrefetch, NR / 2>(m, r, r1, x, ldx, y, ldy);
+  if constexpr (NR > 1) row_tiles<C, NB, kPrefetch, NR / 2>(m, r, r1, x, ldx, y, ldy);
 }
 
 // Tile heights for the 32 zmm registers (NR x NB chain sums and accumulators, X).
-template <bool kPrefetch>
+template <class C, bool kPrefetch>
 void batch_tile(int nv, const Q8Matrix& m, int64_t r0, int64_t r1, const float* x, int64_t ldx,
                 float* y, int64_t ldy) {
   switch (nv) {
     case 1:
-      row_tiles<1, kPrefetch, 4>(m, r0, r1, x, ldx, y, ldy);
+      row_tiles<C, 1, kPrefetch, 4>(m, r0, r1, x, ldx, y, ldy);
       break;
     case 2:
-      row_tiles<2, kPrefetch, 4>(m, r0, r1, x, ldx, y, ldy);
+      row_tiles<C, 2, kPrefetch, 4>(m, r0, r1, x, ldx, y, ldy);
       break;
     case 3:
-      row_tiles<3, kPrefetch, 2>(m, r0, r1, x, ldx, y, ldy);
+      row_tiles<C, 3, kPrefetch, 2>(m, r0, r1, x, ldx, y, ldy);
       break;
     default:
-      row_tiles<4, kPrefetch, 2>(m, r0, r1, x, ldx, y, ldy);
+      row_tiles<C, 4, kPrefetch, 2>(m, r0, r1, x, ldx, y, ldy);
       break;
   }
 }
 
-}  // namespace
-
-void matmul_q8_avx512(const Q8Matrix& m, int64_t r0, int64_t r1, const float* X, int B,
-                      int64_t ldx, float* Y, int64_t ldy) {
+template <class C>
+void matmul(const Q8Matrix& m, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
+            float* Y, int64_t ldy) {
   if (r0 >= r1 || B <= 0 || m.K < 32) return;
   if (B <= kTileVecs) {
-    batch_tile<true>(B, m, r0, r1, X, ldx, Y, ldy);
+    batch_tile<C, true>(B, m, r0, r1, X, ldx, Y, ldy);
     return;
   }
   // Larger batches: a chunk of rows stays in L2 while every group of 4 vectors walks it.
@@ -147,11 +170,22 @@ void matmul_q8_avx512(const Q8Matrix& m, int64_t r0, int64_t r1, const float* X,
     for (int j = 0; j < B; j += kTileVecs) {
       const int nv = std::min(kTileVecs, B - j);
       if (j == 0) {
-        batch_tile<true>(nv, m, rc, rce, X, ldx, Y, ldy);
+        batch_tile<C, true>(nv, m, rc, rce, X, ldx, Y, ldy);
       } else {
-        batch_tile<false>(nv, m, rc, rce, X + j * ldx, ldx, Y + j * ldy, ldy);
+        batch_tile<C, false>(nv, m, rc, rce, X + j * ldx, ldx, Y + j * ldy, ldy);
       }
     }
+  }
+}
+
+}  // namespace
+
+void matmul_q8_avx512(const Q8Matrix& m, int64_t r0, int64_t r1, const float* X, int B,
+                      int64_t ldx, float* Y, int64_t ldy) {
+  if (m.kind == Q8Codes::kFp8) {
+    matmul<Fp8Codes>(m, r0, r1, X, B, ldx, Y, ldy);
+  } else {
+    matmul<Int8Codes>(m, r0, r1, X, B, ldx, Y, ldy);
   }
 }
 

@@ -25,7 +25,7 @@ inline constexpr int kNumIsas = 4;
 
 // What the CPU reports, detected once.
 struct CpuFeatures {
-  bool avx2 = false, fma = false, popcnt = false;
+  bool avx2 = false, fma = false, popcnt = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512bf16 = false;
 };

@@ -1,5 +1,5 @@
 // The one entry from a weight matrix of any format to its kernel: bf16 / fp32 values
-// (matmul.h), MXFP4 (mxfp4.h), int4 (int4.h) or int8 (int8.h) codes. The reference path (engine/model.cpp) and
+// (matmul.h), MXFP4 (mxfp4.h), int4 (int4.h), int8 (int8.h) or FP8 (fp8.h) codes. The reference path (engine/model.cpp) and
 // the plan's CPU tiles (exec/cpu/tiles.cpp) both call it, so a format is added in one place.
 #pragma once
 #include <cstdint>
@@ -14,7 +14,7 @@ struct LinearWeights {
   DType dtype = DType::BF16;        // BF16 or F32 values; U8 for codes
   WeightQuant quant = WeightQuant::kNone;
   int64_t cols = 0;
-  int32_t group = 0;  // int4 / int8: columns per scale
+  int32_t group = 0;  // int4 / int8 / FP8: columns per scale
 };
 
 // Y[b * ldy + r] = sum_k W[r][k] * X[b * ldx + k]  for r in [r0, r1), b in [0, B), with each
