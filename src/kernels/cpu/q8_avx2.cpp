@@ -93,14 +93,18 @@ void tile(const Tile& t, const float* x, int64_t ldx, float* y, int64_t ldy) {
         _mm_prefetch(reinterpret_cast<const char*>(wi) + ahead, _MM_HINT_T0);
       q[i] = C::prepare(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wi)));
     }
+    // Step 0 starts each chain with a product, the others add to it.
     __m256 gs[NR][NB];
-    for (int s = 0; s < 4; ++s) {
+    for (int i = 0; i < NR; ++i) {
+      const __m256 wv = C::decode(q[i], 0);
+      for (int j = 0; j < NB; ++j) gs[i][j] = _mm256_mul_ps(wv, _mm256_loadu_ps(x + j * ldx + g * 32));
+    }
+    for (int s = 1; s < 4; ++s) {
       __m256 xv[NB];
       for (int j = 0; j < NB; ++j) xv[j] = _mm256_loadu_ps(x + j * ldx + g * 32 + s * 8);
       for (int i = 0; i < NR; ++i) {
         const __m256 wv = C::decode(q[i], s);
-        for (int j = 0; j < NB; ++j)
-          gs[i][j] = s == 0 ? _mm256_mul_ps(wv, xv[j]) : _mm256_fmadd_ps(wv, xv[j], gs[i][j]);
+        for (int j = 0; j < NB; ++j) gs[i][j] = _mm256_fmadd_ps(wv, xv[j], gs[i][j]);
       }
     }
     for (int i = 0; i < NR; ++i) {
