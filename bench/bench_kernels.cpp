@@ -336,14 +336,16 @@ BENCHMARK(BM_MlaDecode)
 #include "megadecode/kernels/cpu/fp8.h"
 #include "megadecode/kernels/cpu/int4.h"
 #include "megadecode/kernels/cpu/int8.h"
+#include "megadecode/kernels/cpu/qdot.h"
 
 namespace md::cpu {
 namespace {
 
-// Args: rows, K, threads, B, group, portable; Bits 4 or 8. Slots of the MXFP4 pool hold codes
+// Args: rows, K, threads, B, group, portable; Bits 4 or 8; kA8: the integer dot-product kernel
+// (qdot.h: activations quantized to int8, --act-quant int8) instead of W4A16 / W8A16. Slots of the MXFP4 pool hold codes
 // [rows, K * Bits / 8] then bf16 scales [rows, K/group] (the pool's bytes make finite scales).
 // Bytes are codes + scales.
-template <int Bits>
+template <int Bits, bool kA8 = false>
 void BM_MatmulInt(benchmark::State& state) {
   const int64_t rows = state.range(0), K = state.range(1);
   const int threads = static_cast<int>(state.range(2)), B = static_cast<int>(state.range(3));
@@ -359,7 +361,9 @@ void BM_MatmulInt(benchmark::State& state) {
     const uint8_t* P = wp + slot * bytes;
     const auto* S = reinterpret_cast<const bf16*>(P + packed_bytes);
     split_rows(tp, rows, [&](int64_t r0, int64_t r1) {
-      if constexpr (Bits == 4) {
+      if constexpr (kA8) {
+        matmul_qdot(QdotWeights{P, S, K, group, Bits}, r0, r1, x.data(), B, K, y.data(), rows);
+      } else if constexpr (Bits == 4) {
         matmul_int4(P, S, K, group, r0, r1, x.data(), B, K, y.data(), rows);
       } else {
         matmul_int8(P, S, K, group, r0, r1, x.data(), B, K, y.data(), rows);
@@ -370,7 +374,7 @@ void BM_MatmulInt(benchmark::State& state) {
   state.counters["Gweights_per_s"] = benchmark::Counter(
       static_cast<double>(rows * K) * static_cast<double>(state.iterations()) * 1e-9,
       benchmark::Counter::kIsRate);
-  state.SetLabel(Bits == 4 ? matmul_int4_isa() : matmul_int8_isa());
+  state.SetLabel(kA8 ? matmul_qdot_isa() : Bits == 4 ? matmul_int4_isa() : matmul_int8_isa());
   reset_isa();
 }
 
@@ -394,6 +398,8 @@ void kl48_bf16_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_MatmulInt<4>)->Name("Kl48DenseInt4")->Apply(kl48_int4_args)->UseRealTime();
 BENCHMARK(BM_MatmulInt<8>)->Name("Kl48DenseInt8")->Apply(kl48_int4_args)->UseRealTime();
+BENCHMARK(BM_MatmulInt<4, true>)->Name("Kl48DenseInt4A8")->Apply(kl48_int4_args)->UseRealTime();
+BENCHMARK(BM_MatmulInt<8, true>)->Name("Kl48DenseInt8A8")->Apply(kl48_int4_args)->UseRealTime();
 
 // FP8 e4m3 with fp32 scales per row and group (the loader's expanded block scales): values from the
 // MXFP4 pool with NaN bytes cleared once, scales 1.0 in their own buffer (pool bytes read as fp32

@@ -81,12 +81,10 @@ struct Target {
   std::string name;
 };
 
-// The eligible matrices, named as in the checkpoint (without ".weight").
-std::vector<Target> targets(const ModelConfig& cfg, ModelWeights& w, bool lm_head) {
-  std::vector<Target> t;
-  auto add = [&](Mat& m, const std::string& name) {
-    if (m.data && !m.quantized() && m.dtype == DType::BF16) t.push_back({&m, name});
-  };
+// Every linear layer's matrix that load-time quantization or the integer activations concern
+// (quantize.h lists them), named as in the checkpoint (without ".weight"); lm_head last.
+template <class Fn>
+void for_each_linear(ModelWeights& w, Fn&& add) {
   auto ffn = [&](FfnWeights& f, const std::string& p) {
     add(f.gate, p + ".gate_proj");
     add(f.up, p + ".up_proj");
@@ -122,22 +120,45 @@ std::vector<Target> targets(const ModelConfig& cfg, ModelWeights& w, bool lm_hea
     add(L.moe.latent_down, p + ".mlp.latent_down");
     add(L.moe.latent_up, p + ".mlp.latent_up");
   }
-  if (lm_head) add(w.lm_head, "lm_head");
-  (void)cfg;
+  add(w.lm_head, "lm_head");
+}
+
+// The eligible matrices of load-time quantization.
+std::vector<Target> targets(ModelWeights& w, bool lm_head) {
+  std::vector<Target> t;
+  for_each_linear(w, [&](Mat& m, const std::string& name) {
+    if (&m == &w.lm_head && !lm_head) return;
+    if (m.data && !m.quantized() && m.dtype == DType::BF16) t.push_back({&m, name});
+  });
   return t;
 }
 
 }  // namespace
 
+int use_int8_activations(ModelWeights& w) {
+  int n = 0;
+  for_each_linear(w, [&](Mat& m, const std::string&) {
+    if (m.data && (m.quant == WeightQuant::kInt4 || m.quant == WeightQuant::kInt8)) {
+      m.int8_activations = true;
+      ++n;
+    }
+  });
+  MD_CHECK(n > 0,
+           "--act-quant int8: the model has no int4 or int8 linear layers to run with int8 "
+           "activations (load an int4 / int8 checkpoint, or add --quantize int4|int8)");
+  return n;
+}
+
 QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const QuantizeOptions& opt,
                                 ThreadPool& pool) {
+  (void)cfg;
   QuantizeReport rep;
   if (opt.scheme == QuantScheme::kNone) return rep;
   const int req_group = effective_quant_group(opt.scheme, opt.group);
   const std::string scheme(quant_scheme_name(opt.scheme));
   rep.group = req_group;
   const double t0 = now_seconds();
-  std::vector<Target> all = targets(cfg, w, opt.lm_head), ts;
+  std::vector<Target> all = targets(w, opt.lm_head), ts;
   // A matrix whose columns the group does not divide (or that are not a multiple of 32) stays as
   // loaded, as llama.cpp keeps such tensors in a wider type; it is reported, and a group that
   // fits no matrix at all is an error.

@@ -103,6 +103,7 @@ void register_quant_eval(CLI::App& app) {
     std::vector<int32_t> ids;
     RunFlags plain = o->f;
     plain.quantize = "none";
+    plain.act_quant = "none";
     if (!o->reference_precision.empty()) plain.precision = o->reference_precision;
     if (!o->text.empty()) {
       std::ifstream in(o->text, std::ios::binary);
@@ -146,6 +147,7 @@ void register_quant_eval(CLI::App& app) {
                                                         *parse_quant_scheme(o->f.quantize),
                                                         o->f.quant_group)},
                               {"quantize_lm_head", o->f.quant_lm_head},
+                              {"act_quant", o->f.act_quant},
                               {"precision", o->f.precision},
                               {"reference_precision", plain.precision},
                               {"positions", n},

@@ -39,6 +39,7 @@ struct RunFlags {
   std::string quantize = "none";
   int quant_group = -1;  // -1: the scheme's default (engine/quantize.h)
   bool quant_lm_head = false;
+  std::string act_quant = "none";  // --act-quant none | int8
   // --no-mmap: copy the checkpoint into huge-page memory instead of mapping it.
   bool no_mmap = false;
   DeviceKind device_kind() const { return parse_device_kind(device); }

@@ -27,6 +27,10 @@ struct QuantizeOptions {
   bool lm_head = false;   // quantize the output head too (off by default, as llm-compressor's
                           // recipes leave lm_head out)
   bool progress = false;  // a progress line on stderr while it runs
+  // --act-quant int8: the int4 / int8 linears (quantized here or loaded so) take their activations
+  // quantized to int8 per 32 columns and run as integer dot products (W4A8 / W8A8,
+  // kernels/cpu/qdot.h). Not MXFP4 or FP8.
+  bool int8_activations = false;
 };
 
 // "none" / "int4" / "int8" / "mxfp4"; nullopt for anything else.
@@ -55,6 +59,7 @@ struct QuantizeReport {
     Mat quantized;
   };
   std::vector<Done> done;
+  int int8_activation_matrices = 0;  // use_int8_activations's count (--act-quant int8)
 };
 
 // Which matrices: every bf16 projection of attention (KDA q/k/v/f/b/g/o, MLA q/q_a/q_b/g/kv_a/o),
@@ -66,5 +71,9 @@ struct QuantizeReport {
 // finite, is an md::Error naming it.
 QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const QuantizeOptions& opt,
                                 ThreadPool& pool);
+
+// Marks every int4 / int8 linear of those matrices (Mat::int8_activations) to run with int8
+// activations; returns how many. An md::Error when there is none (the flag would do nothing).
+int use_int8_activations(ModelWeights& w);
 
 }  // namespace md

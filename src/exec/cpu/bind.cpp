@@ -8,7 +8,9 @@ namespace exec {
 
 WeightView bind_weight(const ModelWeights& w, const plan::WeightRef& r) {
   using plan::WeightKind;
-  auto mat = [](const Mat& m) { return WeightView{m.data, m.dtype, m.rows, m.cols, m.scales, m.quant, m.group};
+  auto mat = [](const Mat& m) {
+    return WeightView{m.data,   m.dtype, m.rows,  m.cols,
+                      m.scales, m.quant, m.group, m.int8_activations};
   };
   auto vec = [](const std::vector<float>& v) {
     return WeightView{v.data(), DType::F32, 1, int64_t(v.size()), nullptr};

@@ -33,6 +33,7 @@ struct WeightView {
   const uint8_t* scales = nullptr;
   WeightQuant quant = WeightQuant::kNone;  // Mat's meaning (model/weights.h)
   int32_t group = 0;
+  bool int8_activations = false;  // Mat's meaning
 };
 
 // Per (sequence, layer) state pointers, resolved before every step. With a row log (a step

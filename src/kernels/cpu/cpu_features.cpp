@@ -22,6 +22,7 @@ CpuFeatures detect() {
   f.avx512vl = __builtin_cpu_supports("avx512vl");
   f.avx512dq = __builtin_cpu_supports("avx512dq");
   f.avx512bf16 = __builtin_cpu_supports("avx512bf16");
+  f.avx512vnni = __builtin_cpu_supports("avx512vnni");
 #endif
   return f;
 }
@@ -41,7 +42,10 @@ constexpr Need kAvx512Needs[] = {{&CpuFeatures::avx512f, "avx512f"},
                                  {&CpuFeatures::avx512bw, "avx512bw"},
                                  {&CpuFeatures::avx512vl, "avx512vl"},
                                  {&CpuFeatures::avx512dq, "avx512dq"}};
-constexpr Need kBf16Needs[] = {{&CpuFeatures::avx512bf16, "avx512bf16"}};
+// (every CPU with AVX-512 BF16 also has VNNI: Cooper Lake, Sapphire Rapids and later, Zen 4 and
+// later; the integer dot-product kernels, qdot.h, use it)
+constexpr Need kBf16Needs[] = {{&CpuFeatures::avx512bf16, "avx512bf16"},
+                               {&CpuFeatures::avx512vnni, "avx512vnni"}};
 
 template <size_t N>
 void add_missing(const CpuFeatures& f, const Need (&needs)[N], std::string& out) {

@@ -6,6 +6,7 @@
 #include "megadecode/kernels/cpu/int8.h"
 #include "megadecode/kernels/cpu/matmul.h"
 #include "megadecode/kernels/cpu/mxfp4.h"
+#include "megadecode/kernels/cpu/qdot.h"
 
 namespace md::cpu {
 
@@ -17,10 +18,12 @@ void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X,
                    x_is_bf16);
       return;
     case WeightQuant::kInt4:
+      if (w.int8_activations) break;
       matmul_int4(static_cast<const uint8_t*>(w.data), reinterpret_cast<const bf16*>(w.scales),
                   w.cols, w.group, r0, r1, X, B, ldx, Y, ldy);
       return;
     case WeightQuant::kInt8:
+      if (w.int8_activations) break;
       matmul_int8(static_cast<const uint8_t*>(w.data), reinterpret_cast<const bf16*>(w.scales),
                   w.cols, w.group, r0, r1, X, B, ldx, Y, ldy);
       return;
@@ -30,6 +33,13 @@ void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X,
       return;
     case WeightQuant::kNone:
       break;
+  }
+  if (w.int8_activations) {
+    matmul_qdot(QdotWeights{static_cast<const uint8_t*>(w.data),
+                            reinterpret_cast<const bf16*>(w.scales), w.cols, w.group,
+                            w.quant == WeightQuant::kInt4 ? 4 : 8},
+                r0, r1, X, B, ldx, Y, ldy);
+    return;
   }
   if (w.dtype == DType::F32) {
     matmul_f32(static_cast<const float*>(w.data), w.cols, r0, r1, X, B, ldx, Y, ldy);

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "isa_scratch.h"
+#include "tile_prefetch.h"
 #include "megadecode/kernels/cpu/matmul.h"
 
 namespace md::cpu::detail {
@@ -29,14 +30,7 @@ thread_local IsaScratch t_scratch;
 
 constexpr int kBatchBlock = 64;                // vectors repacked per block (bounds the scratch)
 constexpr int64_t kRowChunkBytes = 256 << 10;  // B > 4: weight bytes kept in L2 per row chunk
-// GEMV prefetch (the kTall tiles): each of a tile's rows is a stream, prefetched kPrefetchBytes
-// ahead; over the last kPrefetchBytes of its rows the stream goes on into the same row of the next
-// tile, so that the next tile starts with its first lines in flight instead of NR demand misses.
-// Measured on AMD EPYC (Zen 3, AVX2 only, 2 vCPUs), GEMV bytes/s over a plain read stream of the
-// same pool (bench/RESULTS.md, "AVX2 GEMV prefetch"): 2304 x 2304 0.89 -> 1.0, 2304 x 1024 (the
-// experts' down projection, 2 KB rows) 0.61 -> 0.77 on one thread; 256 and 1024 bytes were no
-// better, and no prefetch at all was as good as 512 without the wrap.
-constexpr int kPrefetchBytes = 512;
+// GEMV prefetch (the kTall tiles): tile_prefetch.h.
 constexpr int kTileVecs = 4;
 
 // Sum of the 8 lanes in a fixed tree: lane i + lane i+4, then i + i+2, then i + i+1.
@@ -102,45 +96,24 @@ int64_t kpad(int64_t K) {
   return (K + Op::kChunk - 1) / Op::kChunk * Op::kChunk;
 }
 
-// NR rows at w (row stride K) x NB repacked vectors at x (stride xs): y[j * ldy + i]. next: the
-// next tile's first row (kPrefetch: its rows are prefetched over this tile's last bytes), or null.
+// NR rows at w (row stride K) x NB repacked vectors at x (stride xs): y[j * ldy + i].
 template <class Op, int NR, int NB, bool kPrefetch>
-void tile(const typename Op::WT* w, int64_t K, const float* x, int64_t xs, float* y, int64_t ldy,
-          const typename Op::WT* next) {
+void tile(const typename Op::WT* w, int64_t K, const float* x, int64_t xs, float* y, int64_t ldy) {
   using WT = typename Op::WT;
   __m256 acc[NR][NB];
   for (int i = 0; i < NR; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_setzero_ps();
   const int64_t kfull = K / Op::kChunk * Op::kChunk;
-  const int64_t row_bytes = K * int64_t(sizeof(WT));
-  // Chunks [0, kin) prefetch ahead in their own row; [kin, kfull) in the next tile's.
-  const int64_t kin =
-      kPrefetch && next ? std::min(kfull, std::max<int64_t>(0, row_bytes - kPrefetchBytes) /
-                                              int64_t(sizeof(WT)) / Op::kChunk * Op::kChunk)
-                        : kfull;
-  auto chunk = [&](int64_t k, auto prefetch) {
+  const TilePrefetch<NR, Op::kChunk * int(sizeof(WT))> pf(w, K * int64_t(sizeof(WT)));
+  int64_t k = 0;
+  for (; k < kfull; k += Op::kChunk) {
+    if constexpr (kPrefetch) pf.step(k / Op::kChunk);
     typename Op::XV xv[NB];
     for (int j = 0; j < NB; ++j) xv[j] = Op::load_x(x + j * xs + k);
     for (int i = 0; i < NR; ++i) {
-      const WT* wi = w + i * K + k;
-      prefetch(i, wi);
-      const auto wv = Op::load_w(wi);
+      const auto wv = Op::load_w(w + i * K + k);
       for (int j = 0; j < NB; ++j) Op::step(acc[i][j], wv, xv[j]);
     }
-  };
-  int64_t k = 0;
-  for (; k < kin; k += Op::kChunk) {
-    chunk(k, [](int, const WT* wi) {
-      if constexpr (kPrefetch)
-        _mm_prefetch(reinterpret_cast<const char*>(wi) + kPrefetchBytes, _MM_HINT_T0);
-    });
-  }
-  for (; k < kfull; k += Op::kChunk) {
-    // (k's byte offset + the distance - the row's bytes: within a chunk of 0 at the switch.)
-    const int64_t ahead = k * int64_t(sizeof(WT)) + kPrefetchBytes - row_bytes;
-    chunk(k, [&](int i, const WT*) {
-      _mm_prefetch(reinterpret_cast<const char*>(next + i * K) + ahead, _MM_HINT_T0);
-    });
   }
   if (k < K) {
     typename Op::XV xv[NB];
@@ -158,11 +131,7 @@ void tile(const typename Op::WT* w, int64_t K, const float* x, int64_t xs, float
 template <class Op, int NB, bool kPrefetch, int NR>
 void row_tiles(const typename Op::WT* W, int64_t K, int64_t r, int64_t r1, const float* x,
                int64_t xs, float* y, int64_t ldy) {
-  for (; r + NR <= r1; r += NR) {
-    // The next tile is prefetched only when it is a whole one of this height.
-    const typename Op::WT* next = r + 2 * NR <= r1 ? W + (r + NR) * K : nullptr;
-    tile<Op, NR, NB, kPrefetch>(W + r * K, K, x, xs, y + r, ldy, next);
-  }
+  for (; r + NR <= r1; r += NR) tile<Op, NR, NB, kPrefetch>(W + r * K, K, x, xs, y + r, ldy);
   if constexpr (NR > 1) row_tiles<Op, NB, kPrefetch, NR / 2>(W, K, r, r1, x, xs, y, ldy);
 }
 

@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "isa_scratch.h"
+#include "tile_prefetch.h"
 #include "megadecode/base/bf16.h"
 
 namespace md::cpu::detail {
@@ -38,13 +39,8 @@ constexpr int kBatchBlock = 64;
 // Weight bytes per row chunk when B > 1: the chunk stays in L2 (2 MB per core on the target)
 // while every batch tile passes over it, so each weight byte comes from DRAM once per call.
 constexpr int64_t kRowChunkBytes = 256 << 10;
-// GEMV (B = 1): one core's DRAM read rate is limited by the lines it has in flight, so the tile
-// streams 16 rows at once (16 independent accumulator chains, 16 concurrent streams) and
-// prefetches each row kPrefetchBytes ahead. Measured on the target (1 thread, weights from DRAM,
-// relative to a plain 64-byte-load stream): 8 rows without prefetch 0.78-0.96x, 8 rows with
-// 512-1024 B prefetch ~1.0-1.08x, 16 rows with 256-512 B prefetch ~1.07-1.18x; 4 or 24 rows,
-// longer distances and T1/NTA hints were no better.
-constexpr int kPrefetchBytes = 512;
+// GEMV (B = 1): 16 rows at once (16 independent accumulator chains), the weights streamed into L2
+// a tile ahead (tile_prefetch.h).
 constexpr int kGemvRows = 16;
 // B > 1: a 4 rows x 4 vectors register tile (16 accumulators, each weight load feeding 4
 // vectors) over row chunks, batch tiles outer, so a chunk comes from DRAM on the first batch
@@ -92,14 +88,13 @@ void tile(const typename Op::WT* w, int64_t K, const typename Op::XT* x, int64_t
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
   const int64_t kfull = K / Op::kChunk * Op::kChunk;
   int64_t k = 0;
+  const TilePrefetch<NR, 64> pf(w, K * int64_t(sizeof(*w)));
   for (; k < kfull; k += Op::kChunk) {
+    if constexpr (kPrefetch) pf.step(k / Op::kChunk);
     typename Op::XV xv[NB];
     for (int j = 0; j < NB; ++j) xv[j] = Op::load_x(x + j * xs + k);
     for (int i = 0; i < NR; ++i) {
       const typename Op::WT* wi = w + i * K + k;
-      if constexpr (kPrefetch) {
-        _mm_prefetch(reinterpret_cast<const char*>(wi) + kPrefetchBytes, _MM_HINT_T0);
-      }
       const auto wv = Op::load_w(wi);
       for (int j = 0; j < NB; ++j) Op::step(acc[i][j], wv, xv[j]);
     }

@@ -23,6 +23,7 @@
 #include "isa_scratch.h"
 #include "megadecode/base/bf16.h"
 #include "q4_kernels.h"
+#include "tile_prefetch.h"
 
 namespace md::cpu::detail {
 namespace {
@@ -34,7 +35,6 @@ constexpr int64_t kChunkCols = 64;             // 2 groups, 32 packed bytes per 
 constexpr int kSteps = 8;                      // decode steps per chunk (nibbles per dword)
 constexpr int kBatchBlock = 64;                // vectors repacked per block (bounds the scratch)
 constexpr int64_t kRowChunkBytes = 256 << 10;  // B > 4: packed bytes kept in L2 per row chunk
-constexpr int kPrefetchBytes = 512;
 constexpr int kTileVecs = 4;
 
 // Sum of the 8 lanes in a fixed tree: lane i + lane i+4, then i + i+2, then i + i+1.
@@ -110,18 +110,14 @@ void tile(const uint8_t* w, const uint8_t* sc, int64_t sb, const int32_t* map, i
   __m256 acc[NR][NB];
   for (int i = 0; i < NR; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_setzero_ps();
+  const TilePrefetch<NR, 32> pf(w, rb);
   for (int64_t g = 0; g < G; g += 2) {
     const bool two = g + 1 < G;
     const uint8_t* wc = w + g * 16;
-    // kPrefetchBytes ahead in each row; over a row's last kPrefetchBytes, on into the same row of
-    // the next tile (NR rows down), so that tile does not start with NR demand misses.
-    const int64_t ahead =
-        g * 16 + kPrefetchBytes < rb ? kPrefetchBytes : kPrefetchBytes + (NR - 1) * rb;
+    if constexpr (kPrefetch) pf.step(g / 2);
     __m256i p[NR];
     for (int i = 0; i < NR; ++i) {
       const uint8_t* wi = wc + i * rb;
-      if constexpr (kPrefetch)
-        _mm_prefetch(reinterpret_cast<const char*>(wi) + ahead, _MM_HINT_T0);
       p[i] =
           two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wi))
               : _mm256_inserti128_si256(_mm256_setzero_si256(),

@@ -24,13 +24,7 @@
 // rows x several vectors only share loads and decodes between these sequences, never mix them, so
 // a result is the same whatever tile, row range, batch size or thread produced it.
 
-// GCC 12 reports its own AVX-512 intrinsics (which start from _mm512_undefined_*) as reading
-// uninitialised values once they are inlined (GCC PR 105593, fixed in GCC 13).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "avx512_common.h"
 
 #include <algorithm>
 #include <bit>
@@ -38,6 +32,7 @@
 
 #include "isa_scratch.h"
 #include "q4_kernels.h"
+#include "tile_prefetch.h"
 
 namespace md::cpu::detail {
 namespace {
@@ -52,19 +47,8 @@ constexpr int kBlockGroups = 16;     // groups whose scales are decoded together
 constexpr int kBatchBlock = 64;
 // B > 4: packed bytes per row chunk, kept in L2 while every batch tile passes over it.
 constexpr int64_t kRowChunkBytes = 256 << 10;
-// Prefetch distance along each row stream (one prefetch per cache line = chunk per row).
-constexpr int kPrefetchBytes = 512;
 constexpr int kTileRows = 4;
 constexpr int kTileVecs = 4;
-
-// Sum of the 16 lanes in a fixed tree: lane i + lane i+8, then i + i+4, i + i+2, i + i+1.
-inline float hsum(__m512 v) {
-  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));
-  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));
-  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
-  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
-  return _mm512_cvtss_f32(v);
-}
 
 // 16 E8M0 bytes -> 16 fp32 scales, exactly kMxfp4ScaleTable: s << 23 is 2^(s - 127) for
 // s = 1..254; s = 0 and 255 (the two values with ((s + 1) & 0xFE) == 0) get bit 22 set, which
@@ -75,11 +59,6 @@ inline __m512 scale_vec(__m128i bytes) {
   const __mmask16 edge =
       _mm512_testn_epi32_mask(_mm512_add_epi32(s, _mm512_set1_epi32(1)), _mm512_set1_epi32(0xFE));
   return _mm512_castsi512_ps(_mm512_mask_or_epi32(t, edge, t, _mm512_set1_epi32(0x00400000)));
-}
-
-// 16 bf16 scales (the low 16 bits of each dword after widening) -> fp32.
-inline __m512 bf16_vec(__m256i halves) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
 }
 
 // The scales of a block of n <= 16 consecutive 32-column sub-groups g.., one lane per sub-group:
@@ -103,30 +82,12 @@ struct E2m1Scales {
   }
 };
 
-// int4: sub-group j lies in group map[j] (= 32 j / group); a block spans groups first..last, at
-// most 16 of them, which are loaded once and spread to the sub-groups' lanes with one vpermps.
-struct Int4Scales {
+// int4: the bf16 group scales (avx512_common.h).
+struct Int4Scales : GroupScales {
   static constexpr Q4Codes kCodes = Q4Codes::kInt4;
   static __m512 lut() {
     return _mm512_set_ps(7.0f, 6.0f, 5.0f, 4.0f, 3.0f, 2.0f, 1.0f, 0.0f, -1.0f, -2.0f, -3.0f, -4.0f,
                          -5.0f, -6.0f, -7.0f, -8.0f);
-  }
-  struct Block {
-    int64_t first;
-    __mmask16 mask;
-    __m512i idx;
-  };
-  static Block prepare(const int32_t* map, int64_t g, int n) {
-    const __mmask16 lanes = static_cast<__mmask16>((1u << n) - 1);
-    const int32_t first = map[g];
-    const int cnt = map[g + n - 1] - first + 1;
-    const __m512i idx =
-        _mm512_sub_epi32(_mm512_maskz_loadu_epi32(lanes, map + g), _mm512_set1_epi32(first));
-    return {first, static_cast<__mmask16>((1u << cnt) - 1), _mm512_maskz_mov_epi32(lanes, idx)};
-  }
-  static __m512 row(const uint8_t* srow, const Block& b) {
-    const __m512 v = bf16_vec(_mm256_maskz_loadu_epi16(b.mask, srow + 2 * b.first));
-    return _mm512_permutexvar_ps(b.idx, v);
   }
 };
 
@@ -227,21 +188,14 @@ void tile(const uint8_t* w, const uint8_t* s, int64_t sb, const int32_t* map, in
   for (int i = 0; i < NR; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
   __m512 sv[NR];
+  const TilePrefetch<NR, 64> pf(w, rb);
   int64_t g = 0;
   for (; g + kBlockGroups <= G; g += kBlockGroups) {  // 4 whole chunks
     const typename Sc::Block blk = Sc::prepare(map, g, kBlockGroups);
     for (int i = 0; i < NR; ++i) sv[i] = Sc::row(s + i * sb, blk);
     for (int c = 0; c < 4; ++c) {
       const uint8_t* wc = w + (g + 4 * c) * 16;
-      if constexpr (kPrefetch) {
-        // kPrefetchBytes ahead in each row; over a row's last kPrefetchBytes, on into the same
-        // row of the next tile (NR rows down), so that tile does not start with NR demand misses.
-        const int64_t ahead = (g + 4 * c) * 16 + kPrefetchBytes < rb
-                                  ? kPrefetchBytes
-                                  : kPrefetchBytes + (NR - 1) * rb;
-        for (int i = 0; i < NR; ++i)
-          _mm_prefetch(reinterpret_cast<const char*>(wc + i * rb) + ahead, _MM_HINT_T0);
-      }
+      if constexpr (kPrefetch) pf.step(g / 4 + c);
       chunk_step<Op, NR, NB, false>(acc, sv, chunk_scale_index(c), lut, wc, rb,
                                     x + (g + 4 * c) * 32, xs, 0, 0);
     }

@@ -15,12 +15,12 @@
 #include <cstdint>
 
 #include "q8_kernels.h"
+#include "tile_prefetch.h"
 
 namespace md::cpu::detail {
 namespace {
 
 constexpr int64_t kRowChunkBytes = 256 << 10;  // B > 4: code bytes kept in L2 per row chunk
-constexpr int kPrefetchBytes = 512;
 constexpr int kTileVecs = 4;
 
 // Sum of the 8 lanes in a fixed tree: lane i + lane i+4, then i + i+2, then i + i+1.
@@ -78,19 +78,14 @@ void tile(const Tile& t, const float* x, int64_t ldx, float* y, int64_t ldy) {
   __m256 acc[NR][NB];
   for (int i = 0; i < NR; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_setzero_ps();
+  const TilePrefetch<NR, 32> pf(t.codes, t.K);
   int64_t gi = 0;  // the group of sub-group g
   int sub = 0;     // g's index inside it
   for (int64_t g = 0; g < G; ++g) {
-    // Each row's stream is prefetched kPrefetchBytes ahead; over its last kPrefetchBytes it goes
-    // on into the same row of the next tile (NR rows down), so that tile does not start with NR
-    // demand misses (rows of a few KB make that a large share of the traffic).
-    const int64_t ahead =
-        g * 32 + kPrefetchBytes < t.K ? kPrefetchBytes : kPrefetchBytes + (NR - 1) * t.K;
+    if constexpr (kPrefetch) pf.step(g);
     __m256i q[NR];
     for (int i = 0; i < NR; ++i) {
       const uint8_t* wi = t.codes + i * t.K + g * 32;
-      if constexpr (kPrefetch)
-        _mm_prefetch(reinterpret_cast<const char*>(wi) + ahead, _MM_HINT_T0);
       q[i] = C::prepare(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wi)));
     }
     // Step 0 starts each chain with a product, the others add to it.

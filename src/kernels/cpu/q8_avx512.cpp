@@ -9,35 +9,18 @@
 //   acc = fma(g, scale of the sub-group's group, acc)
 // then a fixed pairwise reduction of its 16 lanes. Tiles share only loads and decodes between these
 // sequences, so results do not depend on the tile, row range, batch size or thread.
-#include <immintrin.h>
-
-// GCC 12 reports its own AVX-512 intrinsics (which start from _mm512_undefined_*) as reading
-// uninitialised values once they are inlined (GCC PR 105593, fixed in GCC 13).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 #include <algorithm>
 #include <cstdint>
 
+#include "avx512_common.h"
 #include "q8_kernels.h"
+#include "tile_prefetch.h"
 
 namespace md::cpu::detail {
 namespace {
 
 constexpr int64_t kRowChunkBytes = 256 << 10;  // B > 4: code bytes kept in L2 per row chunk
-constexpr int kPrefetchBytes = 512;
 constexpr int kTileVecs = 4;
-
-// Sum of the 16 lanes in a fixed tree (halves, quarters, pairs of pairs, pairs).
-inline float hsum(__m512 v) {
-  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));
-  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));
-  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));
-  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));
-  return _mm512_cvtss_f32(v);
-}
 
 // The two code kinds' decode (step s's 16 weights, columns 16s..16s+15 of the sub-group, from its
 // 32 bytes as prepared) and scale (q8_avx2.cpp has the reasoning).
@@ -81,19 +64,14 @@ void tile(const Tile& t, const float* x, int64_t ldx, float* y, int64_t ldy) {
   __m512 acc[NR][NB];
   for (int i = 0; i < NR; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  const TilePrefetch<NR, 32> pf(t.codes, t.K);
   int64_t gi = 0;  // the group of sub-group g
   int sub = 0;     // g's index inside it
   for (int64_t g = 0; g < G; ++g) {
-    // Each row's stream is prefetched kPrefetchBytes ahead; over its last kPrefetchBytes it goes
-    // on into the same row of the next tile (NR rows down), so that tile does not start with NR
-    // demand misses (rows of a few KB make that a large share of the traffic).
-    const int64_t ahead =
-        g * 32 + kPrefetchBytes < t.K ? kPrefetchBytes : kPrefetchBytes + (NR - 1) * t.K;
+    if constexpr (kPrefetch) pf.step(g);
     __m256i q[NR];
     for (int i = 0; i < NR; ++i) {
       const uint8_t* wi = t.codes + i * t.K + g * 32;
-      if constexpr (kPrefetch)
-        _mm_prefetch(reinterpret_cast<const char*>(wi) + ahead, _MM_HINT_T0);
       q[i] = C::prepare(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wi)));
     }
     // Step 0 starts each chain with a product, the others add to it.

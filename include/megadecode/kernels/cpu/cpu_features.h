@@ -19,7 +19,7 @@ enum class Isa : int {
   kPortable = 0,    // x86-64 baseline (SSE2): plain C++ the compiler vectorises
   kAvx2 = 1,        // *_avx2.cpp: -mavx2 -mfma (-mavx2 also implies SSE4.2 and POPCNT)
   kAvx512 = 2,      // *_avx512.cpp: the above + -mavx512f -mavx512bw -mavx512vl -mavx512dq
-  kAvx512Bf16 = 3,  // *_avx512bf16.cpp: the above + -mavx512bf16
+  kAvx512Bf16 = 3,  // *_avx512bf16.cpp: the above + -mavx512bf16 -mavx512vnni
 };
 inline constexpr int kNumIsas = 4;
 
@@ -27,7 +27,7 @@ inline constexpr int kNumIsas = 4;
 struct CpuFeatures {
   bool avx2 = false, fma = false, popcnt = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
-  bool avx512bf16 = false;
+  bool avx512bf16 = false, avx512vnni = false;
 };
 const CpuFeatures& cpu_features();
 

@@ -1,0 +1,48 @@
+// Integer dot-product matmul: int4 or int8 weights (int4.h, int8.h: the same codes and bf16 group
+// scales) times activations quantized to int8 (W4A8 / W8A8), the scheme llama.cpp's CPU kernels
+// use for every quantized type (its Q8_0 / Q8_K activations). Opt-in (--act-quant int8,
+// docs/quantization.md): it adds the activations' rounding error to the weights', and in exchange
+// the products become integer dot products (AVX-512 VNNI vpdpbusd: 64 multiply-adds per
+// instruction), which takes the 4- and 8-bit GEMVs from compute-bound to memory-bound.
+//
+// Numerics, for a weight row r (codes q_k, scale s_g of group g) and a vector x:
+//  * x is quantized per 32-column sub-group j: a_j = max |x_k| over the sub-group,
+//    d_j = a_j / 127 (fp32), and t_k = clamp(round-half-even(x_k / d_j), -127, 127) (all zero when
+//    a_j is 0). quantize_activations_int8 is this definition, and every path computes it exactly
+//    (IEEE division and rounding), so all ISAs see the same t and d.
+//  * Each path forms exact int32 partial dot products of q and t over a fixed set of columns of one
+//    sub-group (AVX-512: 8 columns for int4, 4 for int8; portable: the whole sub-group), converts
+//    each to fp32 (exact: |partial| < 2^24), multiplies it by d_j (one rounding) and adds it times
+//    s_g into a fp32 lane accumulator (an fma; the portable path a multiply and an add), then
+//    reduces the lanes in a fixed order. So Y[b, r] is one fixed sequence of fp32 operations that
+//    depends only on row r, vector b, K and g: splitting rows, batching and threads give
+//    bit-identical results; ISAs agree within the fp32 accumulation bound.
+#pragma once
+#include <cstdint>
+
+#include "megadecode/base/bf16.h"
+
+namespace md::cpu {
+
+struct QdotWeights {
+  const uint8_t* codes = nullptr;  // row 0: int4 packed [N, K/2] (int4.h) or int8 [N, K] (int8.h)
+  const bf16* scales = nullptr;    // row 0: [N, K/group]
+  int64_t K = 0;                   // a positive multiple of 32
+  int group = 32;                  // a multiple of 32 dividing K
+  int bits = 4;                    // 4 or 8
+};
+
+// Y[b * ldy + r] = sum_k W[r][k] * X[b * ldx + k] with X quantized as above, for r in [r0, r1),
+// b in [0, B). codes/scales point at row 0 of the matrix.
+void matmul_qdot(const QdotWeights& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
+                 float* Y, int64_t ldy);
+
+// The activation quantization of one vector of K values (K a multiple of 32): K codes t and K/32
+// scales d, as defined above.
+void quantize_activations_int8(const float* x, int64_t K, int8_t* t, float* d);
+
+// Which implementation matmul_qdot uses at the active ISA level: "avx512vnni" (the avx512bf16
+// level, which includes VNNI) or "portable".
+const char* matmul_qdot_isa();
+
+}  // namespace md::cpu

@@ -1,0 +1,85 @@
+// Integer dot-product matmul (qdot.h): the activation quantizer, the portable kernel and the
+// run-time dispatch.
+#include "megadecode/kernels/cpu/qdot.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "megadecode/kernels/cpu/cpu_features.h"
+#include "qdot_kernels.h"
+
+namespace md::cpu {
+
+void quantize_activations_int8(const float* x, int64_t K, int8_t* t, float* d) {
+  for (int64_t j = 0; j < K / 32; ++j) {
+    const float* xj = x + 32 * j;
+    float amax = 0.0f;
+    for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(xj[k]));
+    const float dj = amax / 127.0f;
+    d[j] = dj;
+    for (int k = 0; k < 32; ++k) {
+      const float q = amax > 0.0f ? std::clamp(std::nearbyint(xj[k] / dj), -127.0f, 127.0f) : 0.0f;
+      t[32 * j + k] = static_cast<int8_t>(q);
+    }
+  }
+}
+
+namespace detail {
+
+// The portable kernel (x86-64 baseline: no FMA, no VNNI). Per row and vector, one fp32 lane per
+// 32-column sub-group in turn: acc = acc + (float(D_j) * d_j) * s_g, with D_j the sub-group's exact
+// int32 dot product. The vector's quantization is done once per call and shared by every row.
+void matmul_qdot_portable(const QdotWeights& w, int64_t r0, int64_t r1, const float* X, int B,
+                          int64_t ldx, float* Y, int64_t ldy) {
+  const int64_t K = w.K, G = K / 32, spr = K / w.group;
+  const int per = w.group / 32;
+  thread_local std::vector<int8_t> t;
+  thread_local std::vector<float> d;
+  t.resize(static_cast<size_t>(B * K));
+  d.resize(static_cast<size_t>(B * G));
+  for (int b = 0; b < B; ++b)
+    quantize_activations_int8(X + b * ldx, K, t.data() + b * K, d.data() + b * G);
+  int16_t q[32];
+  for (int64_t r = r0; r < r1; ++r) {
+    const bf16* srow = w.scales + r * spr;
+    for (int b = 0; b < B; ++b) {
+      const int8_t* tb = t.data() + b * K;
+      float acc = 0.0f;
+      for (int64_t j = 0; j < G; ++j) {
+        if (w.bits == 4) {
+          const uint8_t* p = w.codes + r * (K / 2) + 16 * j;
+          for (int k = 0; k < 16; ++k) {
+            q[2 * k] = static_cast<int16_t>((p[k] & 15) - 8);
+            q[2 * k + 1] = static_cast<int16_t>((p[k] >> 4) - 8);
+          }
+        } else {
+          const uint8_t* p = w.codes + r * K + 32 * j;
+          for (int k = 0; k < 32; ++k) q[k] = static_cast<int16_t>(p[k] - 128);
+        }
+        int32_t dot = 0;
+        for (int k = 0; k < 32; ++k) dot += int32_t{q[k]} * tb[32 * j + k];
+        acc = acc + (static_cast<float>(dot) * d[b * G + j]) * bf16_to_f32(srow[j / per]);
+      }
+      Y[b * ldy + r] = acc;
+    }
+  }
+}
+
+}  // namespace detail
+
+void matmul_qdot(const QdotWeights& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
+                 float* Y, int64_t ldy) {
+  if (r0 >= r1 || B <= 0 || w.K <= 0) return;
+  if (active_isa() == Isa::kAvx512Bf16) {
+    detail::matmul_qdot_avx512vnni(w, r0, r1, X, B, ldx, Y, ldy);
+    return;
+  }
+  detail::matmul_qdot_portable(w, r0, r1, X, B, ldx, Y, ldy);
+}
+
+const char* matmul_qdot_isa() {
+  return active_isa() == Isa::kAvx512Bf16 ? "avx512vnni" : "portable";
+}
+
+}  // namespace md::cpu

@@ -1,0 +1,299 @@
+// AVX-512 VNNI kernel of the integer dot products (qdot.h: int4 or int8 weights times int8
+// activations). Compiled for the avx512bf16 level, which includes VNNI (cpu_features.h).
+//
+// vpdpbusd multiplies 4 unsigned bytes by 4 signed bytes and adds the 4 products to an int32 lane:
+// 64 multiply-adds per instruction, exact. The weights are the unsigned operand as stored: int8
+// codes c = q + 128, int4 nibbles c = q + 8. The activations t are the signed one. So a lane's sum
+// is sum (q + o) t = sum q t + o sum t (o = 128 or 8), and the lane starts from -o sum t instead of
+// zero (the correction, one int32 vector per chunk of the packed activations, shared by all rows).
+//
+// A row is read in chunks of 64 bytes (one cache line; one zmm load):
+//  * int4: 128 columns. Byte b holds columns 2b (low nibble) and 2b + 1 (high nibble), so
+//    and 0x0F gives the even columns' codes and (>> 4) & 0x0F the odd ones', each in byte order:
+//    two vpdpbusd against the activations of the even and of the odd columns (packed once per
+//    call in that order). Lane l sums columns 8l..8l+7: sub-group l / 4 of the chunk.
+//  * int8: 64 columns, one vpdpbusd against the activations in column order. Lane l sums columns
+//    4l..4l+3: sub-group l / 8 of the chunk.
+// Per chunk, row and vector: the int32 lanes are converted to fp32 (exact), multiplied by the
+// lanes' activation scales d (packed per chunk like the correction) and accumulated with an fma by
+// the lanes' weight scales into one zmm per output, which ends in hsum's fixed tree. Tiles of
+// several rows x vectors share loads and decodes between these sequences, never mix them, so a
+// result is the same whatever tile, row range, batch size or thread produced it.
+#include <algorithm>
+#include <cstring>
+
+#include "avx512_common.h"
+#include "isa_scratch.h"
+#include "qdot_kernels.h"
+#include "tile_prefetch.h"
+
+namespace md::cpu::detail {
+namespace {
+
+thread_local IsaScratch t_xscratch;    // the packed activations
+thread_local IsaScratch t_mapscratch;  // the sub-group -> group table of the call
+
+constexpr int kBlockSub = 16;  // sub-groups whose weight scales are decoded together (one zmm)
+constexpr int kBatchBlock = 64;
+constexpr int kTileVecs = 4;
+constexpr int64_t kRowChunkBytes = 256 << 10;  // B > 4: row bytes kept in L2 per row chunk
+
+// One format's chunk geometry.
+template <int Bits>
+struct Fmt {
+  static constexpr int kSubPerChunk = Bits == 4 ? 4 : 2;  // 32-column sub-groups per 64 bytes
+  static constexpr int kChunkCols = 32 * kSubPerChunk;
+  static constexpr int kSubBytes = 32 * Bits / 8;  // code bytes of a sub-group
+  static constexpr int kNx = Bits == 4 ? 2 : 1;    // activation byte arrays
+};
+
+// The packed activations of one vector: kNx arrays of 64 bytes per chunk (int4: even columns, odd
+// columns; int8: columns in order), then per chunk 16 int32 corrections and 16 fp32 scales.
+struct XPack {
+  const int8_t* x0;
+  const int8_t* x1;
+  const int32_t* corr;
+  const float* scale;
+};
+
+template <int Bits>
+struct XLayout {
+  int64_t chunks, code_bytes, stride;
+  explicit XLayout(int64_t K) {
+    chunks = (K + Fmt<Bits>::kChunkCols - 1) / Fmt<Bits>::kChunkCols;
+    code_bytes = chunks * 64;
+    stride = code_bytes * Fmt<Bits>::kNx + chunks * 128;
+  }
+  XPack at(const uint8_t* base) const {
+    const auto* c = reinterpret_cast<const int8_t*>(base);
+    return {c, c + code_bytes, reinterpret_cast<const int32_t*>(base + Fmt<Bits>::kNx * code_bytes),
+            reinterpret_cast<const float*>(base + Fmt<Bits>::kNx * code_bytes + chunks * 64)};
+  }
+};
+
+// Quantizes x (qdot.h's definition: the same IEEE division and round-half-even as the portable
+// quantize_activations_int8) and writes it in the layout above. Bytes past K stay zero.
+template <int Bits>
+void pack_x(const float* x, int64_t K, const XLayout<Bits>& L, uint8_t* out) {
+  using F = Fmt<Bits>;
+  std::memset(out, 0, static_cast<size_t>(L.stride));
+  auto* x0 = reinterpret_cast<int8_t*>(out);
+  int8_t* x1 = x0 + L.code_bytes;
+  auto* corr = reinterpret_cast<int32_t*>(out + F::kNx * L.code_bytes);
+  auto* scale = reinterpret_cast<float*>(out + F::kNx * L.code_bytes + L.chunks * 64);
+  const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (int64_t j = 0; j < K / 32; ++j) {
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * j), v1 = _mm512_loadu_ps(x + 32 * j + 16);
+    const float amax =
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(v0, absmask), _mm512_and_ps(v1, absmask)));
+    const float d = amax / 127.0f;
+    __m512i q0 = _mm512_setzero_si512(), q1 = _mm512_setzero_si512();
+    if (amax > 0.0f) {
+      const __m512 dv = _mm512_set1_ps(d);
+      q0 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_div_ps(v0, dv)), lo), hi);
+      q1 = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(_mm512_div_ps(v1, dv)), lo), hi);
+    }
+    if constexpr (Bits == 4) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(x0 + 16 * j),
+                       _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q0, even, q1)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(x1 + 16 * j),
+                       _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(q0, odd, q1)));
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(x0 + 32 * j), _mm512_cvtepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(x0 + 32 * j + 16), _mm512_cvtepi32_epi8(q1));
+    }
+    // The sub-group's lanes of its chunk: 16 / kSubPerChunk of them.
+    constexpr int kLanes = 16 / F::kSubPerChunk;
+    float* s = scale + (j / F::kSubPerChunk) * 16 + (j % F::kSubPerChunk) * kLanes;
+    for (int l = 0; l < kLanes; ++l) s[l] = d;
+  }
+  // Corrections: -o times each lane's sum of t (vpdpbusd against ones).
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t c = 0; c < L.chunks; ++c) {
+    __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_load_si512(x0 + 64 * c));
+    if constexpr (Bits == 4) sum = _mm512_dpbusd_epi32(sum, ones, _mm512_load_si512(x1 + 64 * c));
+    _mm512_store_si512(corr + 16 * c, _mm512_sub_epi32(_mm512_setzero_si512(),
+                                                       _mm512_slli_epi32(sum, Bits == 4 ? 3 : 7)));
+  }
+}
+
+// Lane l -> lane of its sub-group in a block's weight-scale vector, for chunk c of the block.
+template <int Bits>
+inline __m512i chunk_scale_index(int c) {
+  using F = Fmt<Bits>;
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  return _mm512_add_epi32(_mm512_set1_epi32(F::kSubPerChunk * c),
+                          _mm512_srli_epi32(lane, Bits == 4 ? 2 : 3));
+}
+
+// A chunk's weight bytes as vpdpbusd operands: int4 the even and odd columns' nibbles.
+template <int Bits>
+struct Decoded {
+  __m512i a, b;
+};
+template <int Bits>
+inline Decoded<Bits> decode(__m512i p) {
+  if constexpr (Bits == 4) {
+    const __m512i m = _mm512_set1_epi8(0x0F);
+    return {_mm512_and_si512(p, m), _mm512_and_si512(_mm512_srli_epi16(p, 4), m)};
+  } else {
+    return {p, p};
+  }
+}
+
+// One chunk of a packed vector in registers.
+struct XChunk {
+  __m512i x0, x1, corr;
+  __m512 scale;
+  static XChunk load(const XPack& x, int64_t ci) {
+    return {_mm512_load_si512(x.x0 + 64 * ci), _mm512_load_si512(x.x1 + 64 * ci),
+            _mm512_load_si512(x.corr + 16 * ci), _mm512_load_ps(x.scale + 16 * ci)};
+  }
+};
+
+template <int Bits>
+inline __m512i dot(const Decoded<Bits>& w, const XChunk& x) {
+  __m512i a = _mm512_dpbusd_epi32(x.corr, w.a, x.x0);
+  if constexpr (Bits == 4) a = _mm512_dpbusd_epi32(a, w.b, x.x1);
+  return a;
+}
+
+// One tile: NR consecutive rows (codes at w, rb bytes a row; bf16 scales at s, spr a row) times NB
+// packed vectors; y[j * ldy + i] for row i, vector j.
+template <int Bits, int NR, int NB, bool kPrefetch>
+void tile(const uint8_t* w, int64_t rb, const uint8_t* s, int64_t sb, const int32_t* map, int64_t K,
+          const XPack* xv, float* y, int64_t ldy) {
+  using F = Fmt<Bits>;
+  const int64_t G = K / 32;
+  __m512 acc[NR][NB];
+  for (int i = 0; i < NR; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  __m512 sv[NR];
+  const TilePrefetch<NR, 64> pf(w, rb);
+  for (int64_t g = 0; g < G; g += kBlockSub) {
+    const int n = static_cast<int>(std::min<int64_t>(kBlockSub, G - g));
+    const GroupScales::Block blk = GroupScales::prepare(map, g, n);
+    for (int i = 0; i < NR; ++i) sv[i] = GroupScales::row(s + i * sb, blk);
+    for (int c = 0; c * F::kSubPerChunk < n; ++c) {
+      const int64_t ci = g / F::kSubPerChunk + c;
+      const uint8_t* wc = w + ci * 64;
+      const int present = std::min(F::kSubPerChunk, n - c * F::kSubPerChunk);
+      const __mmask64 bytes = present == F::kSubPerChunk
+                                  ? ~__mmask64{0}
+                                  : (__mmask64{1} << (present * F::kSubBytes)) - 1;
+      if constexpr (kPrefetch) pf.step(ci);
+      const __m512i sidx = chunk_scale_index<Bits>(c);
+      // The chunk's activations, loaded once for the tile's rows.
+      XChunk xc[NB];
+      for (int j = 0; j < NB; ++j) xc[j] = XChunk::load(xv[j], ci);
+      for (int i = 0; i < NR; ++i) {
+        // A partial chunk (the row's last) loads only its bytes; the activations past K are
+        // packed as zero, so the other lanes add exact zeros.
+        const __m512i p = present == F::kSubPerChunk ? _mm512_loadu_si512(wc + i * rb)
+                                                     : _mm512_maskz_loadu_epi8(bytes, wc + i * rb);
+        const Decoded<Bits> dw = decode<Bits>(p);
+        const __m512 ws = _mm512_permutexvar_ps(sidx, sv[i]);
+        for (int j = 0; j < NB; ++j) {
+          const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot<Bits>(dw, xc[j])), xc[j].scale);
+          acc[i][j] = _mm512_fmadd_ps(f, ws, acc[i][j]);
+        }
+      }
+    }
+  }
+  for (int i = 0; i < NR; ++i)
+    for (int j = 0; j < NB; ++j) y[j * ldy + i] = hsum(acc[i][j]);
+}
+
+struct MatQ {
+  const uint8_t* codes;
+  const uint8_t* scales;  // bf16 as bytes
+  int64_t rb, sb;         // code and scale bytes per row
+  const int32_t* map;
+  int64_t K;
+};
+
+// Rows [r, r1): tiles of NR rows, then the rest in tiles of NR/2, .., 1.
+template <int Bits, int NB, bool kPrefetch, int NR>
+void row_tiles(const MatQ& m, int64_t r, int64_t r1, const XPack* xv, float* y, int64_t ldy) {
+  for (; r + NR <= r1; r += NR)
+    tile<Bits, NR, NB, kPrefetch>(m.codes + r * m.rb, m.rb, m.scales + r * m.sb, m.sb, m.map, m.K,
+                                  xv, y + r, ldy);
+  if constexpr (NR > 1) row_tiles<Bits, NB, kPrefetch, NR / 2>(m, r, r1, xv, y, ldy);
+}
+
+// nv <= kTileVecs vectors over rows [r0, r1); kTall: the pass that streams the rows from DRAM
+// (taller tiles: more concurrent row streams; prefetching).
+template <int Bits, bool kTall>
+void batch_tile(int nv, const MatQ& m, int64_t r0, int64_t r1, const XPack* xv, float* y,
+                int64_t ldy) {
+  switch (nv) {
+    case 1:
+      row_tiles<Bits, 1, kTall, kTall ? 8 : 4>(m, r0, r1, xv, y, ldy);
+      break;
+    case 2:
+      row_tiles<Bits, 2, kTall, 4>(m, r0, r1, xv, y, ldy);
+      break;
+    case 3:
+      row_tiles<Bits, 3, kTall, 2>(m, r0, r1, xv, y, ldy);
+      break;
+    default:
+      row_tiles<Bits, 4, kTall, 2>(m, r0, r1, xv, y, ldy);
+      break;
+  }
+}
+
+template <int Bits>
+void matmul(const MatQ& m, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx, float* Y,
+            int64_t ldy) {
+  const XLayout<Bits> L(m.K);
+  const int64_t chunk_rows = std::max<int64_t>(4, kRowChunkBytes / (m.rb + m.sb) / 4 * 4);
+  XPack xv[kBatchBlock];
+  for (int bs = 0; bs < B; bs += kBatchBlock) {
+    const int nb = std::min(kBatchBlock, B - bs);
+    auto* xb = static_cast<uint8_t*>(t_xscratch.get(static_cast<size_t>(nb * L.stride)));
+    for (int j = 0; j < nb; ++j) {
+      pack_x<Bits>(X + (bs + j) * ldx, m.K, L, xb + j * L.stride);
+      xv[j] = L.at(xb + j * L.stride);
+    }
+    float* yb = Y + bs * ldy;
+    if (nb <= kTileVecs) {
+      batch_tile<Bits, true>(nb, m, r0, r1, xv, yb, ldy);
+      continue;
+    }
+    // Larger batches: a chunk of rows stays in L2 while every group of 4 vectors walks it.
+    for (int64_t rc = r0; rc < r1; rc += chunk_rows) {
+      const int64_t rce = std::min(r1, rc + chunk_rows);
+      for (int j = 0; j < nb; j += kTileVecs) {
+        const int nv = std::min(kTileVecs, nb - j);
+        if (j == 0) {
+          batch_tile<Bits, true>(nv, m, rc, rce, xv, yb, ldy);
+        } else {
+          batch_tile<Bits, false>(nv, m, rc, rce, xv + j, yb + j * ldy, ldy);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void matmul_qdot_avx512vnni(const QdotWeights& w, int64_t r0, int64_t r1, const float* X, int B,
+                            int64_t ldx, float* Y, int64_t ldy) {
+  if (r0 >= r1 || B <= 0 || w.K < 32) return;
+  const int64_t G = w.K / 32;
+  auto* map = static_cast<int32_t*>(t_mapscratch.get(static_cast<size_t>(G) * sizeof(int32_t)));
+  for (int64_t j = 0; j < G; ++j) map[j] = static_cast<int32_t>(32 * j / w.group);
+  const MatQ m{
+      w.codes, reinterpret_cast<const uint8_t*>(w.scales), w.K * w.bits / 8, w.K / w.group * 2, map,
+      w.K};
+  if (w.bits == 4) {
+    matmul<4>(m, r0, r1, X, B, ldx, Y, ldy);
+  } else {
+    matmul<8>(m, r0, r1, X, B, ldx, Y, ldy);
+  }
+}
+
+}  // namespace md::cpu::detail

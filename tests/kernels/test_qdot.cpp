@@ -1,0 +1,322 @@
+// Integer dot-product kernels (qdot.h: int4 / int8 weights x int8 activations) against float64
+// references written out independently of the kernels: the activation quantizer against its
+// definition, the products against the exact sum of the quantized operands, the W4A8/W8A8 result
+// against W4A16/W8A16 within the activations' rounding, every ISA level, ragged shapes, split /
+// batch / thread invariance.
+#include "megadecode/kernels/cpu/qdot.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "isa_list.h"
+#include "megadecode/base/bf16.h"
+#include "megadecode/base/util.h"
+#include "megadecode/kernels/cpu/int4.h"
+#include "megadecode/kernels/cpu/int8.h"
+
+namespace md::cpu {
+namespace {
+
+using test::IsaList;
+
+struct Problem {
+  int bits = 4;
+  int64_t rows = 0, K = 0;
+  int group = 0, B = 0;
+  int64_t ldx = 0, ldy = 0;
+  std::vector<uint8_t> codes;
+  std::vector<bf16> scales;
+  std::vector<float> x;
+  int64_t row_bytes() const { return K * bits / 8; }
+  QdotWeights weights() const { return {codes.data(), scales.data(), K, group, bits}; }
+};
+
+Problem make_problem(Rng& rng, int bits, int64_t rows, int64_t K, int group, int B) {
+  Problem p;
+  p.bits = bits;
+  p.rows = rows;
+  p.K = K;
+  p.group = group;
+  p.B = B;
+  p.ldx = K + 3;
+  p.ldy = rows + 5;
+  p.codes.resize(static_cast<size_t>(rows * p.row_bytes()));
+  for (auto& v : p.codes) v = static_cast<uint8_t>(rng.next() & 255);
+  p.scales.resize(static_cast<size_t>(rows * (K / group)));
+  for (auto& v : p.scales) v = f32_to_bf16(static_cast<float>(rng.uniform() * 0.02 + 1e-4));
+  p.x.resize(static_cast<size_t>(B * p.ldx));
+  for (auto& v : p.x) v = round_bf16(static_cast<float>(rng.normal()));
+  return p;
+}
+
+constexpr float kSentinel = -12345.0f;
+
+std::vector<float> run(const Problem& p, int64_t r0, int64_t r1) {
+  std::vector<float> y(static_cast<size_t>(p.B * p.ldy), kSentinel);
+  matmul_qdot(p.weights(), r0, r1, p.x.data(), p.B, p.ldx, y.data(), p.ldy);
+  return y;
+}
+
+// The integer q of column k of row r (int4.h / int8.h: low nibble first; codes offset by 8 / 128).
+int code_value(const Problem& p, int64_t r, int64_t k) {
+  const uint8_t* row = p.codes.data() + r * p.row_bytes();
+  if (p.bits == 8) return int(row[k]) - 128;
+  const uint8_t byte = row[k / 2];
+  return (k % 2 ? byte >> 4 : byte & 15) - 8;
+}
+double weight_scale(const Problem& p, int64_t r, int64_t k) {
+  return bf16_to_f32(p.scales[static_cast<size_t>(r * (p.K / p.group) + k / p.group)]);
+}
+
+// The activation quantization written out from qdot.h's definition, in fp32 as defined.
+void quantize_by_definition(const float* x, int64_t K, std::vector<int>& t, std::vector<float>& d) {
+  t.assign(static_cast<size_t>(K), 0);
+  d.assign(static_cast<size_t>(K / 32), 0.0f);
+  for (int64_t j = 0; j < K / 32; ++j) {
+    float amax = 0.0f;
+    for (int64_t k = 32 * j; k < 32 * j + 32; ++k) amax = std::max(amax, std::fabs(x[k]));
+    d[j] = amax / 127.0f;
+    if (amax == 0.0f) continue;
+    for (int64_t k = 32 * j; k < 32 * j + 32; ++k) {
+      const float q = x[k] / d[j];  // one fp32 division, then round half to even
+      t[k] = static_cast<int>(std::clamp(std::nearbyint(q), -127.0f, 127.0f));
+    }
+  }
+}
+
+// float64 value of the W·A8 product the kernels compute exactly up to fp32 rounding, and the sum
+// of the absolute terms for the error bound.
+void reference(const Problem& p, int64_t r, int b, double* y, double* abs_sum) {
+  std::vector<int> t;
+  std::vector<float> d;
+  quantize_by_definition(p.x.data() + b * p.ldx, p.K, t, d);
+  double s = 0, a = 0;
+  for (int64_t k = 0; k < p.K; ++k) {
+    const double v = code_value(p, r, k) * weight_scale(p, r, k) * t[k] * double(d[k / 32]);
+    s += v;
+    a += std::fabs(v);
+  }
+  *y = s;
+  *abs_sum = a;
+}
+
+// Per lane, each term is an exact int32 partial sum times d (one rounding), added times s with an
+// fma (one rounding; the portable path a multiply and an add: two) in one of at most G = K/32
+// accumulation steps, then a tree of depth <= 4: every term passes through at most G + 7
+// roundings, so |y - exact| <= (G + 9) u sum |terms|.
+double error_bound(int64_t K, double abs_sum) {
+  return static_cast<double>(K / 32 + 9) * 0x1p-24 * abs_sum;
+}
+
+TEST(Qdot, IsaFollowsLevel) {
+  IsaList isas;
+  const char* expect[] = {"portable", "portable", "portable", "avx512vnni"};
+  for (size_t i = 0; i < isas.names.size(); ++i) {
+    isas.use(isas.names[i]);
+    EXPECT_STREQ(matmul_qdot_isa(), expect[i]) << isas.names[i];
+  }
+}
+
+// quantize_activations_int8 is its definition, element by element, and rounds to within d / 2.
+TEST(Qdot, ActivationQuantizerFollowsDefinition) {
+  Rng rng(21);
+  const int64_t K = 320;
+  std::vector<float> x(K);
+  for (auto& v : x) v = static_cast<float>(rng.normal() * 3.0);
+  for (int k = 32; k < 64; ++k) x[k] = 0.0f;  // an all-zero sub-group: d = 0, t = 0
+  x[70] = -1e30f;                             // a huge negative maximum
+  for (int k = 96; k < 128; ++k) x[k] = 1e-39f * float(k - 100);  // subnormal inputs
+  std::vector<int8_t> t(K, 99);
+  std::vector<float> d(K / 32, -1.0f);
+  quantize_activations_int8(x.data(), K, t.data(), d.data());
+  std::vector<int> want_t;
+  std::vector<float> want_d;
+  quantize_by_definition(x.data(), K, want_t, want_d);
+  for (int64_t j = 0; j < K / 32; ++j) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(d[j]), std::bit_cast<uint32_t>(want_d[j])) << j;
+    for (int64_t k = 32 * j; k < 32 * j + 32; ++k) {
+      ASSERT_EQ(int(t[k]), want_t[k]) << k;
+      ASSERT_LE(std::fabs(double(x[k]) - t[k] * double(d[j])), double(d[j]) * 0.5000001 + 1e-45)
+          << k;
+    }
+  }
+  EXPECT_EQ(d[1], 0.0f);
+  EXPECT_EQ(t[70], -127);
+}
+
+TEST(Qdot, MatchesFloat64Reference) {
+  IsaList isas;
+  Rng rng(22);
+  struct Shape {
+    int64_t rows, K;
+    int group, B;
+  };
+  // K = 32, 96, 160, 224: partial last chunks of both formats; B = 70: two batch blocks.
+  const Shape shapes[] = {{1, 32, 32, 1},     {5, 64, 64, 3},    {37, 96, 32, 1},
+                          {18, 384, 128, 2},  {3, 7168, 128, 1}, {21, 3072, 64, 5},
+                          {17, 224, 224, 9},  {40, 128, 128, 4}, {9, 2304, 128, 1},
+                          {6, 2304, 2304, 2}, {11, 640, 160, 3}, {70, 512, 256, 70},
+                          {4, 1536, 96, 1},   {19, 160, 32, 8}};
+  for (const int bits : {4, 8}) {
+    for (const auto& isa : isas.names) {
+      isas.use(isa);
+      for (const auto& s : shapes) {
+        const Problem p = make_problem(rng, bits, s.rows, s.K, s.group, s.B);
+        const int64_t r0 = s.rows > 2 ? 1 : 0;
+        const auto y = run(p, r0, s.rows);
+        const std::string what = isa + " bits=" + std::to_string(bits) +
+                                 " rows=" + std::to_string(s.rows) + " K=" + std::to_string(s.K) +
+                                 " g=" + std::to_string(s.group) + " B=" + std::to_string(s.B);
+        for (int b = 0; b < p.B; ++b) {
+          for (int64_t r = 0; r < p.ldy; ++r) {
+            const float got = y[static_cast<size_t>(b * p.ldy + r)];
+            if (r < r0 || r >= s.rows) {
+              ASSERT_EQ(got, kSentinel) << what << " wrote outside its rows: b=" << b << " r=" << r;
+              continue;
+            }
+            double ref, abs_sum;
+            reference(p, r, b, &ref, &abs_sum);
+            ASSERT_LE(std::fabs(static_cast<double>(got) - ref), error_bound(p.K, abs_sum))
+                << what << " b=" << b << " r=" << r << " got " << got << " want " << ref;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Activations that quantize exactly (every sub-group holds +-127 and integers: d = 1, t = x) and
+// power-of-two weight scales: every product and sum is exact, so every path equals the reference
+// exactly; a nibble-order, offset, correction, scale-index or stride mistake shows here.
+TEST(Qdot, ExactOnSmallIntegers) {
+  IsaList isas;
+  Rng rng(23);
+  for (const int bits : {4, 8}) {
+    for (const auto& isa : isas.names) {
+      isas.use(isa);
+      for (auto [B, K, g] : {std::tuple{1, 256, 32},
+                             {3, 256, 128},
+                             {6, 640, 64},
+                             {1, 640, 640},
+                             {5, 1152, 96},
+                             {2, 96, 32}}) {
+        Problem p = make_problem(rng, bits, 23, K, g, B);
+        if (bits == 8)
+          for (auto& v : p.codes) v = static_cast<uint8_t>(120 + rng.next() % 17);
+        for (auto& v : p.scales)
+          v = f32_to_bf16(std::ldexp(1.0f, static_cast<int>(rng.next() % 5) - 1));
+        for (int b = 0; b < B; ++b)
+          for (int64_t k = 0; k < K; ++k)
+            p.x[b * p.ldx + k] =
+                k % 32 == 5 ? 127.0f : static_cast<float>(static_cast<int>(rng.next() % 21) - 10);
+        const auto y = run(p, 0, p.rows);
+        for (int b = 0; b < B; ++b) {
+          for (int64_t r = 0; r < p.rows; ++r) {
+            double want = 0;
+            for (int64_t k = 0; k < K; ++k)
+              want += code_value(p, r, k) * weight_scale(p, r, k) * p.x[b * p.ldx + k];
+            ASSERT_EQ(static_cast<double>(y[static_cast<size_t>(b * p.ldy + r)]), want)
+                << isa << " bits=" << bits << " K=" << K << " g=" << g << " b=" << b << " r=" << r;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The W·A8 result differs from the W·A16 kernel (int4.h / int8.h) only by the activations'
+// rounding: |x - t d| <= d / 2 per column, so |y_a8 - y_a16| <= sum_k |w_k| d_k / 2 plus both
+// kernels' fp32 bounds.
+TEST(Qdot, WithinActivationRoundingOfWeightOnlyKernel) {
+  Rng rng(24);
+  for (const int bits : {4, 8}) {
+    const Problem p = make_problem(rng, bits, 33, 2304, 128, 3);
+    const auto y8 = run(p, 0, p.rows);
+    std::vector<float> y16(y8.size(), kSentinel);
+    if (bits == 4) {
+      matmul_int4(p.codes.data(), p.scales.data(), p.K, p.group, 0, p.rows, p.x.data(), p.B, p.ldx,
+                  y16.data(), p.ldy);
+    } else {
+      matmul_int8(p.codes.data(), p.scales.data(), p.K, p.group, 0, p.rows, p.x.data(), p.B, p.ldx,
+                  y16.data(), p.ldy);
+    }
+    double worst = 0;
+    for (int b = 0; b < p.B; ++b) {
+      std::vector<int> t;
+      std::vector<float> d;
+      quantize_by_definition(p.x.data() + b * p.ldx, p.K, t, d);
+      for (int64_t r = 0; r < p.rows; ++r) {
+        double rounding = 0, abs_sum = 0;
+        for (int64_t k = 0; k < p.K; ++k) {
+          const double w = code_value(p, r, k) * weight_scale(p, r, k);
+          rounding += std::fabs(w) * d[k / 32] * 0.5;
+          abs_sum += std::fabs(w * p.x[b * p.ldx + k]);
+        }
+        const double diff = std::fabs(double(y8[b * p.ldy + r]) - double(y16[b * p.ldy + r]));
+        ASSERT_LE(diff, rounding + 2 * error_bound(p.K, abs_sum)) << "bits " << bits << " r " << r;
+        worst = std::max(worst, diff / rounding);
+      }
+    }
+    // The bound is not vacuous: the activations' rounding does show (random signs make the
+    // typical error far below the worst case, but not zero).
+    EXPECT_GT(worst, 0.0) << bits;
+  }
+}
+
+// Y[b, r] depends only on row r, vector b, K and the group: row splits, batching and threads
+// change nothing, bit for bit.
+TEST(Qdot, SplitBatchAndThreadInvariance) {
+  IsaList isas;
+  Rng rng(25);
+  for (const int bits : {4, 8}) {
+    for (const auto& isa : isas.names) {
+      isas.use(isa);
+      for (auto [K, g] : {std::pair<int64_t, int>{32, 32}, {416, 32}, {3072, 128}, {2304, 2304}}) {
+        const int B = 70;
+        const Problem p = make_problem(rng, bits, 45, K, g, B);
+        const auto full = run(p, 0, p.rows);
+        const std::string what = isa + " bits=" + std::to_string(bits) + " K=" + std::to_string(K) +
+                                 " g=" + std::to_string(g);
+        for (int64_t step : {int64_t{1}, int64_t{3}, int64_t{7}, int64_t{17}}) {
+          std::vector<float> y(full.size(), kSentinel);
+          for (int64_t r = 0; r < p.rows; r += step)
+            matmul_qdot(p.weights(), r, std::min(p.rows, r + step), p.x.data(), B, p.ldx, y.data(),
+                        p.ldy);
+          ASSERT_EQ(0, std::memcmp(y.data(), full.data(), y.size() * sizeof(float)))
+              << what << " step " << step;
+        }
+        for (int b0 = 0, nb = 1; b0 < B; b0 += nb, nb = nb % 5 + 1) {
+          const int n = std::min(nb, B - b0);
+          std::vector<float> y(static_cast<size_t>(n * p.ldy), kSentinel);
+          matmul_qdot(p.weights(), 0, p.rows, p.x.data() + b0 * p.ldx, n, p.ldx, y.data(), p.ldy);
+          for (int j = 0; j < n; ++j)
+            for (int64_t r = 0; r < p.rows; ++r)
+              ASSERT_EQ(std::bit_cast<uint32_t>(y[static_cast<size_t>(j * p.ldy + r)]),
+                        std::bit_cast<uint32_t>(full[static_cast<size_t>((b0 + j) * p.ldy + r)]))
+                  << what << " b=" << b0 + j << " r=" << r;
+        }
+        std::vector<float> y(full.size(), kSentinel);
+        auto work = [&](int part) {
+          for (int64_t r = part * 5; r < p.rows; r += 10)
+            matmul_qdot(p.weights(), r, std::min(p.rows, r + 5), p.x.data(), B, p.ldx, y.data(),
+                        p.ldy);
+        };
+        std::thread t(work, 1);
+        work(0);
+        t.join();
+        ASSERT_EQ(0, std::memcmp(y.data(), full.data(), y.size() * sizeof(float))) << what;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace md::cpu
