@@ -173,6 +173,70 @@ TEST_P(QuantizeTest, ExecutorsAreBitIdenticalToTheReferencePath) {
   }
 }
 
+// --act-quant int8 (QuantizeOptions::int8_activations): the int4 / int8 linears run as integer
+// dot products (kernels/cpu/qdot.h, tested there against float64) on every CPU path, so the
+// plan executors stay bit-identical to the reference path (BF16 precision, batches of 2).
+TEST_P(QuantizeTest, Int8ActivationsExecutorsAreBitIdenticalToTheReferencePath) {
+  for (QuantScheme scheme : {QuantScheme::kInt4, QuantScheme::kInt8}) {
+    ModelOptions o = opts(Precision::BF16, 32, scheme);
+    o.quantize.int8_activations = true;
+    Model m(dir(), o);
+    ASSERT_EQ(m.quantize_report().int8_activation_matrices, m.quantize_report().matrices);
+    const int64_t V = m.config().vocab_size;
+    const std::vector<int32_t> ids = ids_for(m, 6);
+    const auto want = run(m, ids);
+    for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
+      CpuExecutor ex(m, 2, 2, kind);
+      SequenceState a = ex.new_sequence(), b = ex.new_sequence();
+      std::vector<float> out(2 * size_t(V));
+      for (size_t i = 0; i < ids.size(); ++i) {
+        std::vector<SequenceState*> seqs = {&a, &b};
+        std::vector<int32_t> toks = {ids[i], ids[(i + 3) % ids.size()]};
+        ex.step(seqs, toks, out.data());
+        ASSERT_EQ(0, std::memcmp(out.data(), want.data() + i * size_t(V), size_t(V) * 4))
+            << GetParam() << " " << quant_scheme_name(scheme) << " " << executor_name(kind)
+            << " step " << i;
+      }
+    }
+  }
+}
+
+// What the activations' rounding costs, against what the weights' rounding costs (rms logit gaps,
+// FP32 precision so that nothing else differs). int8 activations round each value to within
+// 1/254 of its 32-column block's maximum, int4 weights to within 1/15 of their group's, int8
+// weights 1/255: so the first gap should be well below the int4 weights' and of the order of the
+// int8 weights'. These tiny random-weight models are not linear in the perturbation (a small
+// change flips MoE routing choices and moves those positions' logits by a step), so the bounds
+// are measured ones with margin rather than derived: measured act/weights 0.64 (Kimi Linear tiny)
+// and 0.14 (K3 tiny) for int4, 1.67 and 0.62 for int8. A kernel whose correction term is off by
+// 2x (checked by breaking it on purpose) gives 2.5 / 1.9 and 100: far outside. And the flag is
+// not a no-op.
+TEST_P(QuantizeTest, Int8ActivationsCostLessThanTheWeightsRounding) {
+  struct Case {
+    QuantScheme scheme;
+    double max_ratio;
+  };
+  for (const Case& c : {Case{QuantScheme::kInt4, 1.0}, Case{QuantScheme::kInt8, 3.0}}) {
+    Model bf(dir(), opts(Precision::FP32, 32, QuantScheme::kNone));
+    Model w(dir(), opts(Precision::FP32, 32, c.scheme));
+    ModelOptions o = opts(Precision::FP32, 32, c.scheme);
+    o.quantize.int8_activations = true;
+    Model wa(dir(), o);
+    const std::vector<int32_t> ids = ids_for(w, 12);
+    const auto yb = run(bf, ids), yw = run(w, ids), ya = run(wa, ids);
+    double act = 0, weights = 0;
+    for (size_t i = 0; i < yb.size(); ++i) {
+      act += (double(ya[i]) - yw[i]) * (double(ya[i]) - yw[i]);
+      weights += (double(yw[i]) - yb[i]) * (double(yw[i]) - yb[i]);
+    }
+    const std::string what = std::string(GetParam()) + " " +
+                             std::string(quant_scheme_name(c.scheme)) + " act/weights gap " +
+                             std::to_string(std::sqrt(act / weights));
+    EXPECT_GT(act, 0.0) << what;
+    EXPECT_LT(std::sqrt(act / weights), c.max_ratio) << what;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Presets, QuantizeTest, ::testing::Values("tiny", "k3-tiny"),
                          [](const auto& info) {
                            return std::string(info.param) == "tiny" ? "KimiLinear" : "K3";
@@ -198,6 +262,40 @@ TEST(Quantize, WhatIsQuantized) {
   Model h(test::shared_checkpoint("tiny", 5), o);
   EXPECT_TRUE(h.weights().lm_head.int4());
   EXPECT_EQ(h.quantize_report().matrices, m.quantize_report().matrices + 1);
+}
+
+// --act-quant int8 marks exactly the int4 / int8 linears: not K3's MXFP4 experts, not bf16
+// matrices; without any it is an error saying what to do.
+TEST(Quantize, Int8ActivationsMarkTheIntegerLinearsOnly) {
+  ModelOptions o = opts(Precision::BF16, 32);
+  o.quantize.int8_activations = true;
+  o.quantize.lm_head = true;
+  Model m(test::shared_checkpoint("k3-tiny", 5), o);
+  int marked = 0, mxfp4 = 0;
+  auto check = [&](const Mat& x) {
+    if (!x.data) return;
+    EXPECT_EQ(x.int8_activations, x.int4() || x.int8());
+    marked += x.int8_activations;
+    mxfp4 += x.mxfp4();
+  };
+  const ModelWeights& w = m.weights();
+  for (const LayerWeights& L : w.layers) {
+    for (const Mat* x : {&L.kda.q, &L.kda.o, &L.mla.kv_b, &L.moe.router, &L.mla.q_a}) check(*x);
+    for (const FfnWeights& e : L.moe.experts) check(e.gate), check(e.down);
+  }
+  check(w.lm_head);
+  EXPECT_TRUE(w.lm_head.int8_activations);
+  EXPECT_GT(marked, 0);
+  EXPECT_GT(mxfp4, 0);  // K3's routed experts, left to the MXFP4 kernel
+  EXPECT_EQ(m.quantize_report().int8_activation_matrices, m.quantize_report().matrices);
+  ModelOptions none = opts(Precision::BF16, 32, QuantScheme::kNone);
+  none.quantize.int8_activations = true;
+  try {
+    Model x(test::shared_checkpoint("tiny", 5), none);
+    ADD_FAILURE() << "--act-quant int8 on a bf16 model loaded";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("no int4 or int8 linear layers"));
+  }
 }
 
 TEST(Quantize, BadGroupsAreErrorsNamingTheProblem) {
@@ -264,6 +362,17 @@ TEST(QuantEval, MeasuresKlAndTopOneAgainstTheModelAsLoaded) {
   EXPECT_GE(q["top1_agreement"].get<double>(), 0.0);
   EXPECT_LE(q["top1_agreement"].get<double>(), 1.0);
   EXPECT_THAT(r.out, ::testing::HasSubstr("KL(bf16 || bf16 int4)"));
+  r = test::run_cli("quant-eval --model " + dir +
+                    " --quantize int4 --act-quant int8 --positions 24 --json " + (d / "a8.json"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, ::testing::HasSubstr("int8 activations (W4A8 / W8A8"));
+  std::ifstream f2(d / "a8.json");
+  const nlohmann::json a8 = nlohmann::json::parse(f2);
+  EXPECT_EQ(a8["act_quant"], "int8");
+  EXPECT_GT(a8["kl_mean"].get<double>(), 0.0);
+  r = test::run_cli("quant-eval --model " + dir + " --quantize int4 --act-quant int4");
+  EXPECT_NE(r.status, 0);
+  EXPECT_THAT(r.err, ::testing::HasSubstr("--act-quant"));
   r = test::run_cli("quant-eval --model " + dir + " --quantize int4 --text /nonexistent");
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.err, ::testing::HasSubstr("cannot read --text"));
