@@ -8,9 +8,10 @@
 // Why not a prefetch per row a few hundred bytes ahead (what the kernels did before): with 8-16
 // short rows walked side by side, every row stream restarts at each tile, the hardware prefetchers
 // see 8-16 interleaved streams, and the lines in flight stay too few to use a fast memory system.
-// Measured on the AMD EPYC Zen 4 host (bench/RESULTS.md, "GEMV prefetch"): the bf16 GEMV went from
-// 47-62% to 83-91% of the one-thread read probe and the int4 W4A8 one from 30-56% to 77-88%, and
-// at two threads the bf16 one reached 80-95% of the probe in both of the host's bandwidth regimes.
+// Measured on the AMD EPYC Zen 4 host (bench/RESULTS.md, "W4A8 / W8A8 and the GEMV prefetch a tile
+// ahead"): the bf16 GEMV went from 61-75% to 80-86% of the one-thread read probe and from 69-72% to
+// 96-97% of the two-thread one; kl48-e32 bf16 decode from ~66% to 81-83% of its floor. Streaming
+// into L1 instead (T0) was no better, and worse for the 8-bit kernels.
 //
 // The distance is a whole number of tiles (a tile's lines must all be requested before it
 // starts), at least kMinAheadBytes so that short tiles still look far enough ahead. The tiles of a
