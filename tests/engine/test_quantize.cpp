@@ -95,6 +95,26 @@ std::vector<int32_t> ids_for(const Model& m, int n) {
   return ids;
 }
 
+// The plan executors (both kinds, batches of 2) against the reference path's logits of m, bit for
+// bit, over 6 steps.
+void expect_executors_match_reference(Model& m, const std::string& what) {
+  const int64_t V = m.config().vocab_size;
+  const std::vector<int32_t> ids = ids_for(m, 6);
+  const auto want = run(m, ids);
+  for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
+    CpuExecutor ex(m, 2, 2, kind);
+    SequenceState a = ex.new_sequence(), b = ex.new_sequence();
+    std::vector<float> out(2 * size_t(V));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::vector<SequenceState*> seqs = {&a, &b};
+      std::vector<int32_t> toks = {ids[i], ids[(i + 3) % ids.size()]};
+      ex.step(seqs, toks, out.data());
+      ASSERT_EQ(0, std::memcmp(out.data(), want.data() + i * size_t(V), size_t(V) * 4))
+          << what << " " << executor_name(kind) << " step " << i;
+    }
+  }
+}
+
 class QuantizeTest : public ::testing::TestWithParam<const char*> {
  protected:
   std::string dir() const { return test::shared_checkpoint(GetParam(), 5); }
@@ -154,22 +174,8 @@ TEST_P(QuantizeTest, LogitsMatchTheDequantizedFp32Model) {
 TEST_P(QuantizeTest, ExecutorsAreBitIdenticalToTheReferencePath) {
   for (QuantScheme scheme : {QuantScheme::kInt4, QuantScheme::kInt8, QuantScheme::kMxfp4}) {
     Model m(dir(), opts(Precision::BF16, scheme == QuantScheme::kMxfp4 ? -1 : 32, scheme));
-    const int64_t V = m.config().vocab_size;
-    const std::vector<int32_t> ids = ids_for(m, 6);
-    const auto want = run(m, ids);
-    for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
-      CpuExecutor ex(m, 2, 2, kind);
-      SequenceState a = ex.new_sequence(), b = ex.new_sequence();
-      std::vector<float> out(2 * size_t(V));
-      for (size_t i = 0; i < ids.size(); ++i) {
-        std::vector<SequenceState*> seqs = {&a, &b};
-        std::vector<int32_t> toks = {ids[i], ids[(i + 3) % ids.size()]};
-        ex.step(seqs, toks, out.data());
-        ASSERT_EQ(0, std::memcmp(out.data(), want.data() + i * size_t(V), size_t(V) * 4))
-            << GetParam() << " " << quant_scheme_name(scheme) << " " << executor_name(kind)
-            << " step " << i;
-      }
-    }
+    expect_executors_match_reference(
+        m, std::string(GetParam()) + " " + std::string(quant_scheme_name(scheme)));
   }
 }
 
@@ -182,22 +188,8 @@ TEST_P(QuantizeTest, Int8ActivationsExecutorsAreBitIdenticalToTheReferencePath) 
     o.quantize.int8_activations = true;
     Model m(dir(), o);
     ASSERT_EQ(m.quantize_report().int8_activation_matrices, m.quantize_report().matrices);
-    const int64_t V = m.config().vocab_size;
-    const std::vector<int32_t> ids = ids_for(m, 6);
-    const auto want = run(m, ids);
-    for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
-      CpuExecutor ex(m, 2, 2, kind);
-      SequenceState a = ex.new_sequence(), b = ex.new_sequence();
-      std::vector<float> out(2 * size_t(V));
-      for (size_t i = 0; i < ids.size(); ++i) {
-        std::vector<SequenceState*> seqs = {&a, &b};
-        std::vector<int32_t> toks = {ids[i], ids[(i + 3) % ids.size()]};
-        ex.step(seqs, toks, out.data());
-        ASSERT_EQ(0, std::memcmp(out.data(), want.data() + i * size_t(V), size_t(V) * 4))
-            << GetParam() << " " << quant_scheme_name(scheme) << " " << executor_name(kind)
-            << " step " << i;
-      }
-    }
+    expect_executors_match_reference(
+        m, std::string(GetParam()) + " " + std::string(quant_scheme_name(scheme)) + " a8");
   }
 }
 

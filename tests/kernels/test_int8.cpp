@@ -14,9 +14,10 @@
 #include <thread>
 #include <vector>
 
+#include "isa_list.h"
+#include "matmul_checks.h"
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/util.h"
-#include "isa_list.h"
 #include "megadecode/kernels/cpu/cpu_features.h"
 
 namespace md::cpu {
@@ -60,7 +61,7 @@ Problem make_problem(Rng& rng, int64_t rows, int64_t K, int group, int B) {
   return p;
 }
 
-constexpr float kSentinel = -12345.0f;
+using test::kSentinel;
 
 std::vector<float> run(const Problem& p, int64_t r0, int64_t r1) {
   std::vector<float> y(static_cast<size_t>(p.B * p.ldy), kSentinel);
@@ -157,19 +158,14 @@ TEST(Int8, MatchesFloat64Reference) {
       const std::string what = isa + " rows=" + std::to_string(s.rows) +
                                " K=" + std::to_string(s.K) + " g=" + std::to_string(s.group) +
                                " B=" + std::to_string(s.B);
-      for (int b = 0; b < p.B; ++b) {
-        for (int64_t r = 0; r < p.ldy; ++r) {
-          const float got = y[static_cast<size_t>(b * p.ldy + r)];
-          if (r < r0 || r >= s.rows) {
-            ASSERT_EQ(got, kSentinel) << what << " wrote outside its rows: b=" << b << " r=" << r;
-            continue;
-          }
-          double ref, abs_sum;
-          reference(p, r, b, &ref, &abs_sum);
-          ASSERT_LE(std::fabs(static_cast<double>(got) - ref), error_bound(p.K, abs_sum))
-              << what << " b=" << b << " r=" << r << " got " << got << " want " << ref;
-        }
-      }
+      test::expect_rows_match(
+          y, p.B, p.ldy, r0, s.rows,
+          [&](int64_t r, int b, double* want, double* bound) {
+            double abs_sum;
+            reference(p, r, b, want, &abs_sum);
+            *bound = error_bound(p.K, abs_sum);
+          },
+          what);
     }
   }
 }
@@ -212,37 +208,13 @@ TEST(Int8, SplitBatchAndThreadInvariance) {
     for (auto [K, g] : {std::pair<int64_t, int>{32, 32}, {416, 32}, {3072, 128}, {2304, 2304}}) {
       const int B = 70;
       const Problem p = make_problem(rng, 45, K, g, B);
-      const auto full = run(p, 0, p.rows);
-      const std::string what = isa + " K=" + std::to_string(K) + " g=" + std::to_string(g);
-      for (int64_t step : {int64_t{1}, int64_t{3}, int64_t{7}, int64_t{17}}) {
-        std::vector<float> y(full.size(), kSentinel);
-        for (int64_t r = 0; r < p.rows; r += step)
-          matmul_int8(p.codes.data(), p.scales.data(), K, g, r, std::min(p.rows, r + step),
-                      p.x.data(), B, p.ldx, y.data(), p.ldy);
-        ASSERT_EQ(0, std::memcmp(y.data(), full.data(), y.size() * sizeof(float)))
-            << what << " step " << step;
-      }
-      for (int b0 = 0, nb = 1; b0 < B; b0 += nb, nb = nb % 5 + 1) {
-        const int n = std::min(nb, B - b0);
-        std::vector<float> y(static_cast<size_t>(n * p.ldy), kSentinel);
-        matmul_int8(p.codes.data(), p.scales.data(), K, g, 0, p.rows, p.x.data() + b0 * p.ldx, n,
-                    p.ldx, y.data(), p.ldy);
-        for (int j = 0; j < n; ++j)
-          for (int64_t r = 0; r < p.rows; ++r)
-            ASSERT_EQ(std::bit_cast<uint32_t>(y[static_cast<size_t>(j * p.ldy + r)]),
-                      std::bit_cast<uint32_t>(full[static_cast<size_t>((b0 + j) * p.ldy + r)]))
-                << what << " b=" << b0 + j << " r=" << r;
-      }
-      std::vector<float> y(full.size(), kSentinel);
-      auto work = [&](int part) {
-        for (int64_t r = part * 5; r < p.rows; r += 10)
-          matmul_int8(p.codes.data(), p.scales.data(), K, g, r, std::min(p.rows, r + 5),
-                      p.x.data(), B, p.ldx, y.data(), p.ldy);
-      };
-      std::thread t(work, 1);
-      work(0);
-      t.join();
-      ASSERT_EQ(0, std::memcmp(y.data(), full.data(), y.size() * sizeof(float))) << what;
+      test::expect_split_batch_thread_invariance(
+          p.rows, B, p.ldy,
+          [&](int64_t r0, int64_t r1, int b0, int nb, float* y) {
+            matmul_int8(p.codes.data(), p.scales.data(), K, g, r0, r1, p.x.data() + b0 * p.ldx, nb,
+                        p.ldx, y, p.ldy);
+          },
+          isa + " K=" + std::to_string(K) + " g=" + std::to_string(g));
     }
   }
 }

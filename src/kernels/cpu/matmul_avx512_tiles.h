@@ -10,13 +10,7 @@
 // is the same whatever tile, row range, batch size or thread produced it.
 #pragma once
 
-// GCC 12 reports its own AVX-512 intrinsics (which start from _mm512_undefined_*) as reading
-// uninitialised values once they are inlined (GCC PR 105593, fixed in GCC 13).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "avx512_common.h"
 
 #include <algorithm>
 #include <bit>
@@ -48,15 +42,6 @@ constexpr int kGemvRows = 16;
 // is a single batch tile, and taller tiles (8 rows for 2-3 vectors) keep more rows in flight.
 constexpr int kTileRows = 4;
 constexpr int kTileVecs = 4;
-
-// Sum of the 16 lanes in a fixed tree: lane i + lane i+8, then i + i+4, i + i+2, i + i+1.
-inline float hsum(__m512 v) {
-  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));  // swap 256-bit halves
-  v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xb1));  // swap adjacent 128-bit blocks
-  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4e));        // swap 64-bit pairs
-  v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xb1));        // swap neighbours
-  return _mm512_cvtss_f32(v);
-}
 
 // Masks selecting the first n lanes (n may be <= 0 or beyond the width).
 inline __mmask32 mask32(int64_t n) {
