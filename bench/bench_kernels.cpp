@@ -198,6 +198,7 @@ BENCHMARK_MAIN();
 // Registered after BENCHMARK_MAIN so that this block is a pure append; registration is static
 // initialisation, so its position in the file does not matter.
 #include "megadecode/kernels/cpu/mxfp4.h"
+#include "megadecode/kernels/cpu/qdot.h"
 
 namespace md::cpu {
 namespace {
@@ -220,7 +221,9 @@ uint8_t* mxfp4_pool() {
 }
 
 // Args: rows, K, threads, B, x_is_bf16, portable. Bytes are the packed codes plus the scales
-// (4.25 bits per weight); Gweights_per_s compares with the bf16 GEMV at the same shape.
+// (4.25 bits per weight); Gweights_per_s compares with the bf16 GEMV at the same shape. kA8: the
+// integer dot-product kernel (qdot.h, --act-quant int8) on the same bytes.
+template <bool kA8 = false>
 void BM_MatmulMxfp4(benchmark::State& state) {
   const int64_t rows = state.range(0), K = state.range(1);
   const int threads = static_cast<int>(state.range(2)), B = static_cast<int>(state.range(3));
@@ -236,14 +239,19 @@ void BM_MatmulMxfp4(benchmark::State& state) {
     const uint8_t* P = wp + slot * bytes;
     const uint8_t* S = P + packed_bytes;
     split_rows(tp, rows, [&](int64_t r0, int64_t r1) {
-      matmul_mxfp4(P, S, K, r0, r1, x.data(), B, K, y.data(), rows, x_bf16);
+      if constexpr (kA8) {
+        matmul_qdot(QdotWeights{P, S, K, 32, QdotCodes::kMxfp4}, r0, r1, x.data(), B, K, y.data(),
+                    rows);
+      } else {
+        matmul_mxfp4(P, S, K, r0, r1, x.data(), B, K, y.data(), rows, x_bf16);
+      }
     });
     benchmark::DoNotOptimize(y.data());
   });
   state.counters["Gweights_per_s"] = benchmark::Counter(
       static_cast<double>(rows * K) * static_cast<double>(state.iterations()) * 1e-9,
       benchmark::Counter::kIsRate);
-  state.SetLabel(matmul_mxfp4_isa());
+  state.SetLabel(kA8 ? matmul_qdot_isa() : matmul_mxfp4_isa());
   reset_isa();
 }
 
@@ -261,7 +269,8 @@ void k3_expert_args(benchmark::internal::Benchmark* b) {
   b->Args({3072, 3584, 1, 1, 1, 1});  // portable path
 }
 
-BENCHMARK(BM_MatmulMxfp4)->Name("K3ExpertMxfp4")->Apply(k3_expert_args)->UseRealTime();
+BENCHMARK(BM_MatmulMxfp4<>)->Name("K3ExpertMxfp4")->Apply(k3_expert_args)->UseRealTime();
+BENCHMARK(BM_MatmulMxfp4<true>)->Name("K3ExpertMxfp4A8")->Apply(k3_expert_args)->UseRealTime();
 BENCHMARK(BM_MatmulBf16)->Name("K3ExpertBf16")->Apply(k3_expert_args)->UseRealTime();
 
 }  // namespace
@@ -336,7 +345,6 @@ BENCHMARK(BM_MlaDecode)
 #include "megadecode/kernels/cpu/fp8.h"
 #include "megadecode/kernels/cpu/int4.h"
 #include "megadecode/kernels/cpu/int8.h"
-#include "megadecode/kernels/cpu/qdot.h"
 
 namespace md::cpu {
 namespace {
@@ -362,7 +370,9 @@ void BM_MatmulInt(benchmark::State& state) {
     const auto* S = reinterpret_cast<const bf16*>(P + packed_bytes);
     split_rows(tp, rows, [&](int64_t r0, int64_t r1) {
       if constexpr (kA8) {
-        matmul_qdot(QdotWeights{P, S, K, group, Bits}, r0, r1, x.data(), B, K, y.data(), rows);
+        matmul_qdot(QdotWeights{P, reinterpret_cast<const uint8_t*>(S), K, group,
+                                Bits == 4 ? QdotCodes::kInt4 : QdotCodes::kInt8},
+                    r0, r1, x.data(), B, K, y.data(), rows);
       } else if constexpr (Bits == 4) {
         matmul_int4(P, S, K, group, r0, r1, x.data(), B, K, y.data(), rows);
       } else {

@@ -138,14 +138,15 @@ std::vector<Target> targets(ModelWeights& w, bool lm_head) {
 int use_int8_activations(ModelWeights& w) {
   int n = 0;
   for_each_linear(w, [&](Mat& m, const std::string&) {
-    if (m.data && (m.quant == WeightQuant::kInt4 || m.quant == WeightQuant::kInt8)) {
+    if (m.data && (m.quant == WeightQuant::kInt4 || m.quant == WeightQuant::kInt8 ||
+                   m.quant == WeightQuant::kMxfp4)) {
       m.int8_activations = true;
       ++n;
     }
   });
   MD_CHECK(n > 0,
-           "--act-quant int8: the model has no int4 or int8 linear layers to run with int8 "
-           "activations (load an int4 / int8 checkpoint, or add --quantize int4|int8)");
+           "--act-quant int8: the model has no int4, int8 or MXFP4 linear layers to run with int8 "
+           "activations (load a quantized checkpoint, or add --quantize int4|int8|mxfp4)");
   return n;
 }
 

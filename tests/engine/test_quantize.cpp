@@ -183,11 +183,12 @@ TEST_P(QuantizeTest, ExecutorsAreBitIdenticalToTheReferencePath) {
 // dot products (kernels/cpu/qdot.h, tested there against float64) on every CPU path, so the
 // plan executors stay bit-identical to the reference path (BF16 precision, batches of 2).
 TEST_P(QuantizeTest, Int8ActivationsExecutorsAreBitIdenticalToTheReferencePath) {
-  for (QuantScheme scheme : {QuantScheme::kInt4, QuantScheme::kInt8}) {
-    ModelOptions o = opts(Precision::BF16, 32, scheme);
+  for (QuantScheme scheme : {QuantScheme::kInt4, QuantScheme::kInt8, QuantScheme::kMxfp4}) {
+    ModelOptions o = opts(Precision::BF16, scheme == QuantScheme::kMxfp4 ? -1 : 32, scheme);
     o.quantize.int8_activations = true;
     Model m(dir(), o);
-    ASSERT_EQ(m.quantize_report().int8_activation_matrices, m.quantize_report().matrices);
+    // (K3's MXFP4 experts are marked as well: at least the quantized matrices.)
+    ASSERT_GE(m.quantize_report().int8_activation_matrices, m.quantize_report().matrices);
     expect_executors_match_reference(
         m, std::string(GetParam()) + " " + std::string(quant_scheme_name(scheme)) + " a8");
   }
@@ -200,15 +201,17 @@ TEST_P(QuantizeTest, Int8ActivationsExecutorsAreBitIdenticalToTheReferencePath) 
 // int8 weights'. These tiny random-weight models are not linear in the perturbation (a small
 // change flips MoE routing choices and moves those positions' logits by a step), so the bounds
 // are measured ones with margin rather than derived: measured act/weights 0.64 (Kimi Linear tiny)
-// and 0.14 (K3 tiny) for int4, 1.67 and 0.62 for int8. A kernel whose correction term is off by
-// 2x (checked by breaking it on purpose) gives 2.5 / 1.9 and 100: far outside. And the flag is
-// not a no-op.
+// and 0.14 (K3 tiny) for int4, 1.67 and 0.62 for int8, 0.05 and 0.49 for MXFP4 (K3's experts are
+// MXFP4 in both of its models, with int8 activations in the second). A kernel whose correction term
+// is off by 2x (checked by breaking it on purpose) gives 2.5 / 1.9 and 100: far outside. And the
+// flag is not a no-op.
 TEST_P(QuantizeTest, Int8ActivationsCostLessThanTheWeightsRounding) {
   struct Case {
     QuantScheme scheme;
     double max_ratio;
   };
-  for (const Case& c : {Case{QuantScheme::kInt4, 1.0}, Case{QuantScheme::kInt8, 3.0}}) {
+  for (const Case& c : {Case{QuantScheme::kInt4, 1.0}, Case{QuantScheme::kInt8, 3.0},
+                        Case{QuantScheme::kMxfp4, 1.0}}) {
     Model bf(dir(), opts(Precision::FP32, 32, QuantScheme::kNone));
     Model w(dir(), opts(Precision::FP32, 32, c.scheme));
     ModelOptions o = opts(Precision::FP32, 32, c.scheme);
@@ -256,8 +259,8 @@ TEST(Quantize, WhatIsQuantized) {
   EXPECT_EQ(h.quantize_report().matrices, m.quantize_report().matrices + 1);
 }
 
-// --act-quant int8 marks exactly the int4 / int8 linears: not K3's MXFP4 experts, not bf16
-// matrices; without any it is an error saying what to do.
+// --act-quant int8 marks exactly the int4 / int8 / MXFP4 linears (K3's MXFP4 experts as loaded
+// too), not bf16 matrices; without any it is an error saying what to do.
 TEST(Quantize, Int8ActivationsMarkTheIntegerLinearsOnly) {
   ModelOptions o = opts(Precision::BF16, 32);
   o.quantize.int8_activations = true;
@@ -266,7 +269,7 @@ TEST(Quantize, Int8ActivationsMarkTheIntegerLinearsOnly) {
   int marked = 0, mxfp4 = 0;
   auto check = [&](const Mat& x) {
     if (!x.data) return;
-    EXPECT_EQ(x.int8_activations, x.int4() || x.int8());
+    EXPECT_EQ(x.int8_activations, x.int4() || x.int8() || x.mxfp4());
     marked += x.int8_activations;
     mxfp4 += x.mxfp4();
   };
@@ -278,15 +281,22 @@ TEST(Quantize, Int8ActivationsMarkTheIntegerLinearsOnly) {
   check(w.lm_head);
   EXPECT_TRUE(w.lm_head.int8_activations);
   EXPECT_GT(marked, 0);
-  EXPECT_GT(mxfp4, 0);  // K3's routed experts, left to the MXFP4 kernel
-  EXPECT_EQ(m.quantize_report().int8_activation_matrices, m.quantize_report().matrices);
+  EXPECT_GT(mxfp4, 0);  // K3's routed experts as loaded
+  EXPECT_GT(m.quantize_report().int8_activation_matrices, m.quantize_report().matrices);
+  // K3's MXFP4 experts alone, without --quantize.
+  ModelOptions experts = opts(Precision::BF16, 32, QuantScheme::kNone);
+  experts.quantize.int8_activations = true;
+  Model k(test::shared_checkpoint("k3-tiny", 5), experts);
+  EXPECT_GT(k.quantize_report().int8_activation_matrices, 0);
+  EXPECT_TRUE(k.weights().layers.back().moe.experts.empty() ||
+              k.weights().layers.back().moe.experts[0].gate.int8_activations);
   ModelOptions none = opts(Precision::BF16, 32, QuantScheme::kNone);
   none.quantize.int8_activations = true;
   try {
     Model x(test::shared_checkpoint("tiny", 5), none);
     ADD_FAILURE() << "--act-quant int8 on a bf16 model loaded";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("no int4 or int8 linear layers"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("no int4, int8 or MXFP4 linear layers"));
   }
 }
 

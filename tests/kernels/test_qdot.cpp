@@ -22,37 +22,58 @@
 #include "megadecode/base/util.h"
 #include "megadecode/kernels/cpu/int4.h"
 #include "megadecode/kernels/cpu/int8.h"
+#include "megadecode/kernels/cpu/mxfp4.h"
 
 namespace md::cpu {
 namespace {
 
 using test::IsaList;
 
+constexpr QdotCodes kKinds[] = {QdotCodes::kInt4, QdotCodes::kInt8, QdotCodes::kMxfp4};
+
+std::string kind_name(QdotCodes k) {
+  return k == QdotCodes::kInt4 ? "int4" : k == QdotCodes::kInt8 ? "int8" : "mxfp4";
+}
+
 struct Problem {
-  int bits = 4;
+  QdotCodes kind = QdotCodes::kInt4;
   int64_t rows = 0, K = 0;
   int group = 0, B = 0;
   int64_t ldx = 0, ldy = 0;
   std::vector<uint8_t> codes;
-  std::vector<bf16> scales;
+  std::vector<uint8_t> scales;  // bf16 [rows, K/group] as bytes, or E8M0 [rows, K/32]
   std::vector<float> x;
-  int64_t row_bytes() const { return K * bits / 8; }
-  QdotWeights weights() const { return {codes.data(), scales.data(), K, group, bits}; }
+  QdotWeights weights() const { return {codes.data(), scales.data(), K, group, kind}; }
+  int64_t row_bytes() const { return weights().code_row_bytes(); }
+  int64_t scale_bytes() const { return weights().scale_row_bytes(); }
+  // Sets scale i of row r: a bf16 value, or (MXFP4) the E8M0 byte of 2^e.
+  void set_scale(int64_t r, int64_t i, float bf16_value, int e) {
+    if (kind == QdotCodes::kMxfp4) {
+      scales[static_cast<size_t>(r * scale_bytes() + i)] = static_cast<uint8_t>(e + 127);
+    } else {
+      const bf16 b = f32_to_bf16(bf16_value);
+      std::memcpy(&scales[static_cast<size_t>(r * scale_bytes() + 2 * i)], &b, sizeof(b));
+    }
+  }
 };
 
-Problem make_problem(Rng& rng, int bits, int64_t rows, int64_t K, int group, int B) {
+// MXFP4's group is the format's 32 whatever `group` says.
+Problem make_problem(Rng& rng, QdotCodes kind, int64_t rows, int64_t K, int group, int B) {
   Problem p;
-  p.bits = bits;
+  p.kind = kind;
   p.rows = rows;
   p.K = K;
-  p.group = group;
+  p.group = kind == QdotCodes::kMxfp4 ? 32 : group;
   p.B = B;
   p.ldx = K + 3;
   p.ldy = rows + 5;
   p.codes.resize(static_cast<size_t>(rows * p.row_bytes()));
   for (auto& v : p.codes) v = static_cast<uint8_t>(rng.next() & 255);
-  p.scales.resize(static_cast<size_t>(rows * (K / group)));
-  for (auto& v : p.scales) v = f32_to_bf16(static_cast<float>(rng.uniform() * 0.02 + 1e-4));
+  p.scales.resize(static_cast<size_t>(rows * p.scale_bytes()));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < K / p.group; ++i)
+      p.set_scale(r, i, static_cast<float>(rng.uniform() * 0.02 + 1e-4),
+                  static_cast<int>(rng.next() % 10) - 9);
   p.x.resize(static_cast<size_t>(B * p.ldx));
   for (auto& v : p.x) v = round_bf16(static_cast<float>(rng.normal()));
   return p;
@@ -66,15 +87,23 @@ std::vector<float> run(const Problem& p, int64_t r0, int64_t r1) {
   return y;
 }
 
-// The integer q of column k of row r (int4.h / int8.h: low nibble first; codes offset by 8 / 128).
-int code_value(const Problem& p, int64_t r, int64_t k) {
+// The value of column k's code in row r before its scale (int4.h / int8.h / mxfp4.h: low nibble
+// first; int codes offset by 8 / 128; e2m1 values from the format's definition: bit 3 the sign,
+// then 0, 0.5, 1, 1.5, 2, 3, 4, 6).
+double code_value(const Problem& p, int64_t r, int64_t k) {
   const uint8_t* row = p.codes.data() + r * p.row_bytes();
-  if (p.bits == 8) return int(row[k]) - 128;
-  const uint8_t byte = row[k / 2];
-  return (k % 2 ? byte >> 4 : byte & 15) - 8;
+  if (p.kind == QdotCodes::kInt8) return int(row[k]) - 128;
+  const int c = k % 2 ? row[k / 2] >> 4 : row[k / 2] & 15;
+  if (p.kind == QdotCodes::kInt4) return c - 8;
+  constexpr double kMagnitude[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  return (c & 8 ? -1 : 1) * kMagnitude[c & 7];
 }
 double weight_scale(const Problem& p, int64_t r, int64_t k) {
-  return bf16_to_f32(p.scales[static_cast<size_t>(r * (p.K / p.group) + k / p.group)]);
+  const uint8_t* s = p.scales.data() + r * p.scale_bytes();
+  if (p.kind == QdotCodes::kMxfp4) return std::ldexp(1.0, int(s[k / 32]) - 127);
+  bf16 b;
+  std::memcpy(&b, s + 2 * (k / p.group), sizeof(b));
+  return bf16_to_f32(b);
 }
 
 // The activation quantization written out from qdot.h's definition, in fp32 as defined.
@@ -166,16 +195,16 @@ TEST(Qdot, MatchesFloat64Reference) {
                           {17, 224, 224, 9},  {40, 128, 128, 4}, {9, 2304, 128, 1},
                           {6, 2304, 2304, 2}, {11, 640, 160, 3}, {70, 512, 256, 70},
                           {4, 1536, 96, 1},   {19, 160, 32, 8}};
-  for (const int bits : {4, 8}) {
+  for (const QdotCodes kind : kKinds) {
     for (const auto& isa : isas.names) {
       isas.use(isa);
       for (const auto& s : shapes) {
-        const Problem p = make_problem(rng, bits, s.rows, s.K, s.group, s.B);
+        const Problem p = make_problem(rng, kind, s.rows, s.K, s.group, s.B);
         const int64_t r0 = s.rows > 2 ? 1 : 0;
         const auto y = run(p, r0, s.rows);
-        const std::string what = isa + " bits=" + std::to_string(bits) +
-                                 " rows=" + std::to_string(s.rows) + " K=" + std::to_string(s.K) +
-                                 " g=" + std::to_string(s.group) + " B=" + std::to_string(s.B);
+        const std::string what = isa + " " + kind_name(kind) + " rows=" + std::to_string(s.rows) +
+                                 " K=" + std::to_string(s.K) + " g=" + std::to_string(s.group) +
+                                 " B=" + std::to_string(s.B);
         test::expect_rows_match(
             y, p.B, p.ldy, r0, s.rows,
             [&](int64_t r, int b, double* want, double* bound) {
@@ -195,7 +224,7 @@ TEST(Qdot, MatchesFloat64Reference) {
 TEST(Qdot, ExactOnSmallIntegers) {
   IsaList isas;
   Rng rng(23);
-  for (const int bits : {4, 8}) {
+  for (const QdotCodes kind : kKinds) {
     for (const auto& isa : isas.names) {
       isas.use(isa);
       for (auto [B, K, g] : {std::tuple{1, 256, 32},
@@ -204,11 +233,15 @@ TEST(Qdot, ExactOnSmallIntegers) {
                              {1, 640, 640},
                              {5, 1152, 96},
                              {2, 96, 32}}) {
-        Problem p = make_problem(rng, bits, 23, K, g, B);
-        if (bits == 8)
+        Problem p = make_problem(rng, kind, 23, K, g, B);
+        if (kind == QdotCodes::kInt8)
           for (auto& v : p.codes) v = static_cast<uint8_t>(120 + rng.next() % 17);
-        for (auto& v : p.scales)
-          v = f32_to_bf16(std::ldexp(1.0f, static_cast<int>(rng.next() % 5) - 1));
+        for (int64_t r = 0; r < p.rows; ++r) {
+          for (int64_t i = 0; i < K / p.group; ++i) {
+            const int e = static_cast<int>(rng.next() % 5) - 1;
+            p.set_scale(r, i, std::ldexp(1.0f, e), e);
+          }
+        }
         for (int b = 0; b < B; ++b)
           for (int64_t k = 0; k < K; ++k)
             p.x[b * p.ldx + k] =
@@ -220,7 +253,8 @@ TEST(Qdot, ExactOnSmallIntegers) {
             for (int64_t k = 0; k < K; ++k)
               want += code_value(p, r, k) * weight_scale(p, r, k) * p.x[b * p.ldx + k];
             ASSERT_EQ(static_cast<double>(y[static_cast<size_t>(b * p.ldy + r)]), want)
-                << isa << " bits=" << bits << " K=" << K << " g=" << g << " b=" << b << " r=" << r;
+                << isa << " " << kind_name(kind) << " K=" << K << " g=" << g << " b=" << b
+                << " r=" << r;
           }
         }
       }
@@ -228,21 +262,25 @@ TEST(Qdot, ExactOnSmallIntegers) {
   }
 }
 
-// The W·A8 result differs from the W·A16 kernel (int4.h / int8.h) only by the activations'
-// rounding: |x - t d| <= d / 2 per column, so |y_a8 - y_a16| <= sum_k |w_k| d_k / 2 plus both
-// kernels' fp32 bounds.
+// The W·A8 result differs from the W·A16 kernel (int4.h / int8.h / mxfp4.h) only by the
+// activations' rounding: |x - t d| <= d / 2 per column, so |y_a8 - y_a16| <= sum_k |w_k| d_k / 2
+// plus both kernels' fp32 bounds.
 TEST(Qdot, WithinActivationRoundingOfWeightOnlyKernel) {
   Rng rng(24);
-  for (const int bits : {4, 8}) {
-    const Problem p = make_problem(rng, bits, 33, 2304, 128, 3);
+  for (const QdotCodes kind : kKinds) {
+    const Problem p = make_problem(rng, kind, 33, 2304, 128, 3);
     const auto y8 = run(p, 0, p.rows);
     std::vector<float> y16(y8.size(), kSentinel);
-    if (bits == 4) {
-      matmul_int4(p.codes.data(), p.scales.data(), p.K, p.group, 0, p.rows, p.x.data(), p.B, p.ldx,
+    const auto* bf16_scales = reinterpret_cast<const bf16*>(p.scales.data());
+    if (kind == QdotCodes::kInt4) {
+      matmul_int4(p.codes.data(), bf16_scales, p.K, p.group, 0, p.rows, p.x.data(), p.B, p.ldx,
+                  y16.data(), p.ldy);
+    } else if (kind == QdotCodes::kInt8) {
+      matmul_int8(p.codes.data(), bf16_scales, p.K, p.group, 0, p.rows, p.x.data(), p.B, p.ldx,
                   y16.data(), p.ldy);
     } else {
-      matmul_int8(p.codes.data(), p.scales.data(), p.K, p.group, 0, p.rows, p.x.data(), p.B, p.ldx,
-                  y16.data(), p.ldy);
+      matmul_mxfp4(p.codes.data(), p.scales.data(), p.K, 0, p.rows, p.x.data(), p.B, p.ldx,
+                   y16.data(), p.ldy, /*x_is_bf16=*/false);
     }
     double worst = 0;
     for (int b = 0; b < p.B; ++b) {
@@ -257,13 +295,13 @@ TEST(Qdot, WithinActivationRoundingOfWeightOnlyKernel) {
           abs_sum += std::fabs(w * p.x[b * p.ldx + k]);
         }
         const double diff = std::fabs(double(y8[b * p.ldy + r]) - double(y16[b * p.ldy + r]));
-        ASSERT_LE(diff, rounding + 2 * error_bound(p.K, abs_sum)) << "bits " << bits << " r " << r;
+        ASSERT_LE(diff, rounding + 2 * error_bound(p.K, abs_sum)) << kind_name(kind) << " r " << r;
         worst = std::max(worst, diff / rounding);
       }
     }
     // The bound is not vacuous: the activations' rounding does show (random signs make the
     // typical error far below the worst case, but not zero).
-    EXPECT_GT(worst, 0.0) << bits;
+    EXPECT_GT(worst, 0.0) << kind_name(kind);
   }
 }
 
@@ -272,19 +310,18 @@ TEST(Qdot, WithinActivationRoundingOfWeightOnlyKernel) {
 TEST(Qdot, SplitBatchAndThreadInvariance) {
   IsaList isas;
   Rng rng(25);
-  for (const int bits : {4, 8}) {
+  for (const QdotCodes kind : kKinds) {
     for (const auto& isa : isas.names) {
       isas.use(isa);
       for (auto [K, g] : {std::pair<int64_t, int>{32, 32}, {416, 32}, {3072, 128}, {2304, 2304}}) {
         const int B = 70;
-        const Problem p = make_problem(rng, bits, 45, K, g, B);
+        const Problem p = make_problem(rng, kind, 45, K, g, B);
         test::expect_split_batch_thread_invariance(
             p.rows, B, p.ldy,
             [&](int64_t r0, int64_t r1, int b0, int nb, float* y) {
               matmul_qdot(p.weights(), r0, r1, p.x.data() + b0 * p.ldx, nb, p.ldx, y, p.ldy);
             },
-            isa + " bits=" + std::to_string(bits) + " K=" + std::to_string(K) +
-                " g=" + std::to_string(g));
+            isa + " " + kind_name(kind) + " K=" + std::to_string(K) + " g=" + std::to_string(g));
       }
     }
   }

@@ -70,10 +70,11 @@ void RunFlags::add(CLI::App* app, bool model_required) {
                   "scale per row); MXFP4's is 32")
       ->check(CLI::Range(-1, 1 << 20));
   app->add_flag("--quantize-lm-head", quant_lm_head, "--quantize: the output head too");
-  app->add_option("--act-quant", act_quant,
-                  "none, or int8: the int4 / int8 linears take their activations quantized to int8 "
-                  "per 32 columns and run as integer dot products (W4A8 / W8A8, as llama.cpp's CPU "
-                  "kernels do; AVX-512 VNNI; adds the activations' rounding, docs/quantization.md)")
+  app->add_option(
+         "--act-quant", act_quant,
+         "none, or int8: the int4 / int8 / MXFP4 linears take their activations quantized to int8 "
+         "per 32 columns and run as integer dot products (W4A8 / W8A8, as llama.cpp's CPU "
+         "kernels do; AVX-512 VNNI; adds the activations' rounding, docs/quantization.md)")
       ->check(CLI::IsMember({"none", "int8"}));
   app->add_flag("--no-mmap", no_mmap,
                 "copy the weights into memory on 2 MiB pages instead of mapping the files (as "
@@ -164,7 +165,8 @@ LoadedModel load_model(const RunFlags& f, bool with_tokenizer) {
                    "e.g. %s)\n", q.kept, q.first_kept.c_str());
   }
   if (q.int8_activation_matrices > 0 && !follower_rank())
-    std::fprintf(stderr, "int8 activations (W4A8 / W8A8, %s kernel) for %d int4 / int8 matrices\n",
+    std::fprintf(stderr,
+                 "int8 activations (W4A8 / W8A8, %s kernel) for %d int4 / int8 / MXFP4 matrices\n",
                  cpu::matmul_qdot_isa(), q.int8_activation_matrices);
   bool touched = false;
   if (tty && !lm.model->shard().sharded() && q.matrices == 0 && !f.no_mmap) {

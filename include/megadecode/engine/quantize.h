@@ -27,9 +27,9 @@ struct QuantizeOptions {
   bool lm_head = false;   // quantize the output head too (off by default, as llm-compressor's
                           // recipes leave lm_head out)
   bool progress = false;  // a progress line on stderr while it runs
-  // --act-quant int8: the int4 / int8 linears (quantized here or loaded so) take their activations
-  // quantized to int8 per 32 columns and run as integer dot products (W4A8 / W8A8,
-  // kernels/cpu/qdot.h). Not MXFP4 or FP8.
+  // --act-quant int8: the int4 / int8 / MXFP4 linears (quantized here or loaded so) take their
+  // activations quantized to int8 per 32 columns and run as integer dot products (W4A8 / W8A8,
+  // kernels/cpu/qdot.h). Not FP8.
   bool int8_activations = false;
 };
 
@@ -72,8 +72,9 @@ struct QuantizeReport {
 QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const QuantizeOptions& opt,
                                 ThreadPool& pool);
 
-// Marks every int4 / int8 linear of those matrices (Mat::int8_activations) to run with int8
-// activations; returns how many. An md::Error when there is none (the flag would do nothing).
+// Marks every int4 / int8 / MXFP4 linear of those matrices (Mat::int8_activations) to run with int8
+// activations, K3's MXFP4 routed experts included; returns how many. An md::Error when there is
+// none (the flag would do nothing).
 int use_int8_activations(ModelWeights& w);
 
 }  // namespace md

@@ -33,7 +33,8 @@ struct Mat {
   const uint8_t* scales = nullptr;  // quantized formats only
   WeightQuant quant = WeightQuant::kNone;
   int32_t group = 0;  // quantized formats: columns per scale
-  // int4 / int8: multiply by int8-quantized activations (kernels/cpu/qdot.h; --act-quant int8).
+  // int4 / int8 / MXFP4: multiply by int8-quantized activations (kernels/cpu/qdot.h;
+  // --act-quant int8).
   bool int8_activations = false;
   bool mxfp4() const { return quant == WeightQuant::kMxfp4; }
   bool int4() const { return quant == WeightQuant::kInt4; }

@@ -31,6 +31,17 @@ inline __m512 bf16_vec(__m256i halves) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(halves), 16));
 }
 
+// 16 E8M0 bytes -> 16 fp32 scales, exactly kMxfp4ScaleTable: s << 23 is 2^(s - 127) for
+// s = 1..254; s = 0 and 255 (the two values with ((s + 1) & 0xFE) == 0) get bit 22 set, which
+// makes 0 the subnormal 2^-127 and 255 << 23 = +inf a quiet NaN.
+inline __m512 e8m0_vec(__m128i bytes) {
+  const __m512i s = _mm512_cvtepu8_epi32(bytes);
+  const __m512i t = _mm512_slli_epi32(s, 23);
+  const __mmask16 edge =
+      _mm512_testn_epi32_mask(_mm512_add_epi32(s, _mm512_set1_epi32(1)), _mm512_set1_epi32(0xFE));
+  return _mm512_castsi512_ps(_mm512_mask_or_epi32(t, edge, t, _mm512_set1_epi32(0x00400000)));
+}
+
 // The bf16 group scales of a block of n <= 16 consecutive 32-column sub-groups g.., one lane per
 // sub-group, for int4 / int8 rows whose groups are `group` columns (a multiple of 32). map[j] is
 // sub-group j's group (32 j / group); a block spans groups first..last, at most 16 of them, which
@@ -54,6 +65,21 @@ struct GroupScales {
   static __m512 row(const uint8_t* srow, const Block& b) {
     const __m512 v = bf16_vec(_mm256_maskz_loadu_epi16(b.mask, srow + 2 * b.first));
     return _mm512_permutexvar_ps(b.idx, v);
+  }
+};
+
+// MXFP4's E8M0 scales (one per 32-column sub-group) halved, for the integer kernels, whose e2m1
+// operand is 2v (qdot_avx512bf16.cpp): same interface as GroupScales.
+struct HalfE8m0Scales {
+  struct Block {
+    int64_t g;
+    __mmask16 mask;
+  };
+  static Block prepare(const int32_t*, int64_t g, int n) {
+    return {g, static_cast<__mmask16>((1u << n) - 1)};
+  }
+  static __m512 row(const uint8_t* srow, const Block& b) {
+    return _mm512_mul_ps(e8m0_vec(_mm_maskz_loadu_epi8(b.mask, srow + b.g)), _mm512_set1_ps(0.5f));
   }
 };
 

@@ -14,6 +14,7 @@ void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X,
                  float* Y, int64_t ldy, bool x_is_bf16) {
   switch (w.quant) {
     case WeightQuant::kMxfp4:
+      if (w.int8_activations) break;
       matmul_mxfp4(static_cast<const uint8_t*>(w.data), w.scales, w.cols, r0, r1, X, B, ldx, Y, ldy,
                    x_is_bf16);
       return;
@@ -35,10 +36,15 @@ void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X,
       break;
   }
   if (w.int8_activations) {
-    matmul_qdot(QdotWeights{static_cast<const uint8_t*>(w.data),
-                            reinterpret_cast<const bf16*>(w.scales), w.cols, w.group,
-                            w.quant == WeightQuant::kInt4 ? 4 : 8},
-                r0, r1, X, B, ldx, Y, ldy);
+    QdotWeights q;
+    q.codes = static_cast<const uint8_t*>(w.data);
+    q.scales = w.scales;
+    q.K = w.cols;
+    q.group = w.quant == WeightQuant::kMxfp4 ? 32 : w.group;
+    q.kind = w.quant == WeightQuant::kInt4   ? QdotCodes::kInt4
+             : w.quant == WeightQuant::kInt8 ? QdotCodes::kInt8
+                                             : QdotCodes::kMxfp4;
+    matmul_qdot(q, r0, r1, X, B, ldx, Y, ldy);
     return;
   }
   if (w.dtype == DType::F32) {

@@ -50,17 +50,6 @@ constexpr int64_t kRowChunkBytes = 256 << 10;
 constexpr int kTileRows = 4;
 constexpr int kTileVecs = 4;
 
-// 16 E8M0 bytes -> 16 fp32 scales, exactly kMxfp4ScaleTable: s << 23 is 2^(s - 127) for
-// s = 1..254; s = 0 and 255 (the two values with ((s + 1) & 0xFE) == 0) get bit 22 set, which
-// makes 0 the subnormal 2^-127 and 255 << 23 = +inf a quiet NaN.
-inline __m512 scale_vec(__m128i bytes) {
-  const __m512i s = _mm512_cvtepu8_epi32(bytes);
-  const __m512i t = _mm512_slli_epi32(s, 23);
-  const __mmask16 edge =
-      _mm512_testn_epi32_mask(_mm512_add_epi32(s, _mm512_set1_epi32(1)), _mm512_set1_epi32(0xFE));
-  return _mm512_castsi512_ps(_mm512_mask_or_epi32(t, edge, t, _mm512_set1_epi32(0x00400000)));
-}
-
 // The scales of a block of n <= 16 consecutive 32-column sub-groups g.., one lane per sub-group:
 // the formats' scale decode, kept apart from the tiling. `prepare` runs once per block for all the
 // rows of a tile (it depends only on the columns), `row` once per row.
@@ -78,7 +67,7 @@ struct E2m1Scales {
     return {g, static_cast<__mmask16>((1u << n) - 1)};
   }
   static __m512 row(const uint8_t* srow, const Block& b) {
-    return scale_vec(_mm_maskz_loadu_epi8(b.mask, srow + b.g));
+    return e8m0_vec(_mm_maskz_loadu_epi8(b.mask, srow + b.g));
   }
 };
 

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "megadecode/kernels/cpu/cpu_features.h"
+#include "q4_kernels.h"
 #include "qdot_kernels.h"
 
 namespace md::cpu {
@@ -32,7 +34,7 @@ namespace detail {
 // int32 dot product. The vector's quantization is done once per call and shared by every row.
 void matmul_qdot_portable(const QdotWeights& w, int64_t r0, int64_t r1, const float* X, int B,
                           int64_t ldx, float* Y, int64_t ldy) {
-  const int64_t K = w.K, G = K / 32, spr = K / w.group;
+  const int64_t K = w.K, G = K / 32;
   const int per = w.group / 32;
   thread_local std::vector<int8_t> t;
   thread_local std::vector<float> d;
@@ -42,24 +44,34 @@ void matmul_qdot_portable(const QdotWeights& w, int64_t r0, int64_t r1, const fl
     quantize_activations_int8(X + b * ldx, K, t.data() + b * K, d.data() + b * G);
   int16_t q[32];
   for (int64_t r = r0; r < r1; ++r) {
-    const bf16* srow = w.scales + r * spr;
+    const uint8_t* srow = w.scales + r * w.scale_row_bytes();
     for (int b = 0; b < B; ++b) {
       const int8_t* tb = t.data() + b * K;
       float acc = 0.0f;
       for (int64_t j = 0; j < G; ++j) {
-        if (w.bits == 4) {
+        float s;  // the weights' scale of the sub-group (MXFP4: halved, q = 2v)
+        if (w.kind == QdotCodes::kInt4 || w.kind == QdotCodes::kMxfp4) {
           const uint8_t* p = w.codes + r * (K / 2) + 16 * j;
-          for (int k = 0; k < 16; ++k) {
-            q[2 * k] = static_cast<int16_t>((p[k] & 15) - 8);
-            q[2 * k + 1] = static_cast<int16_t>((p[k] >> 4) - 8);
+          for (int k = 0; k < 32; ++k) {
+            const int c = k % 2 ? p[k / 2] >> 4 : p[k / 2] & 15;
+            q[k] = static_cast<int16_t>(w.kind == QdotCodes::kInt4 ? c - 8
+                                                                   : 2.0f * detail::kE2m1Values[c]);
           }
         } else {
           const uint8_t* p = w.codes + r * K + 32 * j;
           for (int k = 0; k < 32; ++k) q[k] = static_cast<int16_t>(p[k] - 128);
         }
+        if (w.kind == QdotCodes::kMxfp4) {
+          s = 0.5f * detail::kMxfp4ScaleTable[srow[j]];
+        } else {
+          bf16 b;
+          std::memcpy(&b, srow + 2 * (j / per),
+                      sizeof(b));  // (scale rows are bytes: no typed read)
+          s = bf16_to_f32(b);
+        }
         int32_t dot = 0;
         for (int k = 0; k < 32; ++k) dot += int32_t{q[k]} * tb[32 * j + k];
-        acc = acc + (static_cast<float>(dot) * d[b * G + j]) * bf16_to_f32(srow[j / per]);
+        acc = acc + (static_cast<float>(dot) * d[b * G + j]) * s;
       }
       Y[b * ldy + r] = acc;
     }

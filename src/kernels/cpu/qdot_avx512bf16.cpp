@@ -21,6 +21,7 @@
 // result is the same whatever tile, row range, batch size or thread produced it.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "avx512_common.h"
 #include "isa_scratch.h"
@@ -46,6 +47,17 @@ struct Fmt {
   static constexpr int kSubBytes = 32 * Bits / 8;  // code bytes of a sub-group
   static constexpr int kNx = Bits == 4 ? 2 : 1;    // activation byte arrays
 };
+
+// Per code kind: the bits (the chunk geometry) and the offset o of the unsigned operand
+// (int4 nibble c = q + 8, int8 code c = q + 128; MXFP4: the table in decode maps an e2m1 code of
+// value v to u = 2v + 12 in [0, 24], so the lane sum is 2 sum v t + 12 sum t and the weight scale
+// carries the 1/2).
+template <QdotCodes C>
+inline constexpr int kBits = C == QdotCodes::kInt8 ? 8 : 4;
+template <QdotCodes C>
+inline constexpr int kOffset = C == QdotCodes::kInt8   ? 128
+                               : C == QdotCodes::kInt4 ? 8
+                                                       : 12;
 
 // The packed activations of one vector: kNx arrays of 64 bytes per chunk (int4: even columns, odd
 // columns; int8: columns in order), then per chunk 16 int32 corrections and 16 fp32 scales.
@@ -73,8 +85,9 @@ struct XLayout {
 
 // Quantizes x (qdot.h's definition: the same IEEE division and round-half-even as the portable
 // quantize_activations_int8) and writes it in the layout above. Bytes past K stay zero.
-template <int Bits>
-void pack_x(const float* x, int64_t K, const XLayout<Bits>& L, uint8_t* out) {
+template <QdotCodes C>
+void pack_x(const float* x, int64_t K, const XLayout<kBits<C>>& L, uint8_t* out) {
+  constexpr int Bits = kBits<C>;
   using F = Fmt<Bits>;
   std::memset(out, 0, static_cast<size_t>(L.stride));
   auto* x0 = reinterpret_cast<int8_t*>(out);
@@ -110,13 +123,12 @@ void pack_x(const float* x, int64_t K, const XLayout<Bits>& L, uint8_t* out) {
     float* s = scale + (j / F::kSubPerChunk) * 16 + (j % F::kSubPerChunk) * kLanes;
     for (int l = 0; l < kLanes; ++l) s[l] = d;
   }
-  // Corrections: -o times each lane's sum of t (vpdpbusd against ones).
+  // Corrections: -o times each lane's sum of t (vpdpbusd against ones; |sum| <= 8 x 127).
   const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t c = 0; c < L.chunks; ++c) {
     __m512i sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_load_si512(x0 + 64 * c));
     if constexpr (Bits == 4) sum = _mm512_dpbusd_epi32(sum, ones, _mm512_load_si512(x1 + 64 * c));
-    _mm512_store_si512(corr + 16 * c, _mm512_sub_epi32(_mm512_setzero_si512(),
-                                                       _mm512_slli_epi32(sum, Bits == 4 ? 3 : 7)));
+    _mm512_store_si512(corr + 16 * c, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-kOffset<C>)));
   }
 }
 
@@ -134,11 +146,18 @@ template <int Bits>
 struct Decoded {
   __m512i a, b;
 };
-template <int Bits>
-inline Decoded<Bits> decode(__m512i p) {
-  if constexpr (Bits == 4) {
+template <QdotCodes C>
+inline Decoded<kBits<C>> decode(__m512i p) {
+  if constexpr (C == QdotCodes::kInt4) {
     const __m512i m = _mm512_set1_epi8(0x0F);
     return {_mm512_and_si512(p, m), _mm512_and_si512(_mm512_srli_epi16(p, 4), m)};
+  } else if constexpr (C == QdotCodes::kMxfp4) {
+    // e2m1 code -> 2v + 12 (codes 0..7: +0, +0.5, .., +6; 8..15 their negatives), per 128-bit lane.
+    const __m512i lut = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    const __m512i m = _mm512_set1_epi8(0x0F);
+    return {_mm512_shuffle_epi8(lut, _mm512_and_si512(p, m)),
+            _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(p, 4), m))};
   } else {
     return {p, p};
   }
@@ -163,10 +182,12 @@ inline __m512i dot(const Decoded<Bits>& w, const XChunk& x) {
 
 // One tile: NR consecutive rows (codes at w, rb bytes a row; bf16 scales at s, spr a row) times NB
 // packed vectors; y[j * ldy + i] for row i, vector j.
-template <int Bits, int NR, int NB, bool kPrefetch>
+template <QdotCodes C, int NR, int NB, bool kPrefetch>
 void tile(const uint8_t* w, int64_t rb, const uint8_t* s, int64_t sb, const int32_t* map, int64_t K,
           const XPack* xv, float* y, int64_t ldy) {
+  constexpr int Bits = kBits<C>;
   using F = Fmt<Bits>;
+  using Sc = std::conditional_t<C == QdotCodes::kMxfp4, HalfE8m0Scales, GroupScales>;
   const int64_t G = K / 32;
   __m512 acc[NR][NB];
   for (int i = 0; i < NR; ++i)
@@ -175,8 +196,8 @@ void tile(const uint8_t* w, int64_t rb, const uint8_t* s, int64_t sb, const int3
   const TilePrefetch<NR, 64> pf(w, rb);
   for (int64_t g = 0; g < G; g += kBlockSub) {
     const int n = static_cast<int>(std::min<int64_t>(kBlockSub, G - g));
-    const GroupScales::Block blk = GroupScales::prepare(map, g, n);
-    for (int i = 0; i < NR; ++i) sv[i] = GroupScales::row(s + i * sb, blk);
+    const typename Sc::Block blk = Sc::prepare(map, g, n);
+    for (int i = 0; i < NR; ++i) sv[i] = Sc::row(s + i * sb, blk);
     for (int c = 0; c * F::kSubPerChunk < n; ++c) {
       const int64_t ci = g / F::kSubPerChunk + c;
       const uint8_t* wc = w + ci * 64;
@@ -194,7 +215,7 @@ void tile(const uint8_t* w, int64_t rb, const uint8_t* s, int64_t sb, const int3
         // packed as zero, so the other lanes add exact zeros.
         const __m512i p = present == F::kSubPerChunk ? _mm512_loadu_si512(wc + i * rb)
                                                      : _mm512_maskz_loadu_epi8(bytes, wc + i * rb);
-        const Decoded<Bits> dw = decode<Bits>(p);
+        const Decoded<Bits> dw = decode<C>(p);
         const __m512 ws = _mm512_permutexvar_ps(sidx, sv[i]);
         for (int j = 0; j < NB; ++j) {
           const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot<Bits>(dw, xc[j])), xc[j].scale);
@@ -216,51 +237,51 @@ struct MatQ {
 };
 
 // Rows [r, r1): tiles of NR rows, then the rest in tiles of NR/2, .., 1.
-template <int Bits, int NB, bool kPrefetch, int NR>
+template <QdotCodes C, int NB, bool kPrefetch, int NR>
 void row_tiles(const MatQ& m, int64_t r, int64_t r1, const XPack* xv, float* y, int64_t ldy) {
   for (; r + NR <= r1; r += NR)
-    tile<Bits, NR, NB, kPrefetch>(m.codes + r * m.rb, m.rb, m.scales + r * m.sb, m.sb, m.map, m.K,
-                                  xv, y + r, ldy);
-  if constexpr (NR > 1) row_tiles<Bits, NB, kPrefetch, NR / 2>(m, r, r1, xv, y, ldy);
+    tile<C, NR, NB, kPrefetch>(m.codes + r * m.rb, m.rb, m.scales + r * m.sb, m.sb, m.map, m.K, xv,
+                               y + r, ldy);
+  if constexpr (NR > 1) row_tiles<C, NB, kPrefetch, NR / 2>(m, r, r1, xv, y, ldy);
 }
 
 // nv <= kTileVecs vectors over rows [r0, r1); kTall: the pass that streams the rows from DRAM
 // (taller tiles: more concurrent row streams; prefetching).
-template <int Bits, bool kTall>
+template <QdotCodes C, bool kTall>
 void batch_tile(int nv, const MatQ& m, int64_t r0, int64_t r1, const XPack* xv, float* y,
                 int64_t ldy) {
   switch (nv) {
     case 1:
-      row_tiles<Bits, 1, kTall, kTall ? 8 : 4>(m, r0, r1, xv, y, ldy);
+      row_tiles<C, 1, kTall, kTall ? 8 : 4>(m, r0, r1, xv, y, ldy);
       break;
     case 2:
-      row_tiles<Bits, 2, kTall, 4>(m, r0, r1, xv, y, ldy);
+      row_tiles<C, 2, kTall, 4>(m, r0, r1, xv, y, ldy);
       break;
     case 3:
-      row_tiles<Bits, 3, kTall, 2>(m, r0, r1, xv, y, ldy);
+      row_tiles<C, 3, kTall, 2>(m, r0, r1, xv, y, ldy);
       break;
     default:
-      row_tiles<Bits, 4, kTall, 2>(m, r0, r1, xv, y, ldy);
+      row_tiles<C, 4, kTall, 2>(m, r0, r1, xv, y, ldy);
       break;
   }
 }
 
-template <int Bits>
+template <QdotCodes C>
 void matmul(const MatQ& m, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx, float* Y,
             int64_t ldy) {
-  const XLayout<Bits> L(m.K);
+  const XLayout<kBits<C>> L(m.K);
   const int64_t chunk_rows = std::max<int64_t>(4, kRowChunkBytes / (m.rb + m.sb) / 4 * 4);
   XPack xv[kBatchBlock];
   for (int bs = 0; bs < B; bs += kBatchBlock) {
     const int nb = std::min(kBatchBlock, B - bs);
     auto* xb = static_cast<uint8_t*>(t_xscratch.get(static_cast<size_t>(nb * L.stride)));
     for (int j = 0; j < nb; ++j) {
-      pack_x<Bits>(X + (bs + j) * ldx, m.K, L, xb + j * L.stride);
+      pack_x<C>(X + (bs + j) * ldx, m.K, L, xb + j * L.stride);
       xv[j] = L.at(xb + j * L.stride);
     }
     float* yb = Y + bs * ldy;
     if (nb <= kTileVecs) {
-      batch_tile<Bits, true>(nb, m, r0, r1, xv, yb, ldy);
+      batch_tile<C, true>(nb, m, r0, r1, xv, yb, ldy);
       continue;
     }
     // Larger batches: a chunk of rows stays in L2 while every group of 4 vectors walks it.
@@ -269,9 +290,9 @@ void matmul(const MatQ& m, int64_t r0, int64_t r1, const float* X, int B, int64_
       for (int j = 0; j < nb; j += kTileVecs) {
         const int nv = std::min(kTileVecs, nb - j);
         if (j == 0) {
-          batch_tile<Bits, true>(nv, m, rc, rce, xv, yb, ldy);
+          batch_tile<C, true>(nv, m, rc, rce, xv, yb, ldy);
         } else {
-          batch_tile<Bits, false>(nv, m, rc, rce, xv + j, yb + j * ldy, ldy);
+          batch_tile<C, false>(nv, m, rc, rce, xv + j, yb + j * ldy, ldy);
         }
       }
     }
@@ -286,13 +307,17 @@ void matmul_qdot_avx512vnni(const QdotWeights& w, int64_t r0, int64_t r1, const 
   const int64_t G = w.K / 32;
   auto* map = static_cast<int32_t*>(t_mapscratch.get(static_cast<size_t>(G) * sizeof(int32_t)));
   for (int64_t j = 0; j < G; ++j) map[j] = static_cast<int32_t>(32 * j / w.group);
-  const MatQ m{
-      w.codes, reinterpret_cast<const uint8_t*>(w.scales), w.K * w.bits / 8, w.K / w.group * 2, map,
-      w.K};
-  if (w.bits == 4) {
-    matmul<4>(m, r0, r1, X, B, ldx, Y, ldy);
-  } else {
-    matmul<8>(m, r0, r1, X, B, ldx, Y, ldy);
+  const MatQ m{w.codes, w.scales, w.code_row_bytes(), w.scale_row_bytes(), map, w.K};
+  switch (w.kind) {
+    case QdotCodes::kInt4:
+      matmul<QdotCodes::kInt4>(m, r0, r1, X, B, ldx, Y, ldy);
+      return;
+    case QdotCodes::kInt8:
+      matmul<QdotCodes::kInt8>(m, r0, r1, X, B, ldx, Y, ldy);
+      return;
+    case QdotCodes::kMxfp4:
+      matmul<QdotCodes::kMxfp4>(m, r0, r1, X, B, ldx, Y, ldy);
+      return;
   }
 }
 

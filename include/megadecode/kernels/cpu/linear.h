@@ -15,12 +15,12 @@ struct LinearWeights {
   WeightQuant quant = WeightQuant::kNone;
   int64_t cols = 0;
   int32_t group = 0;  // int4 / int8 / FP8: columns per scale
-  bool int8_activations = false;  // int4 / int8: W4A8 / W8A8 (qdot.h)
+  bool int8_activations = false;  // int4 / int8 / MXFP4: W4A8 / W8A8 (qdot.h)
 };
 
 // Y[b * ldy + r] = sum_k W[r][k] * X[b * ldx + k]  for r in [r0, r1), b in [0, B), with each
 // format's numerics (one fixed fp32 sequence per output: row splits and batches do not change
-// results), int4 / int8 with int8_activations those of qdot.h. x_is_bf16 as in matmul_bf16.
+// results), int4 / int8 / MXFP4 with int8_activations those of qdot.h. x_is_bf16 as in matmul_bf16.
 void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
                  float* Y, int64_t ldy, bool x_is_bf16);
 

@@ -1,11 +1,12 @@
-// Integer dot-product matmul: int4 or int8 weights (int4.h, int8.h: the same codes and bf16 group
-// scales) times activations quantized to int8 (W4A8 / W8A8), the scheme llama.cpp's CPU kernels
+// Integer dot-product matmul: int4, int8 or MXFP4 weights (int4.h, int8.h, mxfp4.h: the same codes
+// and scales) times activations quantized to int8 (W4A8 / W8A8), the scheme llama.cpp's CPU kernels
 // use for every quantized type (its Q8_0 / Q8_K activations). Opt-in (--act-quant int8,
 // docs/quantization.md): it adds the activations' rounding error to the weights', and in exchange
 // the products become integer dot products (AVX-512 VNNI vpdpbusd: 64 multiply-adds per
 // instruction), which takes the 4- and 8-bit GEMVs from compute-bound to memory-bound.
 //
-// Numerics, for a weight row r (codes q_k, scale s_g of group g) and a vector x:
+// Numerics, for a weight row r (integers q_k, scale s_g of group g) and a vector x. MXFP4's e2m1
+// values are half-integers: q_k is twice the value and s_g half the E8M0 scale (both exact).
 //  * x is quantized per 32-column sub-group j: a_j = max |x_k| over the sub-group,
 //    d_j = a_j / 127 (fp32), and t_k = clamp(round-half-even(x_k / d_j), -127, 127) (all zero when
 //    a_j is 0). quantize_activations_int8 is this definition, and every path computes it exactly
@@ -24,12 +25,20 @@
 
 namespace md::cpu {
 
+enum class QdotCodes : uint8_t {
+  kInt4,   // int4.h: packed nibbles c (q = c - 8), bf16 scales per group
+  kInt8,   // int8.h: codes c (q = c - 128), bf16 scales per group
+  kMxfp4,  // mxfp4.h: packed e2m1 nibbles, one E8M0 scale byte per 32 columns (group 32)
+};
+
 struct QdotWeights {
-  const uint8_t* codes = nullptr;  // row 0: int4 packed [N, K/2] (int4.h) or int8 [N, K] (int8.h)
-  const bf16* scales = nullptr;    // row 0: [N, K/group]
-  int64_t K = 0;                   // a positive multiple of 32
-  int group = 32;                  // a multiple of 32 dividing K
-  int bits = 4;                    // 4 or 8
+  const uint8_t* codes = nullptr;   // row 0: packed [N, K/2] (int4, MXFP4) or [N, K] (int8)
+  const uint8_t* scales = nullptr;  // row 0: bf16 [N, K/group] as bytes, or E8M0 [N, K/32]
+  int64_t K = 0;                    // a positive multiple of 32
+  int group = 32;                   // a multiple of 32 dividing K (MXFP4: 32)
+  QdotCodes kind = QdotCodes::kInt4;
+  int64_t code_row_bytes() const { return kind == QdotCodes::kInt8 ? K : K / 2; }
+  int64_t scale_row_bytes() const { return kind == QdotCodes::kMxfp4 ? K / 32 : K / group * 2; }
 };
 
 // Y[b * ldy + r] = sum_k W[r][k] * X[b * ldx + k] with X quantized as above, for r in [r0, r1),
