@@ -15,6 +15,7 @@
 #include "megadecode/engine/model.h"
 #include "megadecode/engine/quantize.h"
 #include "megadecode/exec/cpu_executor.h"
+#include "megadecode/exec/cuda_executor.h"
 #include "megadecode/kernels/cpu/int4.h"
 #include "megadecode/kernels/cpu/int8.h"
 #include "megadecode/kernels/cpu/mxfp4.h"
@@ -290,6 +291,13 @@ TEST(Quantize, Int8ActivationsMarkTheIntegerLinearsOnly) {
   EXPECT_GT(k.quantize_report().int8_activation_matrices, 0);
   EXPECT_TRUE(k.weights().layers.back().moe.experts.empty() ||
               k.weights().layers.back().moe.experts[0].gate.int8_activations);
+  // The CUDA executors (here on the host simulation) refuse it rather than run without it.
+  try {
+    CudaExecutor cx(k, 1, ExecutorKind::kMegakernel, CudaTarget::kSim);
+    ADD_FAILURE() << "a CUDA executor took a model with --act-quant int8";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("--act-quant int8 runs with --device cpu"));
+  }
   ModelOptions none = opts(Precision::BF16, 32, QuantScheme::kNone);
   none.quantize.int8_activations = true;
   try {

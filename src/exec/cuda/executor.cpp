@@ -49,6 +49,9 @@ CudaExecutor::CudaExecutor(Model& model, int max_batch, ExecutorKind kind, CudaT
                  "--device cpu",
                  quant_scheme_name(model.options().quantize.scheme),
                  quant_scheme_name(model.options().quantize.scheme));
+        MD_CHECK(model.quantize_report().int8_activation_matrices == 0,
+                 "the CUDA executors have no integer dot-product kernels yet; --act-quant int8 "
+                 "runs with --device cpu");
         MD_CHECK(!quantized_outside_experts(model.weights()),
                  "the CUDA executors have no int4 / int8 kernels and run MXFP4 only on the routed "
                  "experts yet; this checkpoint's quantized linears run with --device cpu");
