@@ -68,9 +68,8 @@ struct GroupScales {
   }
 };
 
-// MXFP4's E8M0 scales (one per 32-column sub-group) halved, for the integer kernels, whose e2m1
-// operand is 2v (qdot_avx512bf16.cpp): same interface as GroupScales.
-struct HalfE8m0Scales {
+// MXFP4's E8M0 scales, one per 32-column sub-group (same interface as GroupScales).
+struct E8m0Scales {
   struct Block {
     int64_t g;
     __mmask16 mask;
@@ -79,7 +78,14 @@ struct HalfE8m0Scales {
     return {g, static_cast<__mmask16>((1u << n) - 1)};
   }
   static __m512 row(const uint8_t* srow, const Block& b) {
-    return _mm512_mul_ps(e8m0_vec(_mm_maskz_loadu_epi8(b.mask, srow + b.g)), _mm512_set1_ps(0.5f));
+    return e8m0_vec(_mm_maskz_loadu_epi8(b.mask, srow + b.g));
+  }
+};
+
+// The same halved, for the integer kernels, whose e2m1 operand is 2v (qdot_avx512bf16.cpp).
+struct HalfE8m0Scales : E8m0Scales {
+  static __m512 row(const uint8_t* srow, const Block& b) {
+    return _mm512_mul_ps(E8m0Scales::row(srow, b), _mm512_set1_ps(0.5f));
   }
 };
 

@@ -53,21 +53,11 @@ constexpr int kTileVecs = 4;
 // The scales of a block of n <= 16 consecutive 32-column sub-groups g.., one lane per sub-group:
 // the formats' scale decode, kept apart from the tiling. `prepare` runs once per block for all the
 // rows of a tile (it depends only on the columns), `row` once per row.
-struct E2m1Scales {
+struct E2m1Scales : E8m0Scales {  // (the scale decode: avx512_common.h)
   static constexpr Q4Codes kCodes = Q4Codes::kE2m1;
   static __m512 lut() {
     return _mm512_set_ps(-6.0f, -4.0f, -3.0f, -2.0f, -1.5f, -1.0f, -0.5f, -0.0f, 6.0f, 4.0f, 3.0f,
                          2.0f, 1.5f, 1.0f, 0.5f, 0.0f);
-  }
-  struct Block {
-    int64_t g;
-    __mmask16 mask;
-  };
-  static Block prepare(const int32_t*, int64_t g, int n) {
-    return {g, static_cast<__mmask16>((1u << n) - 1)};
-  }
-  static __m512 row(const uint8_t* srow, const Block& b) {
-    return e8m0_vec(_mm_maskz_loadu_epi8(b.mask, srow + b.g));
   }
 };
 
