@@ -7,7 +7,7 @@ CMAKE_FLAGS ?=
 MODELS     ?= models
 BIN        := $(BUILD)/megadecode
 
-.PHONY: all deps build test test-asan test-tsan test-release fuzz demo bench-small bench-kl48 format \
+.PHONY: all deps build test test-asan test-tsan test-release fuzz demo bench-small bench-kl48 bench-llamacpp format \
         clean cuda-archs gpu-bundle soak
 
 all: build
@@ -122,6 +122,12 @@ bench-small: build $(MODELS)/small/config.json
 bench-kl48: build $(MODELS)/kl48-e32/config.json
 	@$(BIN) bench --model $(MODELS)/kl48-e32 --batch 1,4 --steps 8 --reps 3 \
 	  --json bench/kl48-e32.json --plot bench/kl48-e32.svg
+
+# megadecode against llama.cpp (fetched from PyPI's llama-cpp-python sdist and built under
+# build/llamacpp, never committed) on the kl48-e32 weights: speed at B = 1/4/8 and KL divergence.
+# ~1 h and ~45 GB of disk (the model, its bf16 / Q8_0 / Q4_K_M GGUFs); bench/llamacpp/compare.sh.
+bench-llamacpp: build $(MODELS)/kl48-e32/config.json
+	@bash bench/llamacpp/compare.sh $(MODELS)/kl48-e32
 
 # `megadecode serve` under SOAK_CLIENTS streaming clients for SOAK_SECONDS on the small model
 # (loopback only): errors (must be 0), requests served, the server's RSS at start and end.
