@@ -19,9 +19,10 @@
 #include <cstdint>
 #include <cstring>
 
+#include "avx2_common.h"
 #include "isa_scratch.h"
-#include "tile_prefetch.h"
 #include "megadecode/kernels/cpu/matmul.h"
+#include "tile_prefetch.h"
 
 namespace md::cpu::detail {
 namespace {
@@ -32,14 +33,6 @@ constexpr int kBatchBlock = 64;                // vectors repacked per block (bo
 constexpr int64_t kRowChunkBytes = 256 << 10;  // B > 4: weight bytes kept in L2 per row chunk
 // GEMV prefetch (the kTall tiles): tile_prefetch.h.
 constexpr int kTileVecs = 4;
-
-// Sum of the 8 lanes in a fixed tree: lane i + lane i+4, then i + i+2, then i + i+1.
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
-  return _mm_cvtss_f32(s);
-}
 
 struct OpBf16 {
   using WT = bf16;

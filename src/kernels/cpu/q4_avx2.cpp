@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "avx2_common.h"
 #include "isa_scratch.h"
 #include "megadecode/base/bf16.h"
 #include "q4_kernels.h"
@@ -36,14 +37,6 @@ constexpr int kSteps = 8;                      // decode steps per chunk (nibble
 constexpr int kBatchBlock = 64;                // vectors repacked per block (bounds the scratch)
 constexpr int64_t kRowChunkBytes = 256 << 10;  // B > 4: packed bytes kept in L2 per row chunk
 constexpr int kTileVecs = 4;
-
-// Sum of the 8 lanes in a fixed tree: lane i + lane i+4, then i + i+2, then i + i+1.
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
-  return _mm_cvtss_f32(s);
-}
 
 // 64 columns from x (fewer at the end of the row: zero filled) into chunk order.
 void pack_x(const float* x, int64_t K, float* out) {

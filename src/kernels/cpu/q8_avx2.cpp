@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "avx2_common.h"
 #include "q8_kernels.h"
 #include "tile_prefetch.h"
 
@@ -22,14 +23,6 @@ namespace {
 
 constexpr int64_t kRowChunkBytes = 256 << 10;  // B > 4: code bytes kept in L2 per row chunk
 constexpr int kTileVecs = 4;
-
-// Sum of the 8 lanes in a fixed tree: lane i + lane i+4, then i + i+2, then i + i+1.
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x55));
-  return _mm_cvtss_f32(s);
-}
 
 // The two code kinds' decode (step s's 8 weights, columns 8s..8s+7 of the sub-group, from its 32
 // bytes as prepared) and scale.

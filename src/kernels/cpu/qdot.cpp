@@ -83,15 +83,31 @@ void matmul_qdot_portable(const QdotWeights& w, int64_t r0, int64_t r1, const fl
 void matmul_qdot(const QdotWeights& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
                  float* Y, int64_t ldy) {
   if (r0 >= r1 || B <= 0 || w.K <= 0) return;
-  if (active_isa() == Isa::kAvx512Bf16) {
-    detail::matmul_qdot_avx512vnni(w, r0, r1, X, B, ldx, Y, ldy);
-    return;
+  switch (active_isa()) {
+    case Isa::kAvx512Bf16:
+      detail::matmul_qdot_avx512vnni(w, r0, r1, X, B, ldx, Y, ldy);
+      return;
+    case Isa::kAvx512:
+    case Isa::kAvx2:
+      detail::matmul_qdot_avx2(w, r0, r1, X, B, ldx, Y, ldy);
+      return;
+    case Isa::kPortable:
+      break;
   }
   detail::matmul_qdot_portable(w, r0, r1, X, B, ldx, Y, ldy);
 }
 
 const char* matmul_qdot_isa() {
-  return active_isa() == Isa::kAvx512Bf16 ? "avx512vnni" : "portable";
+  switch (active_isa()) {
+    case Isa::kAvx512Bf16:
+      return "avx512vnni";
+    case Isa::kAvx512:
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kPortable:
+      break;
+  }
+  return "portable";
 }
 
 }  // namespace md::cpu

@@ -3,7 +3,8 @@
 // use for every quantized type (its Q8_0 / Q8_K activations). Opt-in (--act-quant int8,
 // docs/quantization.md): it adds the activations' rounding error to the weights', and in exchange
 // the products become integer dot products (AVX-512 VNNI vpdpbusd: 64 multiply-adds per
-// instruction), which takes the 4- and 8-bit GEMVs from compute-bound to memory-bound.
+// instruction; AVX2 vpmaddubsw + vpmaddwd: 32), which takes the 4- and 8-bit GEMVs from
+// compute-bound towards memory-bound.
 //
 // Numerics, for a weight row r (integers q_k, scale s_g of group g) and a vector x. MXFP4's e2m1
 // values are half-integers: q_k is twice the value and s_g half the E8M0 scale (both exact).
@@ -12,12 +13,13 @@
 //    a_j is 0). quantize_activations_int8 is this definition, and every path computes it exactly
 //    (IEEE division and rounding), so all ISAs see the same t and d.
 //  * Each path forms exact int32 partial dot products of q and t over a fixed set of columns of one
-//    sub-group (AVX-512: 8 columns for int4, 4 for int8; portable: the whole sub-group), converts
-//    each to fp32 (exact: |partial| < 2^24), multiplies it by d_j (one rounding) and adds it times
-//    s_g into a fp32 lane accumulator (an fma; the portable path a multiply and an add), then
-//    reduces the lanes in a fixed order. So Y[b, r] is one fixed sequence of fp32 operations that
-//    depends only on row r, vector b, K and g: splitting rows, batching and threads give
-//    bit-identical results; ISAs agree within the fp32 accumulation bound.
+//    sub-group (AVX-512 and AVX2: 8 columns for int4 / MXFP4, 4 for int8; portable: the whole
+//    sub-group), converts each to fp32 (exact: |partial| < 2^24), multiplies it by d_j (one
+//    rounding) and adds it times s_g into a fp32 lane accumulator (an fma; the portable path a
+//    multiply and an add), then reduces the lanes in a fixed order. So Y[b, r] is one fixed
+//    sequence of fp32 operations that depends only on row r, vector b, K and g: splitting rows,
+//    batching and threads give bit-identical results; ISAs agree within the fp32 accumulation
+//    bound.
 #pragma once
 #include <cstdint>
 
@@ -51,7 +53,7 @@ void matmul_qdot(const QdotWeights& w, int64_t r0, int64_t r1, const float* X, i
 void quantize_activations_int8(const float* x, int64_t K, int8_t* t, float* d);
 
 // Which implementation matmul_qdot uses at the active ISA level: "avx512vnni" (the avx512bf16
-// level, which includes VNNI) or "portable".
+// level, which includes VNNI), "avx2" (vpmaddubsw; the avx2 and avx512 levels) or "portable".
 const char* matmul_qdot_isa();
 
 }  // namespace md::cpu
