@@ -11,24 +11,26 @@
 #            llama-quantize; and megadecode's int4 and int8 checkpoints of MODEL_DIR (`megadecode
 #            quantize --quantize-lm-head`, group 128), as llama.cpp's types quantize its output too
 #   speed    batch-1 decode: llama-bench tg against `megadecode bench` with int4 / int8 weights
-#            (W4A16, W4A8, W8A16, W8A8) and bf16, ROUNDS interleaved rounds, each beside a read
-#            bandwidth probe; then aggregate tokens/s at B = 1, 4, 8 (llama-batched-bench against
-#            megadecode bench --batch 1,4,8)
+#            (W4A16, W4A8, W8A16, W8A8) and bf16, ROUNDS interleaved rounds, each megadecode run
+#            beside its read bandwidth probe
+#   batched  aggregate tokens/s at B = 1, 4, 8: llama-batched-bench against megadecode bench
+#            --batch 1,4,8 (int4 W4A8 and bf16)
 #   kl       KL divergence and top-1 agreement against the bf16 model over the same text: llama.cpp's
 #            llama-perplexity --kl-divergence for Q4_K_M and Q8_0, megadecode quant-eval --text for
 #            int4 and int8 (with and without --act-quant int8)
 #
 # Nothing of llama.cpp is committed: it is fetched and built under $WORK (default build/llamacpp).
 # Output: $WORK/results/*.txt|json; bench/RESULTS.md quotes them by hand.
-# Environment: WORK, ROUNDS (3), THREADS (all CPUs), KL_CTX (256), KL_CHUNKS (2), TEXT (the file
-# whose tokens feed the KL runs; default docs/architecture.md).
+# Environment: WORK, ROUNDS (3), THREADS (all CPUs), LLAMA_TOKENS / LLAMA_REPS (llama-bench -n / -r:
+# 32 / 3), SCHEMES (the speed step's: "int4 int8 bf16"), KL_CTX (256), KL_CHUNKS (2), TEXT (the
+# file whose tokens feed the KL runs; default docs/architecture.md).
 set -euo pipefail
 
 LLAMA_CPP_PYTHON_VERSION=0.3.36 # vendors llama.cpp 0c1e570, which has kimi-linear
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 MODEL=${1:?usage: compare.sh MODEL_DIR [setup|convert|speed|kl ...]}
 shift
-STEPS=${*:-setup convert speed kl}
+STEPS=${*:-setup convert speed batched kl}
 WORK=${WORK:-$ROOT/build/llamacpp}
 ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-$(nproc)}
@@ -93,9 +95,17 @@ megadecode_decode() { # label, checkpoint, extra flags...
     --reps 3 --no-mmap --threads "$THREADS" "$@"
 }
 
+# The read bandwidth of the moment (megadecode's probe, all threads), printed before each
+# llama.cpp run: this host class flips between two bandwidth regimes.
+probe() {
+  "$ROOT/build/bench/megadecode_bench_kernels" --benchmark_filter="BM_ReadBandwidth/thr:$THREADS/" \
+    --benchmark_min_time=0.3 2>/dev/null | grep -o 'median_GBps=[0-9.]*' || echo "(no probe)"
+}
+
 llama_decode() { # quant
-  echo "== llama.cpp $1 tg"
-  "$BIN/llama-bench" -m "$GGUF/$NAME-$1.gguf" -p 0 -n 32 -r 3 -t "$THREADS" -lm none -o md
+  echo "== llama.cpp $1 tg; read bandwidth $(probe)"
+  "$BIN/llama-bench" -m "$GGUF/$NAME-$1.gguf" -p 0 -n "${LLAMA_TOKENS:-32}" -r "${LLAMA_REPS:-3}" \
+    -t "$THREADS" -lm none -o md
 }
 
 step_speed() {
@@ -107,20 +117,38 @@ step_speed() {
       "$GGUF/$NAME"-{Q4_K_M,Q8_0,bf16}.gguf
     for round in $(seq "$ROUNDS"); do
       echo "### round $round"
-      llama_decode Q4_K_M
-      megadecode_decode int4-W4A16 "$INT4_MODEL"
-      megadecode_decode int4-W4A8 "$INT4_MODEL" --act-quant int8
-      llama_decode Q8_0
-      megadecode_decode int8-W8A16 "$INT8_MODEL"
-      megadecode_decode int8-W8A8 "$INT8_MODEL" --act-quant int8
-      llama_decode bf16
-      megadecode_decode bf16 "$MODEL"
+      for scheme in ${SCHEMES:-int4 int8 bf16}; do
+        case $scheme in
+          int4)
+            llama_decode Q4_K_M
+            megadecode_decode int4-W4A16 "$INT4_MODEL"
+            megadecode_decode int4-W4A8 "$INT4_MODEL" --act-quant int8
+            ;;
+          int8)
+            llama_decode Q8_0
+            megadecode_decode int8-W8A16 "$INT8_MODEL"
+            megadecode_decode int8-W8A8 "$INT8_MODEL" --act-quant int8
+            ;;
+          bf16)
+            llama_decode bf16
+            megadecode_decode bf16 "$MODEL"
+            ;;
+          *) echo "compare.sh: unknown scheme '$scheme' in SCHEMES" >&2; exit 2 ;;
+        esac
+      done
     done
-    echo "### batched (B = 1, 4, 8)"
+  } 2>&1 | tee "$log"
+}
+
+step_batched() {
+  local log
+  log=$OUT/$NAME-batched-$(date +%Y%m%dT%H%M).txt
+  {
+    echo "# $(date -u) $(lscpu | grep 'Model name' | sed 's/  */ /g'); megadecode $(git -C "$ROOT" rev-parse --short HEAD)"
     for q in Q4_K_M bf16; do
-      echo "== llama.cpp $q batched"
+      echo "== llama.cpp $q batched; read bandwidth $(probe)"
       "$BIN/llama-batched-bench" -m "$GGUF/$NAME-$q.gguf" -t "$THREADS" -c 4096 -npp 16 -ntg 32 \
-        -npl 1,4,8 --no-mmap
+        -npl 1,4,8 -lm none
     done
     BATCH=1,4,8 megadecode_decode int4-W4A8-batched "$INT4_MODEL" --act-quant int8
     BATCH=1,4,8 megadecode_decode bf16-batched "$MODEL"
@@ -140,7 +168,8 @@ step_kl() {
       "$BIN/llama-perplexity" -m "$GGUF/$NAME-$q.gguf" -f "$TEXT" -c "$KL_CTX" --chunks "$KL_CHUNKS" \
         -t "$THREADS" --kl-divergence-base "$base" --kl-divergence 2>&1 | sed -n '/KL divergence statistics/,$p'
     done
-    for scheme in "int4" "int4 --act-quant int8" "int8" "int8 --act-quant int8"; do
+    for scheme in "int4" "int4 --act-quant int8" "int4 --quant-group 32" "int8" \
+      "int8 --act-quant int8"; do
       echo "== megadecode $scheme"
       # shellcheck disable=SC2086
       "$MEGADECODE" quant-eval --model "$MODEL" --text "$TEXT" --positions "$positions" \
@@ -151,7 +180,7 @@ step_kl() {
 
 for step in $STEPS; do
   case $step in
-    setup | convert | speed | kl) "step_$step" ;;
-    *) echo "compare.sh: unknown step '$step' (setup, convert, speed, kl)" >&2; exit 2 ;;
+    setup | convert | speed | batched | kl) "step_$step" ;;
+    *) echo "compare.sh: unknown step '$step' (setup, convert, speed, batched, kl)" >&2; exit 2 ;;
   esac
 done
