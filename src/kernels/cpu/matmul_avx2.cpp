@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "avx2_common.h"
+#include "batch_walk.h"
 #include "isa_scratch.h"
 #include "megadecode/kernels/cpu/matmul.h"
 #include "tile_prefetch.h"
@@ -162,23 +163,11 @@ void matmul(const typename Op::WT* W, int64_t K, int64_t r0, int64_t r1, const f
     float* xb = static_cast<float*>(t_scratch.get(static_cast<size_t>(nb * xs) * sizeof(float)));
     for (int j = 0; j < nb; ++j) Op::pack_x(X + (bs + j) * ldx, K, xb + j * xs);
     float* yb = Y + bs * ldy;
-    if (nb <= kTileVecs) {
-      batch_tile<Op, true>(nb, W, K, r0, r1, xb, xs, yb, ldy);
-      continue;
-    }
-    // Row chunks outer, batch tiles inner: a chunk comes from DRAM for the first batch tile and
-    // from L2 for the others.
-    for (int64_t rc = r0; rc < r1; rc += chunk_rows) {
-      const int64_t rce = std::min(r1, rc + chunk_rows);
-      for (int j = 0; j < nb; j += kTileVecs) {
-        const int nv = std::min(kTileVecs, nb - j);
-        if (j == 0) {
-          batch_tile<Op, true>(nv, W, K, rc, rce, xb, xs, yb, ldy);
-        } else {
-          batch_tile<Op, false>(nv, W, K, rc, rce, xb + j * xs, xs, yb + j * ldy, ldy);
-        }
-      }
-    }
+    walk_batch<kTileVecs>(nb, r0, r1, chunk_rows,
+                          [&](auto tall, int j, int nv, int64_t rc, int64_t rce) {
+                            batch_tile<Op, decltype(tall)::value>(nv, W, K, rc, rce, xb + j * xs,
+                                                                  xs, yb + j * ldy, ldy);
+                          });
   }
 }
 

@@ -16,9 +16,10 @@
 #include <bit>
 #include <cstdint>
 
+#include "batch_walk.h"
 #include "isa_scratch.h"
-#include "tile_prefetch.h"
 #include "megadecode/base/bf16.h"
+#include "tile_prefetch.h"
 
 namespace md::cpu::detail {
 namespace {
@@ -141,22 +142,11 @@ void matmul(const typename Op::WT* W, int64_t K, int64_t r0, int64_t r1, const f
     XT* xb = static_cast<XT*>(t_scratch.get(static_cast<size_t>(nb * xs) * sizeof(XT)));
     for (int j = 0; j < nb; ++j) Op::pack_x(X + (bs + j) * ldx, K, xb + j * xs);
     float* yb = Y + bs * ldy;
-    if (nb <= kTileVecs) {
-      // Each weight is used by one tile only: stream all rows once.
-      batch_tile<Op, true>(nb, W, K, r0, r1, xb, xs, yb, ldy);
-      continue;
-    }
-    for (int64_t rc = r0; rc < r1; rc += chunk_rows) {
-      const int64_t rce = std::min(r1, rc + chunk_rows);
-      for (int j = 0; j < nb; j += kTileVecs) {
-        const int nv = std::min(kTileVecs, nb - j);
-        if (j == 0) {
-          batch_tile<Op, true>(nv, W, K, rc, rce, xb, xs, yb, ldy);
-        } else {
-          batch_tile<Op, false>(nv, W, K, rc, rce, xb + j * xs, xs, yb + j * ldy, ldy);
-        }
-      }
-    }
+    walk_batch<kTileVecs>(nb, r0, r1, chunk_rows,
+                          [&](auto tall, int j, int nv, int64_t rc, int64_t rce) {
+                            batch_tile<Op, decltype(tall)::value>(nv, W, K, rc, rce, xb + j * xs,
+                                                                  xs, yb + j * ldy, ldy);
+                          });
   }
 }
 

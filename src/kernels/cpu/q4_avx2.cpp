@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "avx2_common.h"
+#include "batch_walk.h"
 #include "isa_scratch.h"
 #include "megadecode/base/bf16.h"
 #include "q4_kernels.h"
@@ -181,21 +182,10 @@ void matmul(const Mat4& m, int64_t r0, int64_t r1, const float* X, int B, int64_
     float* xb = static_cast<float*>(t_xscratch.get(static_cast<size_t>(nb * xs) * sizeof(float)));
     for (int j = 0; j < nb; ++j) pack_x(X + (bs + j) * ldx, K, xb + j * xs);
     float* yb = Y + bs * ldy;
-    if (nb <= kTileVecs) {
-      batch_tile<F, true>(nb, m, r0, r1, xb, xs, yb, ldy);
-      continue;
-    }
-    for (int64_t rc = r0; rc < r1; rc += chunk_rows) {
-      const int64_t rce = std::min(r1, rc + chunk_rows);
-      for (int j = 0; j < nb; j += kTileVecs) {
-        const int nv = std::min(kTileVecs, nb - j);
-        if (j == 0) {
-          batch_tile<F, true>(nv, m, rc, rce, xb, xs, yb, ldy);
-        } else {
-          batch_tile<F, false>(nv, m, rc, rce, xb + j * xs, xs, yb + j * ldy, ldy);
-        }
-      }
-    }
+    walk_batch<kTileVecs>(
+        nb, r0, r1, chunk_rows, [&](auto tall, int j, int nv, int64_t rc, int64_t rce) {
+          batch_tile<F, decltype(tall)::value>(nv, m, rc, rce, xb + j * xs, xs, yb + j * ldy, ldy);
+        });
   }
 }
 

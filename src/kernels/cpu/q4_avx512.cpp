@@ -30,6 +30,7 @@
 #include <bit>
 #include <cstring>
 
+#include "batch_walk.h"
 #include "isa_scratch.h"
 #include "q4_kernels.h"
 #include "tile_prefetch.h"
@@ -259,21 +260,11 @@ void matmul(const Mat4& m, int64_t r0, int64_t r1, const float* X, int B, int64_
     XT* xb = static_cast<XT*>(t_xscratch.get(static_cast<size_t>(nb * xs) * sizeof(XT)));
     for (int j = 0; j < nb; ++j) Op::pack_x(X + (bs + j) * ldx, K, xb + j * xs);
     float* yb = Y + bs * ldy;
-    if (nb <= kTileVecs) {
-      batch_tile<Op, Sc, true>(nb, m, r0, r1, xb, xs, yb, ldy);
-      continue;
-    }
-    for (int64_t rc = r0; rc < r1; rc += chunk_rows) {
-      const int64_t rce = std::min(r1, rc + chunk_rows);
-      for (int j = 0; j < nb; j += kTileVecs) {
-        const int nv = std::min(kTileVecs, nb - j);
-        if (j == 0) {
-          batch_tile<Op, Sc, true>(nv, m, rc, rce, xb, xs, yb, ldy);
-        } else {
-          batch_tile<Op, Sc, false>(nv, m, rc, rce, xb + j * xs, xs, yb + j * ldy, ldy);
-        }
-      }
-    }
+    walk_batch<kTileVecs>(nb, r0, r1, chunk_rows,
+                          [&](auto tall, int j, int nv, int64_t rc, int64_t rce) {
+                            batch_tile<Op, Sc, decltype(tall)::value>(nv, m, rc, rce, xb + j * xs,
+                                                                      xs, yb + j * ldy, ldy);
+                          });
   }
 }
 

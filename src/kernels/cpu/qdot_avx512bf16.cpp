@@ -24,6 +24,7 @@
 #include <type_traits>
 
 #include "avx512_common.h"
+#include "batch_walk.h"
 #include "isa_scratch.h"
 #include "qdot_kernels.h"
 #include "tile_prefetch.h"
@@ -280,22 +281,10 @@ void matmul(const MatQ& m, int64_t r0, int64_t r1, const float* X, int B, int64_
       xv[j] = L.at(xb + j * L.stride);
     }
     float* yb = Y + bs * ldy;
-    if (nb <= kTileVecs) {
-      batch_tile<C, true>(nb, m, r0, r1, xv, yb, ldy);
-      continue;
-    }
-    // Larger batches: a chunk of rows stays in L2 while every group of 4 vectors walks it.
-    for (int64_t rc = r0; rc < r1; rc += chunk_rows) {
-      const int64_t rce = std::min(r1, rc + chunk_rows);
-      for (int j = 0; j < nb; j += kTileVecs) {
-        const int nv = std::min(kTileVecs, nb - j);
-        if (j == 0) {
-          batch_tile<C, true>(nv, m, rc, rce, xv, yb, ldy);
-        } else {
-          batch_tile<C, false>(nv, m, rc, rce, xv + j, yb + j * ldy, ldy);
-        }
-      }
-    }
+    walk_batch<kTileVecs>(
+        nb, r0, r1, chunk_rows, [&](auto tall, int j, int nv, int64_t rc, int64_t rce) {
+          batch_tile<C, decltype(tall)::value>(nv, m, rc, rce, xv + j, yb + j * ldy, ldy);
+        });
   }
 }
 
