@@ -17,10 +17,11 @@
 #            --batch 1,4,8 (int4 W4A8 and bf16)
 #   kl       KL divergence and top-1 agreement against the bf16 model over the same text: llama.cpp's
 #            llama-perplexity --kl-divergence for Q4_K_M and Q8_0, megadecode quant-eval --text for
-#            int4 and int8 (with and without --act-quant int8)
+#            int4 (group 128 with and without --act-quant int8, group 32) and int8 (with and
+#            without --act-quant int8)
 #
 # Nothing of llama.cpp is committed: it is fetched and built under $WORK (default build/llamacpp).
-# Output: $WORK/results/*.txt|json; bench/RESULTS.md quotes them by hand.
+# Output: $WORK/results/*.txt (one log per step and run); bench/RESULTS.md quotes them by hand.
 # Environment: WORK, ROUNDS (3), THREADS (all CPUs), LLAMA_TOKENS / LLAMA_REPS (llama-bench -n / -r:
 # 32 / 3), SCHEMES (the speed step's: "int4 int8 bf16"), KL_CTX (256), KL_CHUNKS (2), TEXT (the
 # file whose tokens feed the KL runs; default docs/architecture.md).
@@ -28,7 +29,7 @@ set -euo pipefail
 
 LLAMA_CPP_PYTHON_VERSION=0.3.36 # vendors llama.cpp 0c1e570, which has kimi-linear
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-MODEL=${1:?usage: compare.sh MODEL_DIR [setup|convert|speed|kl ...]}
+MODEL=${1:?usage: compare.sh MODEL_DIR [setup|convert|speed|batched|kl ...]}
 shift
 STEPS=${*:-setup convert speed batched kl}
 WORK=${WORK:-$ROOT/build/llamacpp}
@@ -45,10 +46,9 @@ SRC=$WORK/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp
 BIN=$WORK/build/bin
 GGUF=$WORK/gguf
 OUT=$WORK/results
-mkdir -p "$WORK" "$GGUF" "$OUT"
-
 [[ -f $MODEL/config.json ]] || { echo "compare.sh: $MODEL has no config.json" >&2; exit 2; }
 [[ -x $MEGADECODE ]] || { echo "compare.sh: build megadecode first (make build)" >&2; exit 2; }
+mkdir -p "$WORK" "$GGUF" "$OUT"
 
 step_setup() {
   if [[ ! -d $SRC ]]; then
