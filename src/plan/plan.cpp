@@ -145,6 +145,43 @@ double tile_cost(const Instr& in, const PlanOptions& o) {
   return double(in.est_bytes) * op_desc(in.op).cost_factor + double(o.instr_overhead_bytes);
 }
 
+std::vector<std::vector<uint32_t>> split_phase(const std::vector<double>& cost, int workers) {
+  const size_t W = size_t(std::max(workers, 1)), n = cost.size();
+  const double total = std::accumulate(cost.begin(), cost.end(), 0.0);
+
+  // Longest processing time first, each share then put back in global order.
+  std::vector<std::vector<uint32_t>> lpt(W), runs(W);
+  std::vector<uint32_t> order(n);
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](uint32_t a, uint32_t b) { return cost[a] > cost[b]; });
+  std::vector<double> load(W, 0.0);
+  for (uint32_t i : order) {
+    const size_t w = size_t(std::min_element(load.begin(), load.end()) - load.begin());
+    load[w] += cost[i];
+    lpt[w].push_back(i);
+  }
+  for (auto& s : lpt) std::sort(s.begin(), s.end());
+  const double lpt_longest = *std::max_element(load.begin(), load.end());
+
+  // Runs: worker w's run ends where the cost so far is nearest (w + 1) / W of the total.
+  double so_far = 0, run = 0, run_longest = 0;
+  size_t w = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const double end = total * double(w + 1) / double(W);
+    if (w + 1 < W && !runs[w].empty() && so_far + cost[i] - end > end - so_far) {
+      run_longest = std::max(run_longest, run);
+      run = 0;
+      ++w;
+    }
+    runs[w].push_back(i);
+    run += cost[i];
+    so_far += cost[i];
+  }
+  run_longest = std::max(run_longest, run);
+  return run_longest <= 1.02 * lpt_longest ? runs : lpt;
+}
+
 namespace {
 
 // List scheduling in the global order: each instruction goes to the worker on which it would
@@ -192,8 +229,7 @@ void schedule_megakernel(Plan& p) {
 
 // Barrier phases for the op-by-op executor: consecutive stages are merged while none of them
 // waits on a counter signalled in the phase (independent ops share one barrier, as a good
-// launch-per-op baseline fuses them). Within a phase, instructions go to workers by longest
-// processing time first, then each share is put back in global order.
+// launch-per-op baseline fuses them). Within a phase, instructions go to workers by split_phase.
 void schedule_opbyop(Plan& p) {
   const int W = p.workers;
   std::vector<char> in_phase(p.counters.size(), 0);
@@ -204,18 +240,12 @@ void schedule_opbyop(Plan& p) {
     std::vector<uint32_t> ids;
     for (size_t s = first; s < end; ++s)
       for (uint32_t i = p.stages[s].begin; i < p.stages[s].end; ++i) ids.push_back(i);
-    std::stable_sort(ids.begin(), ids.end(), [&](uint32_t a, uint32_t b) {
-      return tile_cost(p.instrs[a], p.options) > tile_cost(p.instrs[b], p.options);
-    });
-    std::vector<double> load(size_t(W), 0.0);
-    std::vector<std::vector<uint32_t>> share(static_cast<size_t>(W));
-    for (uint32_t i : ids) {
-      const size_t w = size_t(std::min_element(load.begin(), load.end()) - load.begin());
-      load[w] += tile_cost(p.instrs[i], p.options);
-      share[w].push_back(i);
-    }
-    for (auto& s : share) std::sort(s.begin(), s.end());
-    p.phase_instrs.push_back(std::move(share));
+    std::vector<double> cost(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) cost[i] = tile_cost(p.instrs[ids[i]], p.options);
+    auto shares = split_phase(cost, W);
+    for (auto& s : shares)
+      for (uint32_t& i : s) i = ids[i];
+    p.phase_instrs.push_back(std::move(shares));
     for (uint32_t c : touched) in_phase[c] = 0;
     touched.clear();
     first = end;

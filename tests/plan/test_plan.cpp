@@ -292,6 +292,66 @@ TEST(Plan, ValidatorCatchesBrokenPlans) {
 
 // The plan is a function of the geometry and the stored dtypes only: compiling against loaded
 // weights (with their mapped addresses) gives the same bytes as compiling from the config.
+// A phase of equal tiles is shared as contiguous runs; one the runs cannot balance falls back to
+// longest processing time first; every position is in exactly one share, each share increasing.
+TEST(Plan, SplitPhaseRunsWhereTheyBalanceElseLpt) {
+  auto check_partition = [](const std::vector<std::vector<uint32_t>>& s, size_t n) {
+    std::vector<int> seen(n, 0);
+    for (const auto& share : s) {
+      EXPECT_TRUE(std::is_sorted(share.begin(), share.end()));
+      for (uint32_t i : share) ++seen.at(i);
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), std::ptrdiff_t(n));
+  };
+  {
+    const auto s = split_phase(std::vector<double>(10, 1.0), 2);
+    check_partition(s, 10);
+    EXPECT_EQ(s[0], (std::vector<uint32_t>{0, 1, 2, 3, 4}));
+    EXPECT_EQ(s[1], (std::vector<uint32_t>{5, 6, 7, 8, 9}));
+  }
+  {
+    // 3 workers, 7 equal tiles: runs of 2-3 (longest 3 = LPT's longest).
+    const auto s = split_phase(std::vector<double>(7, 2.0), 3);
+    check_partition(s, 7);
+    for (const auto& share : s) {
+      ASSERT_FALSE(share.empty());
+      EXPECT_EQ(share.back() - share.front() + 1, share.size());  // contiguous
+    }
+  }
+  {
+    // Runs give 12 at best ({10} {10 1 1}), LPT 11 ({10 1} {10 1}).
+    const auto s = split_phase({10, 10, 1, 1}, 2);
+    check_partition(s, 4);
+    EXPECT_EQ(s[0], (std::vector<uint32_t>{0, 2}));
+    EXPECT_EQ(s[1], (std::vector<uint32_t>{1, 3}));
+  }
+  {
+    // Fewer tiles than workers, and none.
+    const auto s = split_phase({5, 5}, 4);
+    check_partition(s, 2);
+    EXPECT_EQ(split_phase({}, 2).size(), 2u);
+  }
+}
+
+// The GEMV tiles of a kl48-geometry step reach each worker as runs of consecutive rows: within
+// every op-by-op phase, a worker's instructions of one op and slot are consecutive instructions.
+TEST(Plan, WorkersGetConsecutiveTilesOfAMatrix) {
+  for (int workers : {2, 3}) {
+    const Plan p = compile("kl48-e32", 1, workers);
+    size_t breaks = 0, tiles = 0;
+    for (const auto& shares : p.phase_instrs)
+      for (const auto& share : shares)
+        for (size_t j = 1; j < share.size(); ++j) {
+          const Instr &a = p.instrs[share[j - 1]], &b = p.instrs[share[j]];
+          if (a.op != b.op || a.layer != b.layer || a.slot != b.slot) continue;
+          ++tiles;
+          if (b.id != a.id + 1) ++breaks;
+        }
+    EXPECT_GT(tiles, 10000u) << workers;
+    EXPECT_EQ(breaks, 0u) << workers;
+  }
+}
+
 TEST(Plan, HoldsNoHostPointers) {
   for (const char* preset : {"tiny", "k3-tiny"}) {
     test::TempDir dir("plan_ptr");

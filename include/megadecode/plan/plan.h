@@ -362,6 +362,14 @@ struct Plan {
 // compute-heavy tiles, plus PlanOptions::instr_overhead_bytes).
 double tile_cost(const Instr& in, const PlanOptions& o);
 
+// How one op-by-op phase's instructions (costs in global order) are shared among `workers`:
+// positions into `cost`, each share increasing. Contiguous runs of about equal cost where they
+// balance (the longest within 2% of what longest-processing-time-first gives), else LPT. Runs
+// keep a worker's consecutive GEMV tiles on consecutive rows of one matrix, so each tile's
+// weight prefetch, which streams past its last row, lands in the worker's own next tile
+// (docs/architecture.md, "Sharing a phase among the workers").
+std::vector<std::vector<uint32_t>> split_phase(const std::vector<double>& cost, int workers);
+
 // Compiles one decode step. `w` (optional) supplies the stored dtypes; without it matrices are
 // taken as bf16, the router as fp32 (Kimi Linear) or bf16 (K3) and K3's routed experts as MXFP4
 // when the config says so (what make-model writes). Throws md::Error on options out
