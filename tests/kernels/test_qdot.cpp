@@ -327,5 +327,48 @@ TEST(Qdot, SplitBatchAndThreadInvariance) {
   }
 }
 
+// A kernel may keep the packed activations of its last call and use them again when the next
+// call's vectors are bit-identical (qdot_avx2.cpp). Calls that differ from the previous one in
+// anything (one element changed in place at the same address, the format, K, the batch, the
+// stride) must give what a first call on fresh buffers gives, bit for bit.
+TEST(Qdot, ReusedPackingFollowsTheVectors) {
+  IsaList isas;
+  Rng rng(26);
+  for (const auto& isa : isas.names) {
+    isas.use(isa);
+    for (int B : {1, 3}) {
+      Problem a = make_problem(rng, QdotCodes::kInt4, 12, 256, 128, B);
+      const Problem b8 = make_problem(rng, QdotCodes::kInt8, 12, 256, 128, B);
+      // Fresh results: each problem on its own copy of the vectors.
+      auto fresh = [&](const Problem& p) {
+        Problem q = p;
+        return run(q, 0, q.rows);
+      };
+      const std::string where = isa + " B=" + std::to_string(B);
+      std::vector<float> want = fresh(a);
+      EXPECT_EQ(run(a, 0, a.rows), want) << where;  // first call
+      EXPECT_EQ(run(a, 0, a.rows), want) << where;  // the same vectors again
+      // The same addresses, one element changed (the last vector's, past the middle), right
+      // after a call on them.
+      a.x[static_cast<size_t>((B - 1) * a.ldx + 200)] += 0.75f;
+      const std::vector<float> got = run(a, 0, a.rows);
+      want = fresh(a);
+      EXPECT_NE(got, run(b8, 0, b8.rows));  // (the vectors differ, so do the results)
+      EXPECT_EQ(got, want) << where << ": changed in place";
+      // Another format with other vectors, then back.
+      EXPECT_EQ(run(b8, 0, b8.rows), fresh(b8)) << where << ": int8";
+      EXPECT_EQ(run(a, 0, a.rows), want) << where << ": int4 again";
+      // Fewer vectors from the same start (a prefix of the batch).
+      if (B > 1) {
+        Problem one = a;
+        one.B = 1;
+        std::vector<float> y(static_cast<size_t>(a.ldy), kSentinel);
+        matmul_qdot(a.weights(), 0, a.rows, a.x.data(), 1, a.ldx, y.data(), a.ldy);
+        EXPECT_EQ(y, fresh(one)) << where << ": prefix";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace md::cpu

@@ -17,8 +17,8 @@
 //
 // A row is read in chunks of 32 bytes (one ymm load):
 //  * int4 / MXFP4: 64 columns, two 32-column sub-groups. Byte b holds columns 2b (low nibble) and
-//    2b + 1 (high nibble); the activations are packed once per call as the even columns' bytes
-//    and the odd columns' bytes. Lane l sums columns 8l..8l+7: sub-group l / 4 of the chunk.
+//    2b + 1 (high nibble); the activations are packed once per call (or taken again: PackedFrom)
+//    as the even columns' bytes and the odd columns' bytes. Lane l sums columns 8l..8l+7: sub-group l / 4 of the chunk.
 //  * int8: 32 columns, one sub-group; lane l sums columns 4l..4l+3.
 // Then, per chunk, row and vector, qdot.h's sequence: the int32 lanes to fp32 (exact), times the
 // lanes' activation scales d, an fma by the lanes' weight scales into one ymm per output, which
@@ -27,9 +27,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "avx2_common.h"
 #include "batch_walk.h"
@@ -40,8 +42,37 @@
 namespace md::cpu::detail {
 namespace {
 
-thread_local IsaScratch t_xscratch;    // the packed activations
+thread_local IsaScratch t_xscratch;  // the packed activations
+// What t_xscratch holds: the vectors it was packed from (copied) and the format's layout. The
+// tiles of one op that a worker runs one after another, and an expert's gate and up
+// projections, take the same vectors: a call whose vectors are bit-identical uses the packing
+// as it is (the same bytes: results do not change). Checking is a comparison of B x K floats,
+// a fraction of quantizing them again (on Zen 2, ~1 us a 2304-column vector, as long as a
+// 16-row tile's dot products).
+struct PackedFrom {
+  std::vector<float> x;  // [nb][K]
+  int64_t K = 0;
+  int nb = 0;
+  QdotCodes kind = QdotCodes::kInt4;
+  bool valid = false;
+  bool same(const float* X, int nb_, int64_t ldx, int64_t K_, QdotCodes kind_) const {
+    if (!valid || nb != nb_ || K != K_ || kind != kind_) return false;
+    for (int j = 0; j < nb_; ++j)
+      if (std::memcmp(x.data() + j * K_, X + j * ldx, static_cast<size_t>(K_) * sizeof(float)))
+        return false;
+    return true;
+  }
+  void record(const float* X, int nb_, int64_t ldx, int64_t K_, QdotCodes kind_) {
+    x.resize(static_cast<size_t>(nb_ * K_));
+    for (int j = 0; j < nb_; ++j)
+      std::memcpy(x.data() + j * K_, X + j * ldx, static_cast<size_t>(K_) * sizeof(float));
+    nb = nb_, K = K_, kind = kind_, valid = true;
+  }
+};
+thread_local PackedFrom t_packed_from;
 thread_local IsaScratch t_mapscratch;  // the sub-group -> group table of the call
+thread_local IsaScratch t_wsscratch;   // a tile's weight scales (MatQ::ws1)
+constexpr int kMaxTileRows = 4;        // batch_tile's tallest tile
 
 constexpr int kBlockSub = 8;  // sub-groups whose weight scales are decoded together (one ymm)
 constexpr int kBatchBlock = 64;
@@ -97,7 +128,12 @@ void pack_x(const float* x, int64_t K, const XLayout& L, uint8_t* out) {
   auto* scale = const_cast<float*>(p.scale);
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
-  alignas(32) int32_t q[32];
+  // Bytes of a sub-group's 32 int32 codes (4 x 8, clamped: no saturation) in column order:
+  // packs interleave the 128-bit lanes, the permute puts the 4-byte runs back in order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  // Nibble formats: per 128-bit lane, the even columns' bytes, then the odd columns'.
+  const __m256i evens = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2,
+                                         4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   for (int64_t j = 0; j < K / 32; ++j) {
     __m256 v[4], m = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) {
@@ -107,22 +143,26 @@ void pack_x(const float* x, int64_t K, const XLayout& L, uint8_t* out) {
     const float amax = hmax(m);
     const float d = amax / 127.0f;
     const __m256 dv = _mm256_set1_ps(d);
+    __m256i t[4];
     for (int i = 0; i < 4; ++i) {
-      const __m256i t =
+      const __m256i q =
           amax > 0.0f ? _mm256_cvtps_epi32(_mm256_div_ps(v[i], dv)) : _mm256_setzero_si256();
-      _mm256_store_si256(reinterpret_cast<__m256i*>(q + 8 * i),
-                         _mm256_min_epi32(_mm256_max_epi32(t, lo), hi));
+      t[i] = _mm256_min_epi32(_mm256_max_epi32(q, lo), hi);
     }
+    const __m256i b = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(t[0], t[1]), _mm256_packs_epi32(t[2], t[3])), order);
     if constexpr (kNibbles<C>) {
       const int64_t c = j / 2, h = j % 2;  // chunk, and which half of its columns
-      for (int b = 0; b < 16; ++b) {
-        x0[32 * c + 16 * h + b] = static_cast<int8_t>(q[2 * b]);
-        x1[32 * c + 16 * h + b] = static_cast<int8_t>(q[2 * b + 1]);
-      }
-      for (int l = 0; l < 4; ++l) scale[8 * c + 4 * h + l] = d;
+      // [even 0-15, odd 0-15 | even 16-31, odd 16-31] -> [evens | odds] (8-byte units 0, 2, 1, 3)
+      const __m256i eo = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(b, evens), 0xD8);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(x0 + 32 * c + 16 * h),
+                       _mm256_castsi256_si128(eo));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(x1 + 32 * c + 16 * h),
+                       _mm256_extracti128_si256(eo, 1));
+      _mm_storeu_ps(scale + 8 * c + 4 * h, _mm_set1_ps(d));
     } else {
-      for (int k = 0; k < 32; ++k) x0[32 * j + k] = static_cast<int8_t>(q[k]);
-      for (int l = 0; l < 8; ++l) scale[8 * j + l] = d;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x0 + 32 * j), b);
+      _mm256_storeu_ps(scale + 8 * j, dv);
     }
   }
   if constexpr (kNibbles<C>) {
@@ -142,29 +182,33 @@ void pack_x(const float* x, int64_t K, const XLayout& L, uint8_t* out) {
 }
 
 // The bf16 group scales of a block of n <= 8 consecutive sub-groups g.. (int4 / int8), one lane
-// per sub-group: the block's groups first..first+cnt-1 are read once per row and spread to the
-// lanes with one vpermps. `prepare` runs once per block for all the rows of a tile. The scales
-// go from memory into a register in one load where the row has 8 of them from `first` on, else
-// one at a time into registers: never through small stores and a wide reload, which stalls on
-// store forwarding (measured: ~40% of the kernel's time when the block went through a buffer).
+// per sub-group: eight consecutive scales of the row from `base` on are read with one 16-byte
+// load and spread to the lanes with one vpermps. base is the block's first group, or, near the end
+// of a row, the row's last eight groups' first (so the load stays inside the row: the lanes'
+// indices are relative to base). Only a row of fewer than 8 groups reads them one at a time, into
+// registers: never through small stores and a wide reload, which stalls on store forwarding
+// (measured: ~40% of the kernel's time when every block went through a buffer). `prepare` runs
+// once per block for all the rows of a tile; its indices come from the call's sub-group -> group
+// table (padded by 8 entries, so one load reads any block's).
 struct GroupScales {
   struct Block {
-    int64_t first;
-    int cnt;
-    bool whole;  // 8 scales from first on are the row's: one 16-byte load
+    int64_t base;
+    int cnt;     // groups < 8: the row's groups from base on
+    bool whole;  // 8 scales from base on are the row's: one 16-byte load
     __m256i idx;
   };
   // groups: the bf16 scales per row.
-  static Block prepare(const int32_t* map, int64_t g, int n, int64_t groups) {
-    alignas(32) int32_t idx[8] = {};
-    const int32_t first = map[g];
-    for (int k = 0; k < n; ++k) idx[k] = map[g + k] - first;
-    return {first, map[g + n - 1] - first + 1, first + 8 <= groups,
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(idx))};
+  static Block prepare(const int32_t* map, int64_t g, int, int64_t groups) {
+    const int64_t first = map[g];
+    const bool whole = groups >= 8;
+    const int64_t base = whole ? std::min<int64_t>(first, groups - 8) : first;
+    const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(map + g));
+    return {base, static_cast<int>(groups - base), whole,
+            _mm256_sub_epi32(m, _mm256_set1_epi32(static_cast<int32_t>(base)))};
   }
   // srow: the row's bf16 scales as bytes.
   static __m256 row(const uint8_t* srow, const Block& b) {
-    const uint8_t* p = srow + 2 * b.first;
+    const uint8_t* p = srow + 2 * b.base;
     __m256i w;
     if (b.whole) {
       w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -280,50 +324,103 @@ struct MatQ {
   const int32_t* map;
   int64_t K;
   int64_t groups;  // scales per row
+  bool uniform;  // bf16 scales, and every chunk's columns in one group (int8; int4 group % 64 == 0)
+  float* ws1;    // uniform: a tile's group scales as floats, kMaxTileRows x (groups + 8)
 };
 
 // One tile: NR consecutive rows times NB packed vectors; y[j * ldy + i] for row i, vector j.
+// The weight scales reach the fma from memory (ws1 or ws, written per tile or block), not from a
+// register per row: with 16 ymm registers, a scale vector per row made the compiler keep an
+// accumulator of a 4-row tile on the stack.
 template <QdotCodes C, int NR, int NB, bool kPrefetch>
 void tile(const MatQ& m, int64_t r, const XPack* xv, float* y, int64_t ldy) {
   using Sc = std::conditional_t<C == QdotCodes::kMxfp4, HalfE8m0Scales, GroupScales>;
   constexpr int kSub = kSubPerChunk<C>;
+  constexpr int kChunks = kBlockSub / kSub;  // chunks per block
   const uint8_t* w = m.codes + r * m.rb;
   const uint8_t* s = m.scales + r * m.sb;
   const int64_t G = m.K / 32;
   __m256 acc[NR][NB];
+#pragma GCC unroll 8
   for (int i = 0; i < NR; ++i)
+#pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_setzero_ps();
-  __m256 sv[NR];
+  alignas(32) float ws[NR][kChunks][8];
   const TilePrefetch<NR, 32> pf(w, m.rb);
-  for (int64_t g = 0; g < G; g += kBlockSub) {
-    const int n = static_cast<int>(std::min<int64_t>(kBlockSub, G - g));
-    const typename Sc::Block blk = Sc::prepare(m.map, g, n, m.groups);
-    for (int i = 0; i < NR; ++i) sv[i] = Sc::row(s + i * m.sb, blk);
-    for (int c = 0; c * kSub < n; ++c) {
-      const int64_t ci = g / kSub + c;
-      const uint8_t* wc = w + ci * 32;
-      // Only a 4-bit row's last chunk can hold one sub-group (16 bytes): the rest loads as zero,
-      // against activations packed as zero.
-      const bool whole = kSub == 1 || (c + 1) * kSub <= n;
-      if constexpr (kPrefetch) pf.step(ci);
-      const __m256i sidx = chunk_scale_index<C>(c);
-      XChunk xc[NB];
-      for (int j = 0; j < NB; ++j) xc[j] = XChunk::load<C>(xv[j], ci);
-      for (int i = 0; i < NR; ++i) {
-        const uint8_t* wr = wc + i * m.rb;
-        const __m256i p =
-            whole ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr))
-                  : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr)));
-        const Decoded dw = decode<C>(p);
-        const __m256 ws = _mm256_permutevar8x32_ps(sv[i], sidx);
-        for (int j = 0; j < NB; ++j) {
-          const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(dot<C>(dw, xc[j])), xc[j].scale);
-          acc[i][j] = _mm256_fmadd_ps(f, ws, acc[i][j]);
-        }
+  // Chunk ci of every row into the accumulators, with weight scales wsc(i). Only a 4-bit row's
+  // last chunk can hold one sub-group (16 bytes, kWhole false): the rest loads as zero, against
+  // activations packed as zero.
+  auto chunk = [&]<bool kWhole>(int64_t ci, auto wsc) {
+    if constexpr (kPrefetch) pf.step(ci);
+    XChunk xc[NB];
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) xc[j] = XChunk::load<C>(xv[j], ci);
+#pragma GCC unroll 8
+    for (int i = 0; i < NR; ++i) {
+      const uint8_t* wr = w + ci * 32 + i * m.rb;
+      const __m256i p =
+          kWhole ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr))
+                 : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wr)));
+      const Decoded dw = decode<C>(p);
+      const __m256 sc = wsc(i);
+#pragma GCC unroll 4
+      for (int j = 0; j < NB; ++j) {
+        const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(dot<C>(dw, xc[j])), xc[j].scale);
+        acc[i][j] = _mm256_fmadd_ps(f, sc, acc[i][j]);
       }
     }
+  };
+  const int64_t chunks = (G + kSub - 1) / kSub, whole = G / kSub;
+  if (m.uniform) {
+    // Each chunk lies in one group: the tile's rows' group scales as floats (eight at a time),
+    // each chunk's broadcast by its load, and one loop over the whole row. The general path's
+    // per-block work (a vpermps per chunk and row, which holds a vector pipe for two cycles on
+    // Zen 2, and loops of 4-8 chunks) made int8 ~1.6x and int4 ~1.3x slower from L2 (Zen 2).
+    float* ws1 = m.ws1;
+    const int64_t gs = (m.groups + 7) / 8 * 8;  // ws1's row stride
+    for (int i = 0; i < NR; ++i) {
+      const uint8_t* srow = s + i * m.sb;
+      int64_t k = 0;
+      for (; k + 8 <= m.groups; k += 8) {
+        const __m256i h =
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(srow + 2 * k)));
+        _mm256_storeu_ps(ws1 + i * gs + k, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+      }
+      for (; k < m.groups; ++k) {
+        uint16_t h;
+        std::memcpy(&h, srow + 2 * k, 2);
+        ws1[i * gs + k] = std::bit_cast<float>(uint32_t{h} << 16);
+      }
+    }
+    auto at = [&](int64_t ci) {
+      const float* p = ws1 + m.map[ci * kSub];
+      return [p, gs](int i) { return _mm256_broadcast_ss(p + i * gs); };
+    };
+    for (int64_t ci = 0; ci < whole; ++ci) chunk.template operator()<true>(ci, at(ci));
+    if (whole < chunks) chunk.template operator()<false>(whole, at(whole));
+  } else {
+    for (int64_t g = 0; g < G; g += kBlockSub) {
+      const int n = static_cast<int>(std::min<int64_t>(kBlockSub, G - g));
+      const typename Sc::Block blk = Sc::prepare(m.map, g, n, m.groups);
+#pragma GCC unroll 8
+      for (int i = 0; i < NR; ++i) {
+        const __m256 sv = Sc::row(s + i * m.sb, blk);
+#pragma GCC unroll 8
+        for (int c = 0; c < kChunks; ++c)
+          _mm256_store_ps(ws[i][c], _mm256_permutevar8x32_ps(sv, chunk_scale_index<C>(c)));
+      }
+      const int nw = n / kSub;
+      for (int c = 0; c < nw; ++c)
+        chunk.template operator()<true>(g / kSub + c,
+                                        [&](int i) { return _mm256_load_ps(ws[i][c]); });
+      if (nw * kSub < n)
+        chunk.template operator()<false>(g / kSub + nw,
+                                         [&](int i) { return _mm256_load_ps(ws[i][nw]); });
+    }
   }
+#pragma GCC unroll 8
   for (int i = 0; i < NR; ++i)
+#pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) y[j * ldy + r + i] = hsum(acc[i][j]);
 }
 
@@ -362,11 +459,17 @@ void matmul(const MatQ& m, int64_t r0, int64_t r1, const float* X, int B, int64_
   XPack xv[kBatchBlock];
   for (int bs = 0; bs < B; bs += kBatchBlock) {
     const int nb = std::min(kBatchBlock, B - bs);
-    auto* xb = static_cast<uint8_t*>(t_xscratch.get(static_cast<size_t>(nb * L.stride)));
-    for (int j = 0; j < nb; ++j) {
-      pack_x<C>(X + (bs + j) * ldx, m.K, L, xb + j * L.stride);
-      xv[j] = L.at(xb + j * L.stride);
+    const float* xs = X + bs * ldx;
+    if (bs > 0 || !t_packed_from.same(xs, nb, ldx, m.K, C)) {
+      t_packed_from.valid = false;  // while t_xscratch changes (get may reallocate)
+      auto* xb = static_cast<uint8_t*>(t_xscratch.get(static_cast<size_t>(nb * L.stride)));
+      for (int j = 0; j < nb; ++j) pack_x<C>(xs + j * ldx, m.K, L, xb + j * L.stride);
+      // Only the first batch block is kept (a batch of more is a prefill: packing is cheap
+      // beside its rows' work).
+      if (bs == 0) t_packed_from.record(xs, nb, ldx, m.K, C);
     }
+    auto* xb = static_cast<uint8_t*>(t_xscratch.get(static_cast<size_t>(nb * L.stride)));
+    for (int j = 0; j < nb; ++j) xv[j] = L.at(xb + j * L.stride);
     float* yb = Y + bs * ldy;
     walk_batch<kTileVecs>(
         nb, r0, r1, chunk_rows, [&](auto tall, int j, int nv, int64_t rc, int64_t rce) {
@@ -381,10 +484,17 @@ void matmul_qdot_avx2(const QdotWeights& w, int64_t r0, int64_t r1, const float*
                       int64_t ldx, float* Y, int64_t ldy) {
   if (r0 >= r1 || B <= 0 || w.K < 32) return;
   const int64_t G = w.K / 32;
-  auto* map = static_cast<int32_t*>(t_mapscratch.get(static_cast<size_t>(G) * sizeof(int32_t)));
-  for (int64_t j = 0; j < G; ++j) map[j] = static_cast<int32_t>(32 * j / w.group);
+  // The sub-group -> group table, and 8 padding entries: a block's lanes past the row's end.
+  auto* map = static_cast<int32_t*>(t_mapscratch.get(static_cast<size_t>(G + 8) * sizeof(int32_t)));
+  for (int64_t j = 0; j < G + 8; ++j)
+    map[j] = static_cast<int32_t>(32 * std::min(j, G - 1) / w.group);
   const int64_t groups = w.kind == QdotCodes::kMxfp4 ? G : w.K / w.group;
-  const MatQ m{w.codes, w.scales, w.code_row_bytes(), w.scale_row_bytes(), map, w.K, groups};
+  const bool uniform =
+      w.kind == QdotCodes::kInt8 || (w.kind == QdotCodes::kInt4 && w.group % 64 == 0);
+  auto* ws1 = static_cast<float*>(
+      t_wsscratch.get(static_cast<size_t>(kMaxTileRows * (groups + 8)) * sizeof(float)));
+  const MatQ m{w.codes, w.scales, w.code_row_bytes(), w.scale_row_bytes(), map, w.K, groups,
+               uniform, ws1};
   switch (w.kind) {
     case QdotCodes::kInt4:
       matmul<QdotCodes::kInt4>(m, r0, r1, X, B, ldx, Y, ldy);
