@@ -25,10 +25,12 @@ namespace {
 
 constexpr double kEps = 1.0 / (1 << 23);
 
-// Runs `body` once per KDA implementation the CPU has (portable, and AVX-512 at the avx512 level),
-// then restores the start-up ISA level.
+// Runs `body` once per KDA implementation the CPU has (portable, the portable primitives compiled
+// for AVX2 at the avx2 level, and AVX-512 at the avx512 level), then restores the start-up ISA
+// level.
 void for_each_isa(const std::function<void()>& body) {
   std::vector<Isa> levels = {Isa::kPortable};
+  if (hardware_isa() >= Isa::kAvx2) levels.push_back(Isa::kAvx2);
   if (hardware_isa() >= Isa::kAvx512) levels.push_back(Isa::kAvx512);
   for (Isa level : levels) {
     set_isa(level);

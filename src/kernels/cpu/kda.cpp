@@ -3,9 +3,10 @@
 // gemm_rows, pair_coeffs, decay_vectors, decayed_keys) that exist twice: portable loops here,
 // written so that the compiler vectorises them for the baseline ISA, and AVX-512 versions in
 // kda_avx512.cpp, chosen at run time from the ISA level (cpu_features.h: the avx512 level and
-// above; the avx2 level runs the portable primitives). Everything around them (q/k normalisation,
-// cumulative decays, the per-chunk bookkeeping) is shared, so both paths compute the same algorithm
-// and differ only in summation order and FMA contraction.
+// above; the avx2 level runs the portable primitives compiled for AVX2, see MD_KDA_VERSIONS).
+// Everything around them (q/k normalisation, cumulative decays, the per-chunk bookkeeping) is
+// shared, so both paths compute the same algorithm and differ only in summation order and FMA
+// contraction.
 #include "megadecode/kernels/cpu/kda.h"
 
 #include <algorithm>
@@ -48,7 +49,7 @@ constexpr int kTile = 256;
 constexpr int kBlock = 16;
 
 // ---------------------------------------------------------------------------------------------
-// Portable primitives.
+// Portable primitives: the bodies, compiled once per ISA below (MD_KDA_VERSIONS).
 
 // exp(x) for x <= 88, used for all decays (the chunked prefill evaluates tens of thousands per
 // chunk): a branch-free Cody-Waite reduction with a degree-7 Taylor polynomial (truncation error
@@ -57,7 +58,7 @@ constexpr int kBlock = 16;
 // normal number (the result, ~1.6e-38 instead of something smaller, is added to O(1) terms). The
 // clamp is a bitwise select: GCC does not if-convert a float comparison under the default
 // -ftrapping-math, and a branch would keep the whole loop scalar.
-inline float fast_exp(float x) {
+[[gnu::always_inline]] inline float fast_exp(float x) {
   const uint32_t low = 0u - static_cast<uint32_t>(x < -87.0f);  // all ones where x < -87
   x = std::bit_cast<float>((std::bit_cast<uint32_t>(x) & ~low) |
                            (std::bit_cast<uint32_t>(-87.0f) & low));
@@ -85,8 +86,10 @@ inline float fast_exp(float x) {
 //   d = beta * (v - kv);  o = oa + (k.q) d  (= (diag(exp(g)) S + k d^T)^T q)
 //   S = diag(eg) S + k d^T
 // Two passes over S because d depends on every row of the decayed state.
-void decode_state_portable(float* S, const float* ck, const float* cq, const float* eg,
-                           const float* kn, const float* v, float beta, float kq, int K, float* o) {
+[[gnu::always_inline]] inline void decode_state_body(float* S, const float* ck, const float* cq,
+                                                     const float* eg, const float* kn,
+                                                     const float* v, float beta, float kq, int K,
+                                                     float* o) {
   for (int c0 = 0; c0 < K; c0 += kTile) {
     const int n = std::min(kTile, K - c0);
     float kv[kTile], oa[kTile], d[kTile];
@@ -116,9 +119,10 @@ void decode_state_portable(float* S, const float* ck, const float* cq, const flo
 // init_m = 0 (!accumulate), C[m] (c_scale null) or c_scale[m] * C[m]. diag = P gives a full
 // product, 1 a lower-triangular A, 0 a strictly lower one. Rows are finished in increasing m, so
 // with diag = 0 B may be C itself: that is forward substitution for (I - A) X = C.
-void gemm_rows_portable(int M, int N, int P, const float* A, int64_t lda, const float* B,
-                        int64_t ldb, float* C, int64_t ldc, const float* c_scale, bool accumulate,
-                        int diag) {
+[[gnu::always_inline]] inline void gemm_rows_body(int M, int N, int P, const float* A, int64_t lda,
+                                                  const float* B, int64_t ldb, float* C,
+                                                  int64_t ldc, const float* c_scale,
+                                                  bool accumulate, int diag) {
   for (int c0 = 0; c0 < N; c0 += kTile) {
     const int n = std::min(kTile, N - c0);
     float acc[kTile];
@@ -149,9 +153,10 @@ void gemm_rows_portable(int M, int N, int P, const float* A, int64_t lda, const 
 // gc, qn, kn are [L][K]; gcT, kT hold gc and kn transposed ([K][ldt]) so that the inner loop runs
 // over s with unit stride and no reduction. Entries with s > t are left unspecified; blocks below
 // the diagonal are products of factored exponentials (see intra_chunk_coeffs).
-void pair_coeffs_portable(int L, int K, const float* gc, const float* qn, const float* kn,
-                          const float* beta, const float* gcT, const float* kT, int64_t ldt,
-                          float* A, float* P, int64_t ldp) {
+[[gnu::always_inline]] inline void pair_coeffs_body(int L, int K, const float* gc, const float* qn,
+                                                    const float* kn, const float* beta,
+                                                    const float* gcT, const float* kT, int64_t ldt,
+                                                    float* A, float* P, int64_t ldp) {
   for (int t = 0; t < L; ++t) {
     const int sb = t / kBlock * kBlock;
     float* __restrict a = A + t * ldp;
@@ -175,9 +180,11 @@ void pair_coeffs_portable(int L, int K, const float* gc, const float* qn, const 
 
 // eg = exp(g), ck = eg * kn, cq = eg * qn for n elements. The restrict parameters spare the
 // vectorised loop the run-time alias checks (GCC gives up when there are more than 10 pairs).
-void decay_vectors_portable(int64_t n, const float* __restrict g, const float* __restrict kn,
-                            const float* __restrict qn, float* __restrict eg, float* __restrict ck,
-                            float* __restrict cq) {
+[[gnu::always_inline]] inline void decay_vectors_body(int64_t n, const float* __restrict g,
+                                                      const float* __restrict kn,
+                                                      const float* __restrict qn,
+                                                      float* __restrict eg, float* __restrict ck,
+                                                      float* __restrict cq) {
   for (int64_t i = 0; i < n; ++i) {
     const float e = fast_exp(g[i]);
     eg[i] = e;
@@ -188,23 +195,80 @@ void decay_vectors_portable(int64_t n, const float* __restrict g, const float* _
 
 // out[i][s] = kT[i][s] exp(g0[i] - gcT[i][s]) for i < K, s < n (rows of stride ldt): keys of
 // tokens s decayed up to a later token whose cumulative decay is g0 (so the argument is <= 0).
-void decayed_keys_row(float g0, const float* __restrict gs, const float* __restrict ks, int n,
-                      float* __restrict out) {
+[[gnu::always_inline]] inline void decayed_keys_row(float g0, const float* __restrict gs,
+                                                    const float* __restrict ks, int n,
+                                                    float* __restrict out) {
   for (int s = 0; s < n; ++s) out[s] = ks[s] * fast_exp(g0 - gs[s]);
 }
 
-void decayed_keys_portable(int K, int n, const float* g0, const float* gcT, const float* kT,
-                           int64_t ldt, float* out) {
+[[gnu::always_inline]] inline void decayed_keys_body(int K, int n, const float* g0,
+                                                     const float* gcT, const float* kT, int64_t ldt,
+                                                     float* out) {
   for (int i = 0; i < K; ++i) {
     decayed_keys_row(g0[i], gcT + i * ldt, kT + i * ldt, n, out + i * ldt);
   }
 }
+
+// One copy of each primitive per instruction set, compiled from the same always-inline body (as
+// mla.cpp's): for the build's baseline (SSE2 on x86-64: the compiler vectorises the loops 4 floats
+// wide) and for AVX2 + FMA (8 wide, multiply-adds fused), picked at run time from the ISA level
+// (the avx2 level; avx512 and above take kda_avx512.cpp's). The copies differ by rounding only,
+// as the AVX-512 primitives do. On an AVX2-only AMD EPYC (Zen 2) the AVX2 copy took the decode
+// step's KDA tiles from ~18.4 to ~15.6 ms a step (summed over 2 workers; the state's memory
+// traffic bounds the rest) and a 256-token prefill ~8% faster (bench/RESULTS.md, session 19).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define MD_KDA_VERSIONS(name, params, args)                     \
+  void name##_portable params {                                 \
+    name##_body args;                                           \
+  }                                                             \
+  __attribute__((target("avx2,fma"))) void name##_avx2 params { \
+    name##_body args;                                           \
+  }
+#define MD_KDA_HAS_AVX2 1
+#else
+#define MD_KDA_VERSIONS(name, params, args) \
+  void name##_portable params {             \
+    name##_body args;                       \
+  }
+#endif
+
+// clang-format off
+MD_KDA_VERSIONS(decode_state,
+                (float* S, const float* ck, const float* cq, const float* eg, const float* kn,
+                 const float* v, float beta, float kq, int K, float* o),
+                (S, ck, cq, eg, kn, v, beta, kq, K, o))
+MD_KDA_VERSIONS(gemm_rows,
+                (int M, int N, int P, const float* A, int64_t lda, const float* B, int64_t ldb,
+                 float* C, int64_t ldc, const float* c_scale, bool accumulate, int diag),
+                (M, N, P, A, lda, B, ldb, C, ldc, c_scale, accumulate, diag))
+MD_KDA_VERSIONS(pair_coeffs,
+                (int L, int K, const float* gc, const float* qn, const float* kn,
+                 const float* beta, const float* gcT, const float* kT, int64_t ldt, float* A,
+                 float* P, int64_t ldp),
+                (L, K, gc, qn, kn, beta, gcT, kT, ldt, A, P, ldp))
+MD_KDA_VERSIONS(decay_vectors,
+                (int64_t n, const float* g, const float* kn, const float* qn, float* eg, float* ck,
+                 float* cq),
+                (n, g, kn, qn, eg, ck, cq))
+MD_KDA_VERSIONS(decayed_keys,
+                (int K, int n, const float* g0, const float* gcT, const float* kT, int64_t ldt,
+                 float* out),
+                (K, n, g0, gcT, kT, ldt, out))
+// clang-format on
 
 // ---------------------------------------------------------------------------------------------
 // Dispatch.
 
 bool use_avx512() {
   return active_isa() >= Isa::kAvx512;
+}
+
+bool use_avx2() {
+#ifdef MD_KDA_HAS_AVX2
+  return active_isa() >= Isa::kAvx2;
+#else
+  return false;
+#endif
 }
 
 struct Prims {
@@ -219,6 +283,11 @@ struct Prims {
 // multiple of 16 in the prefill's block products) need the AVX-512 vector width to divide K.
 Prims prims(int K) {
   if (!use_avx512()) {
+#ifdef MD_KDA_HAS_AVX2
+    if (use_avx2())
+      return {decode_state_avx2, gemm_rows_avx2, pair_coeffs_avx2, decay_vectors_avx2,
+              decayed_keys_avx2};
+#endif
     return {decode_state_portable, gemm_rows_portable, pair_coeffs_portable, decay_vectors_portable,
             decayed_keys_portable};
   }
@@ -285,7 +354,7 @@ inline float conv_activation(float acc, bool round) {
 }  // namespace
 
 const char* kda_isa() {
-  return use_avx512() ? "avx512" : "portable";
+  return use_avx512() ? "avx512" : use_avx2() ? "avx2" : "portable";
 }
 
 // ---------------------------------------------------------------------------------------------
