@@ -18,7 +18,8 @@
 // A row is read in chunks of 32 bytes (one ymm load):
 //  * int4 / MXFP4: 64 columns, two 32-column sub-groups. Byte b holds columns 2b (low nibble) and
 //    2b + 1 (high nibble); the activations are packed once per call (or taken again: PackedFrom)
-//    as the even columns' bytes and the odd columns' bytes. Lane l sums columns 8l..8l+7: sub-group l / 4 of the chunk.
+//    as the even columns' bytes and the odd columns' bytes. Lane l sums columns 8l..8l+7: sub-group
+//    l / 4 of the chunk.
 //  * int8: 32 columns, one sub-group; lane l sums columns 4l..4l+3.
 // Then, per chunk, row and vector, qdot.h's sequence: the int32 lanes to fp32 (exact), times the
 // lanes' activation scales d, an fma by the lanes' weight scales into one ymm per output, which
@@ -70,6 +71,9 @@ struct PackedFrom {
   }
 };
 thread_local PackedFrom t_packed_from;
+// Only decode-sized batches are kept: a prefill chunk's rows (16-64 vectors) are work enough that
+// packing them is cheap beside it, while copying and comparing them would not be.
+constexpr int kReuseVecs = 8;
 thread_local IsaScratch t_mapscratch;  // the sub-group -> group table of the call
 thread_local IsaScratch t_wsscratch;   // a tile's weight scales (MatQ::ws1)
 constexpr int kMaxTileRows = 4;        // batch_tile's tallest tile
@@ -460,13 +464,12 @@ void matmul(const MatQ& m, int64_t r0, int64_t r1, const float* X, int B, int64_
   for (int bs = 0; bs < B; bs += kBatchBlock) {
     const int nb = std::min(kBatchBlock, B - bs);
     const float* xs = X + bs * ldx;
-    if (bs > 0 || !t_packed_from.same(xs, nb, ldx, m.K, C)) {
+    const bool keep = B <= kReuseVecs;
+    if (!keep || !t_packed_from.same(xs, nb, ldx, m.K, C)) {
       t_packed_from.valid = false;  // while t_xscratch changes (get may reallocate)
       auto* xb = static_cast<uint8_t*>(t_xscratch.get(static_cast<size_t>(nb * L.stride)));
       for (int j = 0; j < nb; ++j) pack_x<C>(xs + j * ldx, m.K, L, xb + j * L.stride);
-      // Only the first batch block is kept (a batch of more is a prefill: packing is cheap
-      // beside its rows' work).
-      if (bs == 0) t_packed_from.record(xs, nb, ldx, m.K, C);
+      if (keep) t_packed_from.record(xs, nb, ldx, m.K, C);
     }
     auto* xb = static_cast<uint8_t*>(t_xscratch.get(static_cast<size_t>(nb * L.stride)));
     for (int j = 0; j < nb; ++j) xv[j] = L.at(xb + j * L.stride);
