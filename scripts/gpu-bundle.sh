@@ -17,7 +17,8 @@ grep -q 'for .sm_90a.' "$build/ptxas.log" 2>/dev/null ||
 rm -rf "$out"
 mkdir -p "$out/lib/glibc"
 for f in "$build/megadecode" "$build/tests/megadecode_tests"; do
-  strip -o "$out/$(basename "$f")" "$f"
+  # Debug sections out, the symbol table kept: cuda-gdb names the functions of a stuck run.
+  strip --strip-debug -o "$out/$(basename "$f")" "$f"
   # Every library the binary resolves here (the loader included); the driver's libcuda is the
   # GPU machine's own (cudart is linked statically and loads it at run time).
   ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\/.*ld-linux/ {print $1}' |

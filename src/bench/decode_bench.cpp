@@ -76,7 +76,8 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
   const ModelConfig& cfg = m.config();
   const int64_t V = cfg.vocab_size;
   DecodeResult res;
-  res.workers = o.workers > 0 ? o.workers : default_cpu_workers(m);
+  const int asked_workers = o.workers > 0 ? o.workers : default_workers(m, o.device);
+  res.workers = asked_workers;
   res.reference_threads = m.pool().size();
   const int maxb = *std::max_element(o.batches.begin(), o.batches.end());
   // A distributed rank runs plan executors only; the ranks start every timed block together.
@@ -91,12 +92,13 @@ DecodeResult run_decode(Model& m, const DecodeOptions& o) {
     r.name = n;
     if (n != "reference") {
       ExecutorOptions eo;
-      eo.workers = res.workers;
+      eo.workers = asked_workers;
       eo.states = m.options().states;
       eo.device = o.device;
       eo.profile = o.profile;
       r.ex = make_executor(m, parse_executor_kind(n), maxb, eo);
     }
+    if (r.ex) res.workers = r.ex->workers();  // a CUDA executor's: the blocks it runs
     if (auto* cx = dynamic_cast<CudaExecutor*>(r.ex.get())) res.device = cx->device_name();
     runners.push_back(std::move(r));
   }

@@ -51,7 +51,7 @@ SpeculativeBenchResult run_speculative(
   for (int b : batches) MD_CHECK(b >= 1 && b <= 64, "bench: speculative batch {} is not in 1..64", b);
   const int max_b = *std::max_element(batches.begin(), batches.end());
   const int64_t V = m.config().vocab_size;
-  const int W = o.workers > 0 ? o.workers : default_cpu_workers(m);
+  const int W = o.workers > 0 ? o.workers : default_workers(m, o.device);
   const int K = o.num_draft_tokens;
   // One random prompt per sequence (different prompts route to different experts).
   Rng rng(29);

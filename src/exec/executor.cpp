@@ -100,6 +100,10 @@ int default_cpu_workers(const Model& m) {
   return cpus_per_rank(m.shard().world());
 }
 
+int default_workers(const Model& m, DeviceKind device) {
+  return device == DeviceKind::kCpu ? default_cpu_workers(m) : 0;
+}
+
 std::unique_ptr<Executor> make_executor(Model& model, ExecutorKind kind, int max_batch,
                                         const ExecutorOptions& opt) {
   if (opt.device == DeviceKind::kCpu) return std::make_unique<CpuExecutor>(model, max_batch, kind, opt);

@@ -130,7 +130,7 @@ void register_bench(CLI::App& app) {
       "decode (and speculative): comma-separated batch sizes, e.g. 1,2,4,8");
   c->add_option("--executor", o->executors,
                 "comma-separated executors: megakernel, opbyop, reference");
-  c->add_option("--workers", o->workers, "executor workers (0: one per CPU)")
+  c->add_option("--workers", o->workers, "executor workers (0: one per CPU; on a CUDA device, one block per SM)")
       ->check(CLI::Range(0, 4096));
   c->add_option("--steps", o->steps, "timed steps per executor and repetition")
       ->check(CLI::Range(1, 100000));
@@ -225,6 +225,10 @@ void register_bench(CLI::App& app) {
       dir = tmp.dir;
     }
     const int W = o->workers > 0 ? o->workers : cpus_per_rank(o->f.tp * o->f.ep);
+    // The decode and speculative benches' executors: W on the CPU; on a CUDA device, 0 unless
+    // --workers is given (one block per SM; W counts host CPUs, not SMs).
+    const bool on_cpu = o->f.device_kind() == DeviceKind::kCpu;
+    const int plan_workers = on_cpu || o->workers > 0 ? W : 0;
     RunFlags rf = o->f;
     rf.model = dir;
     if (rf.threads == 0) rf.threads = W;
@@ -261,9 +265,14 @@ void register_bench(CLI::App& app) {
         {"reference_threads", m.pool().size()},
         {"device", o->f.device},
     };
-    std::printf("model %s, %d workers (reference path: %d threads), precision %s, matmul %s\n",
-                model_name.c_str(), W, m.pool().size(), o->f.precision.c_str(),
-                mach.matmul_isa.c_str());
+    if (plan_workers > 0)
+      std::printf("model %s, %d workers (reference path: %d threads), precision %s, matmul %s\n",
+                  model_name.c_str(), W, m.pool().size(), o->f.precision.c_str(),
+                  mach.matmul_isa.c_str());
+    else
+      std::printf("model %s, one block per SM of the device (reference path: %d threads), "
+                  "precision %s\n",
+                  model_name.c_str(), m.pool().size(), o->f.precision.c_str());
     std::printf("machine: %s, %d CPUs\n", mach.cpu_model.c_str(), mach.cores);
     if (device_weights)
       std::printf("weights: preset %s, seed %llu, generated on the device (make-model's bytes)\n",
@@ -276,13 +285,14 @@ void register_bench(CLI::App& app) {
       d.steps = o->steps;
       d.reps = o->reps;
       d.context = o->context;
-      d.workers = W;
+      d.workers = plan_workers;
       d.device = o->f.device_kind();
       d.progress = on_progress;
       d.profile = o->profile;
       const bench::DecodeResult r = bench::run_decode(m, d);
       progress.done();
       j["device_name"] = r.device;
+      j["workers"] = r.workers;
       if (m.weights_on_host()) {
         // After the timed steps, so the pages they read are in (model/mapped_file.h).
         const Checkpoint& ck = m.checkpoint();
@@ -301,8 +311,8 @@ void register_bench(CLI::App& app) {
       std::printf(")\n%d timed steps x %d interleaved repetitions per executor and batch\n",
                   o->steps, o->reps);
       if (d.device != DeviceKind::kCpu)
-        std::printf("plan executors on --device %s (%s); the bandwidth is the device's%s\n",
-                    std::string(device_kind_name(d.device)).c_str(), r.device.c_str(),
+        std::printf("plan executors on --device %s (%s, %d blocks); the bandwidth is the device's%s\n",
+                    std::string(device_kind_name(d.device)).c_str(), r.device.c_str(), r.workers,
                     d.device == DeviceKind::kCudaSim
                         ? " (the simulation: host memory and CPU timings, not a GPU's)"
                         : "");
@@ -481,7 +491,7 @@ void register_bench(CLI::App& app) {
         x.context = o->context;
         x.steps = o->steps;
         x.reps = o->reps;
-        x.workers = W;
+        x.workers = plan_workers;
         x.executors = plan_names;
         x.progress = on_progress;
         const bench::MixedResult r = bench::run_mixed(m, x);

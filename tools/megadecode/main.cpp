@@ -7,6 +7,8 @@
 #include "megadecode/base/error.h"
 
 int main(int argc, char** argv) {
+  // Line by line even into a pipe: a run stopped by a time limit keeps what it printed.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"megadecode: a megakernel inference engine for the Kimi hybrid model family"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "megadecode 0.1.0");

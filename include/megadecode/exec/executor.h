@@ -221,6 +221,9 @@ class Executor {
 // CPU workers when ExecutorOptions::workers is 0: cpus_per_rank of the model's world (one per CPU
 // the process may use; a distributed rank that its launcher did not bind: its share).
 int default_cpu_workers(const Model& m);
+// ExecutorOptions::workers for a bench that was given none: default_cpu_workers on the CPU; 0 on
+// a CUDA device, whose executors then run one block per SM (not one per host CPU).
+int default_workers(const Model& m, DeviceKind device);
 
 // A plan executor of the given kind on opt.device (CPU threads, or a CUDA executor).
 std::unique_ptr<Executor> make_executor(Model& model, ExecutorKind kind, int max_batch,

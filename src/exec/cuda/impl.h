@@ -167,13 +167,14 @@ struct CudaExecutor::Impl {
     double total = 0, done = 0;
     std::vector<exec::WeightView> views;
     for (const plan::WeightRef& r : p.weights) views.push_back(exec::bind_weight(model.weights(), r));
-    for (const auto& v : views) total += double(v.rows) * double(v.cols) * 2;
+    for (const auto& v : views)
+      total += double(weight_bytes(v)) + (v.scales ? double(v.rows) * double(v.cols) / 32 : 0.0);
     const bool bar = total > double(size_t(1) << 30);
     std::lock_guard<std::mutex> lock(weights->mu);
     std::vector<cuda::RandomJob> jobs;
     for (const auto& v : views) {
       place(v, jobs);
-      done += double(weight_bytes(v));
+      done += double(weight_bytes(v)) + (v.scales ? double(v.rows) * double(v.cols) / 32 : 0.0);
       if (bar)
         fmt::print(stderr, "\r{} weights on {}: {} of {}", jobs.empty() ? "uploading" : "placing",
                    dev->info().name, human_bytes(done), human_bytes(total));
