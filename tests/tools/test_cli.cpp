@@ -102,7 +102,8 @@ TEST_F(Cli, DeviceCudaSim) {
                          " --device cuda-sim --executor megakernel,opbyop --batch 1 --steps 1 "
                          "--reps 1");
   ASSERT_EQ(b.status, 0) << b.err;
-  EXPECT_THAT(b.out, HasSubstr("--device cuda-sim (cuda-sim (host simulation))"));
+  // One block per simulated SM (4), not one per host CPU.
+  EXPECT_THAT(b.out, HasSubstr("--device cuda-sim (cuda-sim (host simulation), 4 blocks)"));
   // A preset benched by CUDA executors only: its weights are generated on the device; with the
   // reference among the executors, make-model writes them for the host.
   test::TempDir tmp("cli_bench");
