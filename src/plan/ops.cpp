@@ -46,11 +46,8 @@ constexpr OperandDesc kMlaMerge[] = {
 constexpr OperandDesc kAttnOut[] = {
     {"w", S::kWeight}, {"x", S::kAct}, {"resid", S::kActOpt}, {"out", S::kAct}};
 constexpr OperandDesc kFfnNorm[] = {{"x", S::kAct}, {"norm", S::kWeight}, {"h", S::kAct}};
-constexpr OperandDesc kRouter[] = {{"h", S::kAct},
-                                   {"router", S::kWeight},
-                                   {"bias", S::kWeight},
-                                   {"ids", S::kAct},
-                                   {"wts", S::kAct}};
+constexpr OperandDesc kRouter[] = {
+    {"logits", S::kAct}, {"bias", S::kWeight}, {"ids", S::kAct}, {"wts", S::kAct}};
 constexpr OperandDesc kGateUp[] = {
     {"gate", S::kWeight}, {"up", S::kWeight}, {"x", S::kAct}, {"act", S::kAct}};
 constexpr OperandDesc kExpertGateUp[] = {{"ids", S::kAct},
@@ -147,6 +144,7 @@ const std::array<OpDesc, kNumOps>& table() {
                        kFlagResidual | kFlagPartial});
     set(Op::kFfnNorm,
         {"ffn_norm", "token rows", kFfnNorm, true, 1.0, Stream::kNone, {kNo, kNo}, kFlagAttnRes});
+    set(Op::kRouterLogits, gemv("router_logits"));
     set(Op::kRouter, {"router", "token rows", kRouter, false, 1.0, Stream::kNone, {kNo, kNo}, 0});
     set(Op::kDenseGateUp, {"dense_gate_up",
                            "matrix rows",

@@ -67,8 +67,9 @@ struct AttnOut {
 struct FfnNorm {
   enum : uint8_t { x, norm, h, count };  // then K3's mix tail
 };
+// kRouterLogits is a GEMV ([w, x, y]); kRouter reads its logits.
 struct Router {
-  enum : uint8_t { h, router, bias, ids, wts, count };
+  enum : uint8_t { logits, bias, ids, wts, count };
 };
 struct GateUp {  // kDenseGateUp, kSharedGateUp
   enum : uint8_t { gate, up, x, act, count };

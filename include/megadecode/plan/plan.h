@@ -43,7 +43,9 @@ enum class Op : uint8_t {
                   // (K3, first layer of a block: x_mid = round(W o), a new partial sum)
   kFfnNorm,       // per sequence: h2 = RMSNorm(x_mid, post_attention_layernorm) (K3: of the
                   // block attention residual mix over the block summaries and x_mid)
-  kRouter,        // per sequence: router logits, sigmoid top-k -> expert ids and weights
+  kRouterLogits,  // row block (experts) of the router's logits for every token row: L = W h2,
+                  // fp32, never rounded
+  kRouter,        // per sequence: sigmoid top-k of its logits -> expert ids and weights
   kDenseGateUp,   // row block of the dense MLP: act = silu(round(G h2)) * round(U h2)
   kDenseDown,     // row block of the dense MLP's down projection
   kSharedGateUp,  // same for the shared expert

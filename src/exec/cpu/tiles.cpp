@@ -169,16 +169,20 @@ void ffn_norm_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc
   }
 }
 
-// [h2, router, bias, ids, wts]
-void router_tile(const StepCtx& s, const Instr& in, const Args& a, Scratch& sc) {
+// [router, h2, logits]: the router's logits rows [r0, r1) for every token row, fp32 (the
+// reference's router never rounds them).
+void router_logits_tile(const StepCtx& s, const Instr& in, const Args& a) {
+  using G = plan::arg::Gemv;
+  gemv_rows(a.w(G::w), in.r0, in.r1, a.f(G::x), s.n, a.ld(G::x), a.f(G::y) + in.r0, a.ld(G::y),
+            s.num.round_bf16);
+}
+
+// [logits, bias, ids, wts]
+void router_tile(const StepCtx& s, const Instr& in, const Args& a) {
   using Ro = plan::arg::Router;
-  const int E = s.cfg->num_experts;
-  const int b0 = int(in.r0), n = int(in.r1) - b0;
-  float* logits = sc.f.data();  // [n][E]
-  gemv_rows(a.w(Ro::router), 0, E, a.f(Ro::h, b0), n, a.ld(Ro::h), logits, E, s.num.round_bf16);
-  for (int i = 0; i < n; ++i)
-    cpu::route_topk(logits + int64_t(i) * E, a.vec(Ro::bias), s.num.router, a.ints(Ro::ids, b0 + i),
-                    a.f(Ro::wts, b0 + i));
+  for (int b = int(in.r0); b < int(in.r1); ++b)
+    cpu::route_topk(a.f(Ro::logits, b), a.vec(Ro::bias), s.num.router, a.ints(Ro::ids, b),
+                    a.f(Ro::wts, b));
 }
 
 // The u-th distinct expert chosen by the step's token rows (ascending id) and the (row, slot)
@@ -356,7 +360,6 @@ size_t scratch_floats(const plan::Plan& p) {
   const int64_t X = std::max(D, c.expert_dim());                      // the routed experts' width
   int64_t n = 3 * D;                                                  // combine (+ K3's mix)
   n = std::max<int64_t>(n, R * (5 * c.kda_dim() + c.kda_num_heads));  // kda core
-  n = std::max<int64_t>(n, B * c.num_experts);  // router (a range of sequences)
   n = std::max<int64_t>(n, 2 * B * I);          // gate/up
   n = std::max<int64_t>(n, B * X + 2 * B * I);  // expert gate/up (+ gathered inputs)
   n = std::max<int64_t>(n, B * I + B * X);      // expert down
@@ -430,8 +433,10 @@ void run_instr(const StepCtx& s, const Instr& instr, Scratch& sc) {
       return attn_out_tile(s, in, a);
     case Op::kFfnNorm:
       return ffn_norm_tile(s, in, a, sc);
+    case Op::kRouterLogits:
+      return router_logits_tile(s, in, a);
     case Op::kRouter:
-      return router_tile(s, in, a, sc);
+      return router_tile(s, in, a);
     case Op::kDenseGateUp:
     case Op::kSharedGateUp:
       return gate_up_tile(s, in, a, sc);

@@ -32,6 +32,7 @@ MD_DEV StreamRef first_stream(const DevStep& s, const plan::Instr& in) {
     case Op::kLmHead:
     case Op::kDraftCtxProj:
     case Op::kDraftProj:
+    case Op::kRouterLogits:
       return w(plan::arg::Gemv::w);
     case Op::kDraftMarkov:
       return w(plan::arg::DraftMarkov::w2);
@@ -56,6 +57,7 @@ MD_DEV bool streams_weights(plan::Op op) {
     case Op::kMlaCore:
     case Op::kMlaMerge:
     case Op::kFfnNorm:
+    case Op::kRouter:
     case Op::kCombine:
     case Op::kSample:
     case Op::kDraftCtxNorm:
@@ -117,8 +119,10 @@ MD_DEV void run_tile_ops(const DevStep& s, plan::Instr in, Pipe& pipe) {
       return attn_out_tile(s, in, a, pipe);
     case Op::kFfnNorm:
       return ffn_norm_tile(s, in, a);
+    case Op::kRouterLogits:
+      return router_logits_tile(s, in, a, pipe);
     case Op::kRouter:
-      return router_tile(s, in, a, pipe);
+      return router_tile(s, in, a);
     case Op::kDenseGateUp:
     case Op::kSharedGateUp:
       return gate_up_tile(s, in, a, pipe);

@@ -217,26 +217,28 @@ MD_DEV void route_row(const float* logits, const float* bias, const cpu::RouterP
   }
 }
 
-// [h2, router, bias, ids, wts]: token rows [r0, r1), as many at a time as the work area holds.
-MD_DEV void router_tile(const DevStep& s, const plan::Instr& in, const Args& a, Pipe& pipe) {
+// arg::Gemv [router, h2, logits]: the router's logits rows [r0, r1) for every token row, fp32
+// (never rounded, as the reference's).
+MD_DEV void router_logits_tile(const DevStep& s, const plan::Instr& in, const Args& a,
+                               Pipe& pipe) {
+  using G = plan::arg::Gemv;
+  const float* X = a.f(G::x);
+  const int64_t ldx = a.ld(G::x), ldy = a.ld(G::y);
+  float* Y = a.f(G::y);
+  gemv_block(
+      a.w(G::w), in.r0, in.r1, s.n, [&](int t) { return X + t * ldx; },
+      [&](int t, int64_t r, float v) { Y[t * ldy + r] = v; }, pipe, then_tile_end());
+}
+
+// [logits, bias, ids, wts]: the top-k of token rows [r0, r1), one thread.
+MD_DEV void router_tile(const DevStep& s, const plan::Instr& in, const Args& a) {
   using Ro = plan::arg::Router;
-  const int E = s.cfg.num_experts;
-  float* logits = work();
-  float* choice = logits + (kWorkFloats - uint32_t(E));
-  const int per = int(kWorkFloats / uint32_t(E)) - 1 > 0 ? int(kWorkFloats / uint32_t(E)) - 1 : 1;
-  for (int t0 = int(in.r0); t0 < int(in.r1); t0 += per) {
-    const int n = int(in.r1) - t0 < per ? int(in.r1) - t0 : per;
-    gemv_block(
-        a.w(Ro::router), 0, E, n, [&](int t) { return a.f(Ro::h, t0 + t); },
-        [&](int t, int64_t r, float v) { logits[t * E + r] = v; }, pipe,
-        t0 + per < int(in.r1) ? then_stream(a.w(Ro::router), 0, E) : then_tile_end());
-    port::sync_block();
-    if (port::thread_id() == 0)
-      for (int i = 0; i < n; ++i)
-        route_row(logits + i * E, a.vec(Ro::bias), s.num.router, a.ints(Ro::ids, t0 + i),
-                  a.f(Ro::wts, t0 + i), choice);
-    port::sync_block();
-  }
+  float* choice = work();
+  if (port::thread_id() == 0)
+    for (int t = int(in.r0); t < int(in.r1); ++t)
+      route_row(a.f(Ro::logits, t), a.vec(Ro::bias), s.num.router, a.ints(Ro::ids, t),
+                a.f(Ro::wts, t), choice);
+  port::sync_block();
 }
 
 // The slot's expert (the u-th distinct id chosen by the step's token rows, ascending) and its
