@@ -74,7 +74,9 @@ TEST(CudaSimGemv, BothPathsMatchFloat64AndTheirSummationOrder) {
       {6, 300, WDType::kBF16, 3},   // bf16 rows of a partial 16-byte unit: direct
       {13, 2304, WDType::kBF16, 1}, // staged, 3 rows a stage
       {7, 512, WDType::kBF16, 6},   // staged, two token blocks
-      {3, 9000, WDType::kBF16, 2},  // staged, rows segmented over two stages
+      {3, 9000, WDType::kBF16, 2},  // staged
+      // staged, rows wider than a stage: segmented over two stages
+      {3, int64_t(kStageBytes) / 2 + 1064, WDType::kBF16, 2},
   };
   uint64_t state = 0x9e3779b97f4a7c15ull;
   auto uniform = [&] {  // in [-1, 1)

@@ -16,9 +16,12 @@ namespace md::cuda {
 // Threads of every tile's block (both executors: the same block, the same summation orders).
 inline constexpr uint32_t kTileThreads = 256;
 // The weight stream of a GEMV tile: stages of kStageBytes in shared memory, filled by bulk async
-// copies while the block computes on the previous ones.
+// copies while the block computes on the previous ones. A stage's whole rows go one to a warp, so
+// a stage should hold one row per warp: 36 KiB is 8 of Kimi-Linear's 2304-wide bf16 rows (16 KiB
+// held 3: 5 of the 8 warps idled on every chunk, and 48 KiB in flight fed an SM about 2-6 GB/s on
+// an H200, bench/RESULTS.md). 4 x 36 KiB plus the work area stays under sm_80's 163 KiB.
 inline constexpr uint32_t kStages = 4;
-inline constexpr uint32_t kStageBytes = 16 << 10;
+inline constexpr uint32_t kStageBytes = 36 << 10;
 // Shared memory of a tile block: the stages, 128 bytes for their mbarriers (and the megakernel's
 // stop word after them: gemv.cuh block_word), and a work area for the tiles' reductions and small vectors (kWorkFloats).
 inline constexpr uint32_t kWorkFloats = 4096;
