@@ -6,16 +6,18 @@
 # kernel took over a minute, 2026-12-04):
 #   1. every phase kernel of the first steps, timed (gpu__time_duration) -> ncu-times.csv; a
 #      step's phases in the plan's order (megadecode plan --preset P --workers <SMs> lists them);
-#   2. the phases of one MoE layer (FIRST .. FIRST + COUNT - 1 of the first step; default: layer
-#      1's kda_proj .. combine) with the sections that say why: speed of light, memory workload,
-#      warp states and the per-instruction stall samples (SourceCounters) -> ncu-layer.txt.
-# Budget: about 3 minutes. Settings: PRESET, FIRST (8), COUNT (8), TIMED (600 kernels).
+#   2. phases FIRST .. FIRST + COUNT - 1 of the first step (default: layer 1's kda_proj, kda_core,
+#      attn_out, ffn_norm, router_logits (with the shared expert's gate/up), router, and the
+#      experts' gate/up) with the sections that say why: speed of light, warp states, occupancy
+#      and the per-instruction stall samples (SourceCounters) -> ncu-layer.txt. Each replayed
+#      kernel backs up the device memory (12.6 GB here), so keep COUNT small.
+# Budget: about 4 minutes. Settings: PRESET, FIRST (8), COUNT (7), TIMED (600 kernels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-bench}
 PRESET=${PRESET:-kl48-e32}
 FIRST=${FIRST:-8}
-COUNT=${COUNT:-8}
+COUNT=${COUNT:-7}
 TIMED=${TIMED:-600}
 B=gpu-bundle
 [ -x "$B/megadecode" ] || { echo "gpu-profile: carry gpu-bundle (make gpu-bundle)" >&2; exit 1; }
@@ -39,8 +41,8 @@ print(" ".join(f"{u:.0f}" for u in us[:40]))
 EOF
 echo "== one layer's phases with the stall sections ($(( $(date +%s) - t0 )) s) =="
 timeout 200 ncu --clock-control none -k regex:phase_kernel --launch-skip "$FIRST" \
-  --launch-count "$COUNT" --section SpeedOfLight --section MemoryWorkloadAnalysis \
-  --section WarpStateStats --section LaunchStats --section Occupancy --section SourceCounters \
+  --launch-count "$COUNT" --section SpeedOfLight --section WarpStateStats --section LaunchStats \
+  --section Occupancy --section SourceCounters \
   --log-file "$OUTDIR/ncu-layer.txt" "${BENCH[@]}" > /dev/null 2>&1 || echo "!! layer pass: rc $?"
 grep -E "Duration|Memory Throughput|DRAM Throughput|Stall|Warp Cycles Per Issued|Achieved Occupancy|Registers Per" \
   "$OUTDIR/ncu-layer.txt" | head -80 || true
