@@ -11,6 +11,7 @@
 #      experts' gate/up) with the sections that say why: speed of light, warp states, occupancy
 #      and the per-instruction stall samples (SourceCounters) -> ncu-layer.txt. Each replayed
 #      kernel backs up the device memory (12.6 GB here), so keep COUNT small.
+# Two files come back in $OUT (the device tool returns at most 8 a call, gpu-check.sh's included).
 # Budget: about 4 minutes. Settings: PRESET, FIRST (8), COUNT (7), TIMED (600 kernels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ t0=$(date +%s)
 echo "== timed phases ($PRESET) =="
 timeout 150 ncu --clock-control none -k regex:phase_kernel --metrics gpu__time_duration.sum \
   --launch-count "$TIMED" --csv --log-file "$OUTDIR/ncu-times.csv" "${BENCH[@]}" \
-  > "$OUTDIR/ncu-bench.txt" 2>&1 || echo "!! timed pass: rc $?"
+  > /tmp/ncu-bench.txt 2>&1 || echo "!! timed pass: rc $?: $(tail -1 /tmp/ncu-bench.txt)"
 python3 - "$OUTDIR/ncu-times.csv" << 'EOF' || true
 import csv, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
