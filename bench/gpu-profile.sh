@@ -7,8 +7,8 @@
 #   1. every phase kernel of the first steps, timed (gpu__time_duration) -> ncu-times.csv; a
 #      step's phases in the plan's order (megadecode plan --preset P --workers <SMs> lists them);
 #   2. phases FIRST .. FIRST + COUNT - 1 of the first step (default: layer 1's kda_proj, kda_core,
-#      attn_out, ffn_norm, router_logits (with the shared expert's gate/up), router, and the
-#      experts' gate/up) with the sections that say why: speed of light, warp states, occupancy
+#      attn_out, ffn_norm, router_logits, router + shared gate/up, expert gate/up + shared down;
+#      `plan --preset kl48-e32 --workers 132 --dump` lists the phases) with the sections that say why: speed of light, warp states, occupancy
 #      and the per-instruction stall samples (SourceCounters) -> ncu-layer.txt. Each replayed
 #      kernel backs up the device memory (12.6 GB here), so keep COUNT small.
 # Two files come back in $OUT (the device tool returns at most 8 a call, gpu-check.sh's included).
