@@ -10,6 +10,7 @@
 
 #include "../../src/kernels/cuda/device.h"
 #include "megadecode/base/error.h"
+#include "megadecode/kernels/cuda/sim.h"
 
 namespace md::test {
 
@@ -27,6 +28,17 @@ inline bool gpu_present(std::string* why) {
   }
 }
 
+// The simulation's configuration for one test (restored after): `sms` blocks, and the seed of
+// its scheduling order.
+struct SimConfig {
+  cuda::sim::Config saved = cuda::sim::config();
+  explicit SimConfig(int sms, uint64_t seed = 0) {
+    cuda::sim::config().sm_count = sms;
+    cuda::sim::config().seed = seed;
+  }
+  ~SimConfig() { cuda::sim::config() = saved; }
+};
+
 inline bool gpu_required() {
   const char* e = std::getenv("MD_REQUIRE_GPU");
   return e && std::string(e) == "1";
@@ -43,3 +55,15 @@ inline bool gpu_required() {
       GTEST_SKIP() << "no GPU here: " << why_;                                   \
     }                                                                            \
   } while (0)
+
+// A test through the simulation on `sms` blocks (CudaSim.name), and the same on a GPU
+// (CudaGpu.name, skipped with the reason when there is none): body(CudaTarget).
+#define SIM_AND_GPU_TEST(name, sms, body) \
+  TEST(CudaSim, name) {                   \
+    ::md::test::SimConfig sc_(sms);       \
+    body(::md::CudaTarget::kSim);         \
+  }                                       \
+  TEST(CudaGpu, name) {                   \
+    MD_NEED_GPU();                        \
+    body(::md::CudaTarget::kGpu);         \
+  }

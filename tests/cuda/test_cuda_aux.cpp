@@ -34,11 +34,7 @@ namespace {
 using test::expect_same_bits;
 using test::opts;
 
-struct SimConfig {
-  cuda::sim::Config saved = cuda::sim::config();
-  explicit SimConfig(int sms) { cuda::sim::config().sm_count = sms; }
-  ~SimConfig() { cuda::sim::config() = saved; }
-};
+using test::SimConfig;
 
 std::vector<int32_t> tokens(const Model& m, int n, int salt) {
   const int64_t V = m.config().vocab_size;

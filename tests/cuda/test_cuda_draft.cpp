@@ -38,11 +38,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-struct SimConfig {
-  cuda::sim::Config saved = cuda::sim::config();
-  explicit SimConfig(int sms) { cuda::sim::config().sm_count = sms; }
-  ~SimConfig() { cuda::sim::config() = saved; }
-};
+using test::SimConfig;
 
 std::string golden(const std::string& name) {
   return test::data_dir() + "/data/golden/" + name;

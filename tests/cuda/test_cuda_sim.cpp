@@ -35,22 +35,13 @@ namespace {
 
 using test::expect_same_bits;
 using test::opts;
+using test::SimConfig;
 using ::testing::HasSubstr;
 
 std::string model(const std::string& name) {
   const int seed = name == "tiny" ? 21 : name == "small" ? 22 : name == "k3-tiny" ? 23 : 24;
   return test::shared_checkpoint(name, uint64_t(seed));
 }
-
-// The simulation's configuration for one test (restored after).
-struct SimConfig {
-  cuda::sim::Config saved = cuda::sim::config();
-  explicit SimConfig(int sms, uint64_t seed = 0) {
-    cuda::sim::config().sm_count = sms;
-    cuda::sim::config().seed = seed;
-  }
-  ~SimConfig() { cuda::sim::config() = saved; }
-};
 
 std::vector<SequenceState> prefilled(Model& m, int n) {
   const int64_t V = m.config().vocab_size;
@@ -71,18 +62,6 @@ double max_abs(const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i) m = std::max(m, double(std::fabs(x[i])));
   return m;
 }
-
-// A test through the simulation on `sms` blocks, and the same on a GPU (CudaGpu.*, skipped with
-// the reason when there is none).
-#define SIM_AND_GPU_TEST(name, sms, body)   \
-  TEST(CudaSim, name) {                     \
-    SimConfig sc(sms);                      \
-    body(CudaTarget::kSim);                 \
-  }                                         \
-  TEST(CudaGpu, name) {                     \
-    MD_NEED_GPU();                          \
-    body(CudaTarget::kGpu);                 \
-  }
 
 // Both CUDA executors step batches of 1, 3 and 8 with sequences joining and leaving; they must
 // agree bit for bit, and with Model::forward within the tolerance above.

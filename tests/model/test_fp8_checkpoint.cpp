@@ -23,7 +23,9 @@
 #include "megadecode/base/error.h"
 #include "megadecode/engine/model.h"
 #include "megadecode/exec/cpu_executor.h"
+#include "megadecode/exec/cuda_executor.h"
 #include "megadecode/kernels/cpu/fp8.h"
+#include "megadecode/kernels/cuda/sim.h"
 #include "megadecode/model/safetensors.h"
 #include "test_util.h"
 
@@ -265,6 +267,34 @@ TEST(Fp8Checkpoint, LoadsAsReleasedAndMatchesItsDequantizedModel) {
       dmax = std::max(dmax, std::fabs(double(yq[i]) - yd[i]));
     }
     EXPECT_LE(dmax, 1e-4 * std::sqrt(ss / double(yq.size())));
+    // The CUDA executors (on the simulation) against the reference path: the same FP8 values in
+    // another fp32 summation order (test_cuda_quantized.cpp's bound), and bit for bit with each
+    // other.
+    {
+      cuda::sim::Config saved = cuda::sim::config();
+      cuda::sim::config().sm_count = 3;
+      const int64_t V = q.config().vocab_size;
+      std::vector<std::vector<float>> outs;
+      for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
+        CudaExecutor ex(q, 1, kind, CudaTarget::kSim);
+        SequenceState s = ex.new_sequence();
+        std::vector<float> got(ids.size() * size_t(V));
+        for (size_t i = 0; i < ids.size(); ++i) {
+          SequenceState* seqs[] = {&s};
+          ex.step(seqs, std::span(&ids[i], 1), got.data() + i * size_t(V));
+          double scale = 0, err = 0;
+          for (int64_t j = 0; j < V; ++j) {
+            const size_t k = i * size_t(V) + size_t(j);
+            scale = std::max(scale, double(std::fabs(yq[k])));
+            err = std::max(err, double(std::fabs(got[k] - yq[k])));
+          }
+          EXPECT_LE(err, 1e-4 * scale) << executor_name(kind) << " on the CUDA simulation, step " << i;
+        }
+        outs.push_back(std::move(got));
+      }
+      EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4));
+      cuda::sim::config() = saved;
+    }
     // Both plan executors bit-identical to the reference path (BF16, batch 2).
     Model b(wr.dir, plain(Precision::BF16));
     const auto want = run(b, ids);

@@ -5,6 +5,7 @@
 #pragma once
 #include <fmt/format.h>
 
+#include <bit>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -168,13 +169,13 @@ struct CudaExecutor::Impl {
     std::vector<exec::WeightView> views;
     for (const plan::WeightRef& r : p.weights) views.push_back(exec::bind_weight(model.weights(), r));
     for (const auto& v : views)
-      total += double(weight_bytes(v)) + (v.scales ? double(v.rows) * double(v.cols) / 32 : 0.0);
+      total += double(weight_bytes(v) + scale_bytes(v));
     const bool bar = total > double(size_t(1) << 30);
     std::lock_guard<std::mutex> lock(weights->mu);
     std::vector<cuda::RandomJob> jobs;
     for (const auto& v : views) {
       place(v, jobs);
-      done += double(weight_bytes(v)) + (v.scales ? double(v.rows) * double(v.cols) / 32 : 0.0);
+      done += double(weight_bytes(v) + scale_bytes(v));
       if (bar)
         fmt::print(stderr, "\r{} weights on {}: {} of {}", jobs.empty() ? "uploading" : "placing",
                    dev->info().name, human_bytes(done), human_bytes(total));
@@ -193,15 +194,27 @@ struct CudaExecutor::Impl {
     weights->dev->sync();
   }
 
+  // Bytes of a weight's codes (or values) and of its scales, as model/weights.h Mat lays them out.
+  static Mat as_mat(const exec::WeightView& v) {
+    Mat m;
+    m.dtype = v.dtype;
+    m.rows = v.rows;
+    m.cols = v.cols;
+    m.quant = v.quant;
+    m.group = v.group;
+    return m;
+  }
   static size_t weight_bytes(const exec::WeightView& v) {
-    return v.dtype == DType::U8 ? size_t(v.rows) * size_t(v.cols) / 2
-                                : size_t(v.rows) * size_t(v.cols) * dtype_size(v.dtype);
+    return size_t(v.rows) * as_mat(v).code_row_bytes();
+  }
+  static size_t scale_bytes(const exec::WeightView& v) {
+    return v.scales ? size_t(v.rows) * as_mat(v).scale_row_bytes() : 0;
   }
 
   // A weight's codes (or values) and MXFP4 scales on the device (once; weights->mu held).
   void place(const exec::WeightView& v, std::vector<cuda::RandomJob>& jobs) {
     upload_one(v.data, weight_bytes(v), jobs);
-    if (v.scales) upload_one(v.scales, size_t(v.rows) * size_t(v.cols) / 32, jobs);
+    if (v.scales) upload_one(v.scales, scale_bytes(v), jobs);
   }
 
   // One tensor's device copy, keyed by its host address: a copy of the host bytes, or the
@@ -233,9 +246,36 @@ struct CudaExecutor::Impl {
     d.scales = v.scales ? static_cast<const uint8_t*>(buffers.at(v.scales)->p) : nullptr;
     d.rows = v.rows;
     d.cols = v.cols;
-    d.dtype = v.dtype == DType::U8    ? cuda::WDType::kMXFP4
-              : v.dtype == DType::F32 ? cuda::WDType::kF32
-                                      : cuda::WDType::kBF16;
+    switch (v.quant) {
+      case WeightQuant::kNone:
+        MD_CHECK(v.dtype == DType::BF16 || v.dtype == DType::F32,
+                 "cuda executor: a {} weight [{}, {}]: the tiles read bf16 or fp32 values",
+                 dtype_name(v.dtype), v.rows, v.cols);
+        d.dtype = v.dtype == DType::F32 ? cuda::WDType::kF32 : cuda::WDType::kBF16;
+        return d;
+      case WeightQuant::kMxfp4:
+        d.dtype = cuda::WDType::kMXFP4;
+        break;
+      case WeightQuant::kInt4:
+        d.dtype = cuda::WDType::kInt4;
+        break;
+      case WeightQuant::kInt8:
+        d.dtype = cuda::WDType::kInt8;
+        break;
+      case WeightQuant::kFp8:
+        d.dtype = cuda::WDType::kFp8;
+        break;
+    }
+    // A quantized row is whole 16-byte units of whole groups (gemv.cuh); the loaders and the
+    // quantizer only make such matrices, so this guards the format's assumptions.
+    d.group = v.quant == WeightQuant::kMxfp4 ? 32 : v.group;
+    MD_CHECK(d.group > 0 && d.group % 32 == 0 && v.cols % d.group == 0 && v.scales,
+             "cuda executor: a quantized weight [{}, {}] with group {}: the tiles need scales per "
+             "group of a multiple of 32 columns dividing the row",
+             v.rows, v.cols, d.group);
+    d.row_groups = int32_t(v.cols / d.group);
+    const auto g = uint32_t(d.group);
+    d.group_shift = std::has_single_bit(g) ? int8_t(std::countr_zero(g)) : int8_t(-1);
     return d;
   }
 

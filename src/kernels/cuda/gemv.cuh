@@ -1,15 +1,20 @@
 // The weight-streaming matrix-vector product of the CUDA tiles: rows [r0, r1) of a weight matrix
 // times B activation rows, the block's warps over the matrix rows and the lanes over the columns
-// (16 bytes of weights a lane at a time: 8 bf16, or 32 MXFP4 codes with their E8M0 scale),
-// fp32 accumulation, one warp butterfly per (row, token row). bf16 and MXFP4 matrices whose rows
-// are whole 16-byte units stream through kStages shared-memory stages filled by bulk async copies
-// (port::bulk_copy_g2s on mbarriers), kStages - 1 chunks ahead of the one being computed; other
-// matrices (fp32 router, unaligned rows) are read from global memory directly.
+// (16 bytes of weights a lane at a time, a "unit": 8 bf16; 16 int8 or FP8 codes; 32 int4 or
+// MXFP4 codes), fp32 accumulation, one warp butterfly per (row, token row). bf16 and quantized
+// matrices whose rows are whole 16-byte units stream through kStages shared-memory stages filled
+// by bulk async copies (port::bulk_copy_g2s on mbarriers), kStages - 1 chunks ahead of the one
+// being computed; other matrices (fp32 router, unaligned bf16 rows) are read from global memory
+// directly. A quantized unit lies inside one scale group (groups are multiples of 32 columns);
+// its scale is read from global memory (1/16 to 1/64 of the bytes, cached).
 //
-// Summation order: per lane, its 8-column groups in ascending order, each group's 8 products
-// added left to right; then the warp butterfly; for rows wider than a stage, the segments' sums
-// in ascending order. It depends only on the matrix width, so every executor that runs a tile gets
-// the same bits; against the CPU kernels it is an fp32 reordering.
+// Summation order: per lane, its units in ascending order. A bf16 unit's 8 products are added
+// left to right into the lane's sum; a quantized unit's products of unscaled codes (exact small
+// integers, or FP8 values) and activations are added left to right into a unit sum, which is
+// multiplied by the unit's scale and added to the lane's sum. Then the warp butterfly; for rows
+// wider than a stage, the segments' sums in ascending order. It depends only on the matrix width
+// and format, so every executor that runs a tile gets the same bits; against the CPU kernels
+// (whose runs are shorter) it is an fp32 reordering.
 #pragma once
 #include "common.cuh"
 
@@ -78,15 +83,29 @@ MD_DEV float dot8(const uint16_t* w, const float* x, float acc) {
   return acc;
 }
 
-// Elements per 16-byte unit of a streamed matrix: 8 bf16, or 32 MXFP4 codes (one scale group).
-MD_DEV int64_t unit_elems(const DevWeight& w) {
-  return w.dtype == WDType::kMXFP4 ? 32 : 8;
+MD_DEV bool quantized(const DevWeight& w) {
+  return w.dtype == WDType::kMXFP4 || w.dtype == WDType::kInt4 || w.dtype == WDType::kInt8 ||
+         w.dtype == WDType::kFp8;
 }
 
-// Whether a matrix streams through the stages: bf16 or MXFP4 rows of whole 16-byte units,
-// aligned. (MXFP4's scales, 1/16 of its bytes, are read from global memory.)
+// Elements per 16-byte unit of a streamed matrix: 8 bf16, 16 int8 / FP8, 32 int4 / MXFP4.
+MD_DEV int64_t unit_elems(const DevWeight& w) {
+  switch (w.dtype) {
+    case WDType::kMXFP4:
+    case WDType::kInt4:
+      return 32;
+    case WDType::kInt8:
+    case WDType::kFp8:
+      return 16;
+    default:
+      return 8;
+  }
+}
+
+// Whether a matrix streams through the stages: bf16 or quantized rows of whole 16-byte units,
+// aligned. (Quantized matrices always do: their groups are multiples of 32 columns.)
 MD_DEV bool streamable(const DevWeight& w) {
-  return (w.dtype == WDType::kBF16 || w.dtype == WDType::kMXFP4) && w.cols % unit_elems(w) == 0 &&
+  return (w.dtype == WDType::kBF16 || quantized(w)) && w.cols % unit_elems(w) == 0 &&
          (reinterpret_cast<uintptr_t>(w.data) % 16) == 0;
 }
 
@@ -104,15 +123,87 @@ MD_DEV float e2m1(uint32_t c) {
   return (c & 8u) ? -mag : mag;
 }
 
-// 32 MXFP4 codes (16 bytes) dotted with 32 activations, added left to right, times the group's
-// scale, added to acc.
-MD_DEV float dot32_mxfp4(const uint8_t* p, float scale, const float* x, float acc) {
-  float g = 0.0f;
-  for (int j = 0; j < 16; ++j) {
-    g += e2m1(p[j] & 15u) * x[2 * j];
-    g += e2m1(p[j] >> 4) * x[2 * j + 1];
+// An integer code minus its offset (int4: c - 8, int8: c - 128), exactly: the code under the
+// exponent of 2^23 is the float 2^23 + c, and 2^23 + offset is exact too, so one subtraction
+// gives q (no conversion instruction, which an SM issues at a quarter of the FMA rate).
+MD_DEV float code_minus(uint32_t c, float two23_plus_offset) {
+  return port::u2f(0x4B000000u | c) - two23_plus_offset;
+}
+inline constexpr float kInt4Bias = 8388608.0f + 8.0f;
+inline constexpr float kInt8Bias = 8388608.0f + 128.0f;
+
+// An FP8 e4m3 byte's exact value (cpu::fp8_e4m3_value; 0x7f / 0xff, NaN, are refused at load).
+// Normal (exponent field e > 0): the fields moved under fp32's exponent give 2^(e-127) (1 + m/8),
+// and 120 more in the exponent make it 2^(e-7) (1 + m/8). Subnormal (e = 0): the same bits read
+// as 2^-7 + m 2^-10, and twice that minus 2^-6 is m 2^-9, the value, exactly (no fp32 denormals,
+// which a flush-to-zero build would drop).
+MD_DEV float e4m3(uint32_t b) {
+  const uint32_t m7 = b & 0x7fu;
+  const float x = port::u2f((m7 << 20) + (120u << 23));
+  const float mag = m7 >= 8u ? x : 2.0f * x - 0.015625f;
+  return (b & 0x80u) ? -mag : mag;
+}
+
+// The unscaled values of 8 columns of a quantized unit: part p of a 4-bit unit's 32 codes (bytes
+// 4p .. 4p + 3, low nibble first; p < 4), or of an 8-bit unit's 16 codes (bytes 8p .. 8p + 7;
+// p < 2). Eight at a time: the phase kernel's registers are at the limit.
+MD_DEV void decode8(WDType d, const uint8_t* unit, int p, float* v) {
+  const auto* w = reinterpret_cast<const uint32_t*>(unit);
+  if (d == WDType::kInt4 || d == WDType::kMXFP4) {
+    const uint32_t word = w[p];
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t b = (word >> (8 * j)) & 0xffu;
+      if (d == WDType::kInt4) {
+        v[2 * j] = code_minus(b & 15u, kInt4Bias);
+        v[2 * j + 1] = code_minus(b >> 4, kInt4Bias);
+      } else {
+        v[2 * j] = e2m1(b & 15u);
+        v[2 * j + 1] = e2m1(b >> 4);
+      }
+    }
+  } else {
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t b = (w[2 * p + i / 4] >> (8 * (i % 4))) & 0xffu;
+      v[i] = d == WDType::kInt8 ? code_minus(b, kInt8Bias) : e4m3(b);
+    }
   }
-  return acc + g * scale;
+}
+
+// The scale of row r's group holding column c (quantized formats).
+MD_DEV float unit_scale(const DevWeight& w, int64_t r, int64_t c) {
+  const uint32_t grp = w.group_shift >= 0 ? uint32_t(c) >> w.group_shift
+                                          : uint32_t(c) / uint32_t(w.group);
+  const int64_t i = r * w.row_groups + int64_t(grp);
+  if (w.dtype == WDType::kMXFP4) return e8m0(w.scales[i]);
+  if (w.dtype == WDType::kFp8) return reinterpret_cast<const float*>(w.scales)[i];
+  return bf16f(reinterpret_cast<const uint16_t*>(w.scales)[i]);
+}
+
+inline constexpr int kTokenBlock = 4;  // activation rows per pass over a chunk (registers)
+
+// A quantized unit (its 16-byte codes at `unit`, columns c .. c + E of row r) into the lanes'
+// sums acc[t] of token rows t0 .. t0 + tn: per token row, the unit's products added left to right,
+// times the scale, added to acc[t]. The codes are decoded once for all the token rows, 8 at a
+// time.
+template <class XRow>
+MD_DEV void quant_unit(const DevWeight& w, const uint8_t* unit, int64_t r, int64_t c, int t0,
+                       int tn, XRow xrow, float* acc) {
+  const float sc = unit_scale(w, r, c);
+  const int parts = int(unit_elems(w) / 8);
+  float g[kTokenBlock] = {};
+  for (int p = 0; p < parts; ++p) {
+    float v[8];
+    decode8(w.dtype, unit, p, v);
+    for (int t = 0; t < kTokenBlock; ++t) {
+      if (t >= tn) break;
+      const float* x = xrow(t0 + t) + c + 8 * p;
+      for (int i = 0; i < 8; ++i) g[t] += v[i] * x[i];
+    }
+  }
+  for (int t = 0; t < kTokenBlock; ++t) {
+    if (t >= tn) break;
+    acc[t] = acc[t] + g[t] * sc;
+  }
 }
 
 // How rows [r0, r1) of a streamable matrix go through the stages: chunks of whole rows (rpc per
@@ -197,7 +288,6 @@ MD_DEV const StreamRef* tail_target(const StreamRef& then, const Pipe& pipe) {
   return t;
 }
 
-inline constexpr int kTokenBlock = 4;  // activation rows per pass over a chunk (registers)
 inline constexpr int kDirectUnroll = 8;  // weights a lane loads ahead on the direct path
 
 // out(t, r, v) is called once per (token row t < B, matrix row r in [r0, r1)) by one lane.
@@ -225,8 +315,8 @@ MD_DEV void gemv_block(const DevWeight& w, int64_t r0, int64_t r1, int B, XRow x
   const StreamRef* tail = tail_target(then, pipe);
   const int64_t cols = w.cols;
   const uint32_t lane = port::lane(), wid = port::warp_id(), nw = port::warps();
-  if (w.dtype == WDType::kMXFP4 && !streamable(w))
-    port::trap("MXFP4 weights with rows of a partial 32-group or unaligned");
+  if (quantized(w) && !streamable(w))
+    port::trap("quantized weights with rows of a partial 16-byte unit or unaligned");
   if (!streamable(w)) {
     // Direct: warp per row, from global memory; the idle stages take what follows.
     if (tail) prefetch(*tail->w, tail->r0, tail->r1, pipe);
@@ -300,7 +390,7 @@ MD_DEV void gemv_block(const DevWeight& w, int64_t r0, int64_t r1, int B, XRow x
     int64_t row, nr, c0, nc;
     st.chunk(k, &row, &nr, &c0, &nc);
     const uint8_t* ws = stage(s);
-    const bool fp4 = w.dtype == WDType::kMXFP4;
+    const bool quant = quantized(w);
     const int64_t units = nc / st.epu;  // 16-byte units of a chunk row
     for (int64_t j = wid; j < nr; j += nw) {
       const int64_t r = row + j;
@@ -310,9 +400,8 @@ MD_DEV void gemv_block(const DevWeight& w, int64_t r0, int64_t r1, int B, XRow x
         for (int64_t g = lane; g < units; g += port::kWarp) {
           const uint8_t* u = ws + (j * units + g) * 16;
           const int64_t c = c0 + g * st.epu;
-          if (fp4) {
-            const float sc = e8m0(w.scales[r * (cols / 32) + c / 32]);
-            for (int t = 0; t < tn; ++t) acc[t] = dot32_mxfp4(u, sc, xrow(t0 + t) + c, acc[t]);
+          if (quant) {
+            quant_unit(w, u, r, c, t0, tn, xrow, acc);
           } else {
             const auto* w8 = reinterpret_cast<const uint16_t*>(u);
             for (int t = 0; t < tn; ++t) acc[t] = dot8(w8, xrow(t0 + t) + c, acc[t]);

@@ -27,15 +27,22 @@ inline constexpr uint32_t kStageBytes = 36 << 10;
 inline constexpr uint32_t kWorkFloats = 4096;
 inline constexpr uint32_t kSmemBytes = kStages * kStageBytes + 128 + kWorkFloats * 4;
 
-enum class WDType : uint8_t { kBF16, kF32, kMXFP4 };
+// A weight's encoding on the device (model/weights.h Mat: its DType and WeightQuant together).
+enum class WDType : uint8_t { kBF16, kF32, kMXFP4, kInt4, kInt8, kFp8 };
 
-// A weight-table entry in device memory ([rows, cols]; MXFP4: packed codes [rows, cols/2] and
-// E8M0 scales [rows, cols/32]).
+// A weight-table entry in device memory ([rows, cols]), in the host's layouts (model/weights.h
+// Mat): bf16 / fp32 values; MXFP4 codes [rows, cols/2] with E8M0 scales [rows, cols/32]; int4
+// codes [rows, cols/2] (q + 8, low nibble first) or int8 codes [rows, cols] (q + 128) with bf16
+// scales [rows, cols/group]; FP8 e4m3 values [rows, cols] with fp32 scales [rows, cols/group].
 struct DevWeight {
   const void* data = nullptr;
   const uint8_t* scales = nullptr;
   int64_t rows = 0, cols = 0;
   WDType dtype = WDType::kBF16;
+  // Quantized formats: columns per scale (32 for MXFP4, a multiple of 32), scales per row
+  // (cols / group), and log2(group) when it is a power of two (a shift, not a division), else -1.
+  int32_t group = 0, row_groups = 0;
+  int8_t group_shift = -1;
 };
 
 // Per (sequence, layer) state in the device state pool (exec::SeqView's fields).
