@@ -6,7 +6,9 @@
 #   kl48        the full Kimi-Linear-48B-A3B geometry (256 experts, ~98 GB bf16), batch 1-8
 #   k3-shard16  one GPU's share of Kimi K3 served 16 ways (all 93 layers; collectives excluded;
 #               docs/cuda.md "Benchmark geometries")
-# Prints one table per preset last and writes gpu-<preset>.json into $OUT (the device tool's
+#   kl48:int4, kl48:int8  kl48 with its linears drawn in a quantized format on the device
+#               (--quantize: random codes and group scales; the bytes a quantized model reads)
+# Prints one table per preset last and writes gpu-<preset>[-<scheme>].json into $OUT (the device tool's
 # output folder) or bench/.
 #
 # The lent GPU machine reaches no package registry, so it cannot install the project's Debian
@@ -19,7 +21,8 @@
 #   GPU_CHECK_SECONDS  the whole run's budget (default 420). A benchmark that would start with less
 #                      than a minute left is skipped; each gets at most what is left.
 #   GPU_CHECK_TESTS    gtest filter of the GPU tests (default CudaGpu.*; "-" runs none)
-#   GPU_CHECK_PRESETS  presets to benchmark (default "small kl48 k3-shard16")
+#   GPU_CHECK_PRESETS  presets to benchmark, each PRESET or PRESET:SCHEME (--quantize SCHEME)
+#                      (default "small kl48 kl48:int4 kl48:int8 k3-shard16")
 #   GPU_CHECK_BATCHES  batch sizes (default 1,2,4,8); GPU_CHECK_STEPS / GPU_CHECK_REPS (32 / 5)
 #   GPU_CHECK_PRESET_SECONDS  the most one preset's benchmark may take (default 300). A benchmark
 #                      still running then has its threads' stacks (and the device's kernels)
@@ -28,7 +31,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
 OUTDIR=${OUT:-bench}
-PRESETS=${GPU_CHECK_PRESETS:-"small kl48 k3-shard16"}
+PRESETS=${GPU_CHECK_PRESETS:-"small kl48 kl48:int4 kl48:int8 k3-shard16"}
 FILTER=${GPU_CHECK_TESTS:-"CudaGpu.*"}
 BATCHES=${GPU_CHECK_BATCHES:-1,2,4,8}
 STEPS=${GPU_CHECK_STEPS:-32}
@@ -131,20 +134,28 @@ bounded() {
   wait "$pid"
 }
 
-for preset in $PRESETS; do
-  if [ "$(left)" -lt 60 ]; then echo "== $preset skipped: $(left) s left of $DEADLINE"; continue; fi
+# An entry's name (gpu-NAME.json): PRESET, or PRESET-SCHEME.
+name_of() { echo "${1/:/-}"; }
+for entry in $PRESETS; do
+  preset=${entry%%:*}
+  name=$(name_of "$entry")
+  quant=()
+  [ "$entry" != "$preset" ] && quant=(--quantize "${entry#*:}")
+  if [ "$(left)" -lt 60 ]; then echo "== $name skipped: $(left) s left of $DEADLINE"; continue; fi
   limit=$(( $(left) - 15 < PRESET_SECONDS ? $(left) - 15 : PRESET_SECONDS ))
-  echo "== decode benchmark: $preset ($(elapsed); at most $limit s) =="
-  bounded "$preset" "$limit" "${CLI[@]}" bench --preset "$preset" --device cuda \
+  echo "== decode benchmark: $name ($(elapsed); at most $limit s) =="
+  bounded "$name" "$limit" "${CLI[@]}" bench --preset "$preset" "${quant[@]}" --device cuda \
     --executor megakernel,opbyop --batch "$BATCHES" --steps "$STEPS" --reps "$REPS" \
-    --json "$OUTDIR/gpu-$preset.json" > "/tmp/gpu-$preset.txt" 2> "/tmp/gpu-$preset.err" ||
-    echo "!! $preset failed: $(tr '\r' '\n' < "/tmp/gpu-$preset.err" | tail -2 | tr '\n' ' ')"
-  cat "/tmp/gpu-$preset.txt"
+    --json "$OUTDIR/gpu-$name.json" > "/tmp/gpu-$name.txt" 2> "/tmp/gpu-$name.err" ||
+    echo "!! $name failed: $(tr '\r' '\n' < "/tmp/gpu-$name.err" | tail -2 | tr '\n' ' ')"
+  grep -E '^quantized' "/tmp/gpu-$name.err" || true
+  cat "/tmp/gpu-$name.txt"
 done
 echo "== summary ($(elapsed)) =="
-for preset in $PRESETS; do
-  echo "-- $preset"
-  [ -f "/tmp/gpu-$preset.txt" ] || continue
-  grep -E '^(weights|plan executors|== decode|megadecode: error)' "/tmp/gpu-$preset.txt" || true
-  sed -n '/^batch/,$p' "/tmp/gpu-$preset.txt" || true
+for entry in $PRESETS; do
+  name=$(name_of "$entry")
+  echo "-- $name"
+  [ -f "/tmp/gpu-$name.txt" ] || continue
+  grep -E '^(weights|plan executors|== decode|megadecode: error)' "/tmp/gpu-$name.txt" || true
+  sed -n '/^batch/,$p' "/tmp/gpu-$name.txt" || true
 done

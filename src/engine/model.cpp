@@ -240,9 +240,9 @@ void Model::init() {
     cfg_ = dist::shard_config(full_cfg_, shard_);
   }
   if (opt.quantize.scheme != QuantScheme::kNone) {
-    require_host_weights("--quantize");
+    // (Random weights generated on a CUDA device are drawn in the format: QuantizeReport::drawn.)
     ThreadPool qpool(opt.threads, opt.pin_threads);
-    quant_ = quantize_weights(cfg_, w_, opt.quantize, qpool);
+    quant_ = quantize_weights(cfg_, w_, opt.quantize, qpool, ckpt_.get());
   }
   if (opt.quantize.int8_activations) {
     require_host_weights("--act-quant int8");

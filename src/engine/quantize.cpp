@@ -18,6 +18,8 @@
 #include "megadecode/kernels/cpu/int8.h"
 #include "megadecode/kernels/cpu/mxfp4.h"
 #include "megadecode/model/config.h"
+#include "megadecode/model/presets.h"
+#include "megadecode/model/safetensors.h"
 #include "megadecode/model/weights.h"
 
 namespace md {
@@ -151,7 +153,7 @@ int use_int8_activations(ModelWeights& w) {
 }
 
 QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const QuantizeOptions& opt,
-                                ThreadPool& pool) {
+                                ThreadPool& pool, Checkpoint* ck) {
   (void)cfg;
   QuantizeReport rep;
   if (opt.scheme == QuantScheme::kNone) return rep;
@@ -190,6 +192,19 @@ QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const Q
     q.quant = quant_format(opt.scheme);
     q.group = group;
     const size_t code_row = q.code_row_bytes(), scale_row = q.scale_row_bytes();
+    if (const RandomInit* src = ck ? ck->device_only(m.data) : nullptr) {
+      // Random weights that exist only as a recipe for the device: drawn in the format.
+      const QuantRecipes r = random_quantized_init(q.quant, m.rows, m.cols, group,
+                                                   random_init_rms(*src), src->seed);
+      q.data = ck->add_device_only(r.codes, size_t(m.rows) * code_row);
+      q.scales = static_cast<const uint8_t*>(ck->add_device_only(r.scales, size_t(m.rows) * scale_row));
+      rep.bytes_before += double(m.bytes());
+      rep.bytes_after += double(q.bytes());
+      m = q;
+      ++rep.matrices;
+      ++rep.drawn;
+      continue;
+    }
     auto buf = std::make_shared<std::vector<uint8_t>>(size_t(m.rows) * (code_row + scale_row));
     uint8_t* codes = buf->data();
     uint8_t* scales = codes + size_t(m.rows) * code_row;

@@ -231,6 +231,13 @@ ModelConfig preset_config(const std::string& name) {
 
 namespace {
 
+// The E8M0 scale byte of random MXFP4 codes whose weights should have an rms of `rms`: uniform
+// codes have an rms magnitude of sqrt(68.5 / 8) = 2.93 and the scale spread (x0.5, x1, x2) adds
+// a factor sqrt(1.75) = 1.32.
+int mxfp4_scale_byte_for_rms(double rms) {
+  return 127 + int(std::lround(std::log2(rms / (2.926 * 1.323))));
+}
+
 // How a tensor is initialised (model/random_init.h): uniform with a given mean and standard
 // deviation, log-uniform for A_log, random MXFP4 codes and scales.
 RandomInit init_for(const TensorSpec& t, const ModelConfig& c) {
@@ -266,14 +273,10 @@ RandomInit init_for(const TensorSpec& t, const ModelConfig& c) {
     r.kind = K::kMxfp4Codes;
     return r;
   }
-  if (ends("weight_scale")) {
-    // Uniform codes have an rms magnitude of sqrt(68.5 / 8) = 2.93 and the scale spread (x0.5,
-    // x1, x2) adds a factor sqrt(1.75) = 1.32: aim at an rms weight of 1/sqrt(in).
-    const double in = double(t.shape.back()) * 32;
-    const double target = 1.0 / (2.926 * 1.323 * std::sqrt(in));
+  if (ends("weight_scale")) {  // an rms weight of 1/sqrt(in)
     RandomInit r;
     r.kind = K::kMxfp4Scales;
-    r.scale_byte = 127 + int(std::lround(std::log2(target)));
+    r.scale_byte = mxfp4_scale_byte_for_rms(1.0 / std::sqrt(double(t.shape.back()) * 32));
     return r;
   }
   const double in = double(t.shape.back());
@@ -287,6 +290,38 @@ RandomInit init_for(const TensorSpec& t, const ModelConfig& c) {
 }
 
 }  // namespace
+
+QuantRecipes random_quantized_init(WeightQuant format, int64_t rows, int64_t cols, int group,
+                                   double rms, uint64_t seed) {
+  using K = RandomInit::Kind;
+  MD_CHECK(format == WeightQuant::kInt4 || format == WeightQuant::kInt8 ||
+               format == WeightQuant::kMxfp4,
+           "random weights: no random recipe for this quantized format");
+  MD_CHECK(group > 0 && cols % group == 0, "random weights: group {} does not divide {} columns",
+           group, cols);
+  QuantRecipes q;
+  q.codes.kind = K::kMxfp4Codes;
+  q.codes.numel = uint64_t(rows) * uint64_t(format == WeightQuant::kInt8 ? cols : cols / 2);
+  q.codes.seed = random_chunk_seed(seed, 1);
+  q.scales.seed = random_chunk_seed(seed, 2);
+  q.scales.numel = uint64_t(rows) * uint64_t(cols / group);
+  if (format == WeightQuant::kMxfp4) {
+    q.scales.kind = K::kMxfp4Scales;
+    q.scales.scale_byte = mxfp4_scale_byte_for_rms(rms);
+    return q;
+  }
+  // Uniform codes q = c - 8 in [-8, 7] have an rms of sqrt(21.5) = 4.637, q = c - 128 one of
+  // sqrt(5461.5) = 73.90; scales spread +-25% around their mean add a factor 1.0104.
+  const double code_rms = format == WeightQuant::kInt4 ? 4.637 : 73.90;
+  q.scales.kind = K::kUniform;
+  q.scales.mean = rms / (code_rms * 1.0104);
+  q.scales.half = 0.25 * q.scales.mean;
+  return q;
+}
+
+double random_init_rms(const RandomInit& r) {
+  return std::sqrt(r.mean * r.mean + r.half * r.half / 3.0);
+}
 
 RandomInit random_init(const TensorSpec& t, const ModelConfig& cfg, uint64_t seed, size_t index) {
   RandomInit r = init_for(t, cfg);

@@ -77,4 +77,15 @@ std::unique_ptr<Checkpoint> Checkpoint::random(const ModelConfig& cfg, uint64_t 
   return ck;
 }
 
+const void* Checkpoint::add_device_only(const RandomInit& r, size_t bytes) {
+  MD_CHECK(bytes > 0 && r.numel * r.element_bytes() == bytes,
+           "random weights: a recipe of {} elements of {} bytes for a tensor of {} bytes", r.numel,
+           r.element_bytes(), bytes);
+  void* p = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  MD_CHECK(p != MAP_FAILED, "random weights: cannot reserve {} bytes of address space", bytes);
+  reservations_.push_back(std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, bytes); }));
+  device_only_.emplace(p, r);
+  return p;
+}
+
 }  // namespace md

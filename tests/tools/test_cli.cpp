@@ -112,7 +112,17 @@ TEST_F(Cli, DeviceCudaSim) {
   ASSERT_EQ(pd.status, 0) << pd.err;
   EXPECT_THAT(pd.out, HasSubstr("generated on the device"));
   std::ifstream jf(tmp / "pd.json");
-  EXPECT_TRUE(nlohmann::json::parse(jf)["weights_generated_on_device"].get<bool>());
+  const nlohmann::json pdj = nlohmann::json::parse(jf);
+  EXPECT_TRUE(pdj["weights_generated_on_device"].get<bool>());
+  // With --quantize the device's random matrices are drawn in the format: fewer bytes a step.
+  auto pq = test::run_cli("bench --preset tiny --device cuda-sim --executor megakernel --batch 2 "
+                          "--steps 1 --reps 1 --quantize int4 --quant-group 32 --json " + tmp / "pq.json");
+  ASSERT_EQ(pq.status, 0) << pq.err;
+  EXPECT_THAT(pq.err, HasSubstr("drawn at random in the format"));
+  std::ifstream qf(tmp / "pq.json");
+  const nlohmann::json pqj = nlohmann::json::parse(qf);
+  EXPECT_LT(pqj["results"][0]["bytes_per_step"].get<double>(),
+            0.6 * pdj["results"][0]["bytes_per_step"].get<double>());
   auto ph = test::run_cli("bench --preset tiny --device cuda-sim --executor opbyop,reference "
                           "--batch 1 --steps 1 --reps 1");
   ASSERT_EQ(ph.status, 0) << ph.err;

@@ -238,9 +238,10 @@ void register_bench(CLI::App& app) {
     rf.states.max_sequences = std::max(rf.states.max_sequences,
                                        2 * *std::max_element(batches.begin(), batches.end()) + 1);
     LoadedModel lm;
-    if (device_weights)
+    if (device_weights) {
       lm.model = std::make_unique<Model>(preset_config(o->preset), o->seed, rf.options());
-    else
+      print_quantize_report(*lm.model);
+    } else
       lm = load_model(rf, /*with_tokenizer=*/false);
     Model& m = *lm.model;
     if (m.shard().sharded() && std::find(names.begin(), names.end(), "reference") != names.end()) {

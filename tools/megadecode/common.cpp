@@ -113,6 +113,29 @@ bool follower_rank() {
   return g_follower;
 }
 
+void print_quantize_report(const Model& m) {
+  const QuantizeReport& q = m.quantize_report();
+  if (follower_rank()) return;
+  if (q.matrices > 0) {
+    std::fprintf(stderr, "quantized %d matrices to %s (%s): %s -> %s in %.1f s\n", q.matrices,
+                 std::string(quant_scheme_name(m.options().quantize.scheme)).c_str(),
+                 q.group ? ("group " + std::to_string(q.group)).c_str() : "per row",
+                 human_bytes(q.bytes_before).c_str(), human_bytes(q.bytes_after).c_str(),
+                 q.seconds);
+    if (q.drawn > 0)
+      std::fprintf(stderr, "(%d of them random weights generated on the device: their codes and "
+                   "scales are drawn at random in the format, not quantized from bf16 values)\n",
+                   q.drawn);
+    if (q.kept > 0)
+      std::fprintf(stderr, "kept %d matrices as loaded (the group does not divide their columns, "
+                   "e.g. %s)\n", q.kept, q.first_kept.c_str());
+  }
+  if (q.int8_activation_matrices > 0)
+    std::fprintf(stderr,
+                 "int8 activations (W4A8 / W8A8, %s kernel) for %d int4 / int8 / MXFP4 matrices\n",
+                 cpu::matmul_qdot_isa(), q.int8_activation_matrices);
+}
+
 LoadedModel load_model(const RunFlags& f, bool with_tokenizer) {
   LoadedModel lm;
   bool tty = isatty(2);
@@ -153,21 +176,8 @@ LoadedModel load_model(const RunFlags& f, bool with_tokenizer) {
   // (A rank of a distributed run reads only its slices: touching the whole checkpoint would make
   // all of it resident. Quantization read its sources already and let their pages go.)
   const QuantizeReport& q = lm.model->quantize_report();
-  if (q.matrices > 0 && !follower_rank()) {
-    if (tty) std::fprintf(stderr, "\n");
-    std::fprintf(stderr, "quantized %d matrices to %s (%s): %s -> %s in %.1f s\n", q.matrices,
-                 std::string(quant_scheme_name(f.options().quantize.scheme)).c_str(),
-                 q.group ? ("group " + std::to_string(q.group)).c_str() : "per row",
-                 human_bytes(q.bytes_before).c_str(), human_bytes(q.bytes_after).c_str(),
-                 q.seconds);
-    if (q.kept > 0)
-      std::fprintf(stderr, "kept %d matrices as loaded (the group does not divide their columns, "
-                   "e.g. %s)\n", q.kept, q.first_kept.c_str());
-  }
-  if (q.int8_activation_matrices > 0 && !follower_rank())
-    std::fprintf(stderr,
-                 "int8 activations (W4A8 / W8A8, %s kernel) for %d int4 / int8 / MXFP4 matrices\n",
-                 cpu::matmul_qdot_isa(), q.int8_activation_matrices);
+  if (tty && q.matrices > 0 && !follower_rank()) std::fprintf(stderr, "\n");
+  print_quantize_report(*lm.model);
   bool touched = false;
   if (tty && !lm.model->shard().sharded() && q.matrices == 0 && !f.no_mmap) {
     lm.model->touch_weights([&](double done, double total) {

@@ -57,6 +57,9 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;
 };
 LoadedModel load_model(const RunFlags& f, bool with_tokenizer = true);
+// What load-time quantization did (QuantizeReport) on stderr; nothing when it did nothing, or on
+// a follower rank.
+void print_quantize_report(const Model& m);
 // True on the ranks other than 0 of a distributed run (after load_model): their stdout is
 // silenced, and reports every rank would repeat (timings, statistics) are left to rank 0.
 bool follower_rank();

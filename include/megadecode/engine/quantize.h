@@ -13,6 +13,7 @@
 
 namespace md {
 
+class Checkpoint;
 class ThreadPool;
 struct ModelConfig;
 
@@ -60,6 +61,9 @@ struct QuantizeReport {
   };
   std::vector<Done> done;
   int int8_activation_matrices = 0;  // use_int8_activations's count (--act-quant int8)
+  // Matrices of random weights generated on a CUDA device (no values in host memory): drawn in
+  // the format instead of quantized (random_quantized_init), as device recipes of `ck`.
+  int drawn = 0;
 };
 
 // Which matrices: every bf16 projection of attention (KDA q/k/v/f/b/g/o, MLA q/q_a/q_b/g/kv_a/o),
@@ -68,9 +72,12 @@ struct QuantizeReport {
 // top-k decides the routing), MLA's kv_b (the absorbed attention reads it as bf16 rows), and
 // matrices already quantized (K3's MXFP4 experts). A matrix whose columns the group does not divide
 // stays as loaded (QuantizeReport::kept); a group that divides none, or a weight that is not
-// finite, is an md::Error naming it.
+// finite, is an md::Error naming it. A matrix that is one of `ck`'s device-only tensors (random
+// weights generated on a CUDA device: nothing to read) gets random codes and scales in the format,
+// with the rms of its recipe, as device-only tensors of ck (QuantizeReport::drawn); ck may be
+// null (no such matrices).
 QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const QuantizeOptions& opt,
-                                ThreadPool& pool);
+                                ThreadPool& pool, Checkpoint* ck = nullptr);
 
 // Marks every int4 / int8 / MXFP4 linear of those matrices (Mat::int8_activations) to run with int8
 // activations, K3's MXFP4 routed experts included; returns how many. An md::Error when there is

@@ -26,6 +26,19 @@ std::vector<std::string> preset_names();
 // The recipe make-model uses for tensor `index` of expected_tensors(cfg) (random_init.h).
 RandomInit random_init(const TensorSpec& t, const ModelConfig& cfg, uint64_t seed, size_t index);
 
+// A matrix of random weights drawn directly in a quantized format (what load-time quantization
+// does with random weights generated on a CUDA device, which have no values to quantize):
+// uniformly random codes, and group scales that give the dequantized weights an rms of `rms`.
+// codes: the matrix's code bytes (kMxfp4Codes: random bytes); scales: one per group of a row,
+// bf16 near rms / rms(q) for int4 / int8, E8M0 bytes for MXFP4 (as the MXFP4 experts' recipe).
+struct QuantRecipes {
+  RandomInit codes, scales;
+};
+QuantRecipes random_quantized_init(WeightQuant format, int64_t rows, int64_t cols, int group,
+                                   double rms, uint64_t seed);
+// The rms of the values a uniform recipe draws (sqrt(mean^2 + half^2 / 3)).
+double random_init_rms(const RandomInit& r);
+
 void make_random_checkpoint(const ModelConfig& cfg, const std::string& dir, uint64_t seed,
                             int shards, ThreadPool& pool, bool progress = false);
 

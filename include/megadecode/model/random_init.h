@@ -27,7 +27,7 @@ struct RandomInit {
   enum class Kind : uint8_t {
     kUniform,      // mean + U(-half, half), rounded to bf16 (stored BF16, or F32 when f32)
     kLogUniform,   // log U(1, hi) (A_log), rounded to bf16; host only (the device has no std::log)
-    kMxfp4Codes,   // uniformly random bytes (two e2m1 codes each)
+    kMxfp4Codes,   // uniformly random bytes (two e2m1 or int4 codes each, or one int8 code)
     kMxfp4Scales,  // E8M0 bytes uniform in scale_byte - 1 .. scale_byte + 1
   };
   Kind kind = Kind::kUniform;

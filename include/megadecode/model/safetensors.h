@@ -89,6 +89,10 @@ class Checkpoint {
   }
   // Every tensor's bytes are in host memory (what the CPU paths need).
   bool host_complete() const { return device_only_.empty(); }
+  // A tensor of `bytes` whose bytes, like Checkpoint::random's, exist only as a recipe for the
+  // device: address space is reserved for it (no memory) and device_only() knows it. Load-time
+  // quantization of random device weights draws its codes and scales this way.
+  const void* add_device_only(const RandomInit& r, size_t bytes);
 
  private:
   Checkpoint() = default;
@@ -97,6 +101,7 @@ class Checkpoint {
   std::map<std::string, TensorInfo> tensors_;
   std::map<const void*, RandomInit> device_only_;
   std::shared_ptr<void> storage_;  // Checkpoint::random: the host tensors and the reservation
+  std::vector<std::shared_ptr<void>> reservations_;  // add_device_only's
 };
 
 // Writes a checkpoint without holding it in memory: tensors are produced one at a time by `fill`
