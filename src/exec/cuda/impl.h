@@ -20,6 +20,8 @@
 #include "../step_layout.h"
 #include "megadecode/base/error.h"
 #include "megadecode/base/util.h"
+#include "megadecode/dist/communicator.h"
+#include "megadecode/dist/shard.h"
 #include "megadecode/exec/cuda_executor.h"
 
 namespace md {
@@ -69,6 +71,14 @@ struct DevPlan {
   DevBuf instrs, buffers, weights, per_step, queue_ids, queue_off, counters, status;
   uint32_t epoch = 0;
   int graph = -1;  // cuda-opbyop on a GPU: the CUDA graph of the step's launches (-1: none yet)
+  // A distributed plan's collectives (collectives.cpp): per phase its kAllReduce / kLogitsGather
+  // instructions, exchanged by the host before the phase runs; the megakernel's segments (the
+  // launches between them): segment k starts at phase seg_phase[k], and block b runs
+  // queue_ids[seg_begin[k * W + b] .. seg_end[k * W + b]) in it.
+  bool has_collectives = false;
+  std::vector<std::vector<uint32_t>> phase_collectives;
+  std::vector<uint32_t> seg_phase;
+  DevBuf seg_begin, seg_end;
 };
 
 // The state pool's memory on the device (the simulation's is host memory, which keeps the tests'
@@ -135,6 +145,11 @@ struct CudaExecutor::Impl {
   DevBuf arena, tokens, pos, row0, seq_of_row, logit_of_row, logits, abort, page_tables;
   DevBuf sample_rows, penalties, sample_work;
   DevBuf commit_layers, commit_desc;  // commit(): the KDA layers' pointers, the DevCommit
+  // A distributed rank's communicator (null: a whole model): on the simulation the model's (MPI:
+  // its device memory is host memory), on a GPU an NCCL one bootstrapped over it (nccl).
+  dist::Communicator* comm = nullptr;
+  std::unique_ptr<dist::Communicator> nccl;
+  DevBuf coll_send, coll_recv;  // the collectives' messages
   std::vector<float> host_logits;
   StepStats stats;
 
@@ -153,18 +168,44 @@ struct CudaExecutor::Impl {
     // The step's table lives at one device address for the executor's lifetime: CUDA graphs
     // capture the launches with this pointer and replay them on each step's new contents.
     step_store.reset(dev.get(), sizeof(DevStep));
+    if (m.shard().sharded()) {
+      MD_CHECK(m.communicator(), "cuda executor: {} has no communicator",
+               dist::describe_shard(m.shard()));
+      if (t == CudaTarget::kGpu) {
+        // Each rank drives its first visible GPU (CUDA_VISIBLE_DEVICES per rank:
+        // docs/distributed.md "CUDA ranks").
+        nccl = dist::nccl_communicator(*m.communicator(), 0);
+        comm = nccl.get();
+      } else {
+        comm = m.communicator();
+      }
+    }
     weights = device_weights_of(m, t);
     upload_weights();
+  }
+
+  // The plan options of this executor's plans (a distributed rank's: its place in the world).
+  plan::PlanOptions plan_options(int batch) const {
+    plan::PlanOptions po = opt.plan;
+    po.batch = batch;
+    po.workers = W;
+    po.world = model.shard().world();
+    po.rank = model.shard().rank;
+    return po;
+  }
+  // A weight the plan names and the model does not hold: a distributed rank's other ranks'
+  // routed experts (the tiles skip them).
+  bool may_be_absent(const plan::WeightRef& r) const {
+    return model.shard().sharded() && (r.kind == plan::WeightKind::kExpertGate ||
+                                       r.kind == plan::WeightKind::kExpertUp ||
+                                       r.kind == plan::WeightKind::kExpertDown);
   }
 
   // Every tensor a plan can name, once (bf16 / fp32 as stored; MXFP4 codes then scales): copied
   // from the host, or, for a model of random weights generated on the device (Checkpoint::
   // random), generated here by make-model's generator.
   void upload_weights() {
-    plan::PlanOptions po = opt.plan;
-    po.batch = 1;
-    po.workers = W;
-    const plan::Plan p = plan::compile_decode_plan(model.config(), &model.weights(), po);
+    const plan::Plan p = plan::compile_decode_plan(model.config(), &model.weights(), plan_options(1));
     double total = 0, done = 0;
     std::vector<exec::WeightView> views;
     for (const plan::WeightRef& r : p.weights) views.push_back(exec::bind_weight(model.weights(), r));
@@ -242,6 +283,7 @@ struct CudaExecutor::Impl {
       const exec::WeightView& v,
       const std::unordered_map<const void*, std::unique_ptr<DevBuf>>& buffers) {
     cuda::DevWeight d;
+    if (!v.data) return d;  // a distributed rank's other ranks' expert (may_be_absent)
     d.data = buffers.at(v.data)->p;
     d.scales = v.scales ? static_cast<const uint8_t*>(buffers.at(v.scales)->p) : nullptr;
     d.rows = v.rows;
@@ -283,10 +325,8 @@ struct CudaExecutor::Impl {
     auto it = plans.find({batch, rows});
     if (it != plans.end()) return *it->second;
     auto dp = std::make_unique<DevPlan>();
-    plan::PlanOptions po = opt.plan;
-    po.batch = batch;
+    plan::PlanOptions po = plan_options(batch);
     po.rows = rows;
-    po.workers = W;
     dp->plan = plan::compile_decode_plan(model.config(), &model.weights(), po);
     sync_plan(*dp);
     if (dp->plan.arena_bytes > arena.bytes) arena.reset(dev.get(), dp->plan.arena_bytes);
@@ -302,7 +342,7 @@ struct CudaExecutor::Impl {
       std::lock_guard<std::mutex> lock(weights->mu);
       for (const plan::WeightRef& r : p.weights) {
         const exec::WeightView v = exec::bind_weight(model.weights(), r);
-        MD_CHECK(v.data != nullptr, "decode plan: weight {} of layer {} is absent",
+        MD_CHECK(v.data != nullptr || may_be_absent(r), "decode plan: weight {} of layer {} is absent",
                  plan::weight_kind_name(r.kind), r.layer);
         place(v, jobs);
         w.push_back(dev_weight(v));
@@ -330,7 +370,11 @@ struct CudaExecutor::Impl {
     dp.counters.reset(dev.get(), std::max<size_t>(p.counters.size(), 1) * 4);
     dp.status.reset(dev.get(), size_t(W) * sizeof(cuda::DevStatus));
     dp.epoch = 0;
+    plan_collectives(dp);
   }
+  void plan_collectives(DevPlan& dp);  // collectives.cpp
+  // Phase `phase`'s collectives, by the host, once the launches before it are done.
+  void exchange(const DevPlan& dp, const DevStep& h, size_t phase);
 
   cuda::DevCfg dev_cfg() const { return dev_cfg_of(model.config()); }
   static cuda::DevCfg dev_cfg_of(const ModelConfig& c) {
@@ -511,8 +555,29 @@ struct CudaExecutor::Impl {
     const double t0 = now_seconds();
     std::string sim_error;
     try {
-      if (kind == ExecutorKind::kMegakernel) {
+      if (kind == ExecutorKind::kMegakernel && !dp.has_collectives) {
         dev->run_megakernel(ds, uint32_t(W));
+      } else if (kind == ExecutorKind::kMegakernel) {
+        // Segments between the collectives (collectives.cpp); a segment that aborts ends the run.
+        for (size_t k = 0; k < dp.seg_phase.size(); ++k) {
+          if (!dp.phase_collectives[dp.seg_phase[k]].empty()) exchange(dp, h, dp.seg_phase[k]);
+          h.queue_off = dp.seg_begin.as<uint32_t>() + k * size_t(W);
+          h.queue_end = dp.seg_end.as<uint32_t>() + k * size_t(W);
+          dev->copy(step_buf().p, &h, sizeof(DevStep));
+          dev->run_megakernel(ds, uint32_t(W));
+          uint32_t stop = 0;
+          dev->copy(&stop, abort.p, 4);
+          dev->sync();
+          if (stop) break;
+        }
+      } else if (dp.has_collectives) {
+        // Phase by phase, each phase's collectives first (no graph: the host exchanges).
+        for (size_t ph = 0; ph < p.phases.size(); ++ph) {
+          if (!dp.phase_collectives[ph].empty()) exchange(dp, h, ph);
+          const uint32_t first = p.stages[p.phases[ph].first].begin;
+          const uint32_t last = p.stages[p.phases[ph].second - 1].end;
+          if (last > first) dev->run_phase(ds, first, last - first);
+        }
       } else {
         // One launch per barrier phase; on a GPU captured once per step shape into a CUDA graph
         // (with programmatic dependent launch between the phases) and replayed.

@@ -23,14 +23,14 @@ MD_CUDA_BEGIN
 // A weight stream: rows [r0, r1) of a matrix (w null: none).
 struct StreamRef {
   const DevWeight* w = nullptr;
-  int64_t r0 = 0, r1 = 0;
+  uint32_t r0 = 0, r1 = 0;  // 32 bits, as the plan's rows (registers: the kernels are at ptxas's limit)
   bool tile_end = false;  // not a stream: "the tile ends here" (what follows is Pipe::after_tile)
 };
 
 // What a GEMV is followed by, for its tail (gemv_block): the tile's next GEMV, the end of the
 // tile (then the next instruction's first stream, which the megakernel knows), or unknown.
 MD_DEV StreamRef then_stream(const DevWeight& w, int64_t r0, int64_t r1) {
-  return StreamRef{&w, r0, r1, false};
+  return StreamRef{&w, uint32_t(r0), uint32_t(r1), false};
 }
 MD_DEV StreamRef then_tile_end() {
   return StreamRef{nullptr, 0, 0, true};
@@ -46,7 +46,7 @@ struct Pipe {
   uint32_t parity = 0;  // bit s: the parity of the next wait on stage s
   uint32_t base = 0;
   const void* pre_data = nullptr;
-  int64_t pre_r0 = 0, pre_r1 = 0;
+  uint32_t pre_r0 = 0, pre_r1 = 0;  // 32 bits, as StreamRef's
   int pre_n = 0;          // chunks in flight in stages base .. base + pre_n - 1
   bool pre_next = false;  // the prefetch is the next instruction's (issued at this tile's end)
   // The megakernel: the first stream of the next instruction in the block's queue (none for the
@@ -260,8 +260,8 @@ MD_DEV void prefetch(const DevWeight& w, int64_t r0, int64_t r1, Pipe& pipe) {
   if (port::thread_id() == 0)
     for (int k = 0; k < n; ++k) ws.issue(k, pipe.base);
   pipe.pre_data = w.data;
-  pipe.pre_r0 = r0;
-  pipe.pre_r1 = r1;
+  pipe.pre_r0 = uint32_t(r0);
+  pipe.pre_r1 = uint32_t(r1);
   pipe.pre_n = n;
   pipe.pre_next = false;
 }

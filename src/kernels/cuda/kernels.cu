@@ -90,13 +90,15 @@ MD_GLOBAL void megakernel(const DevStep* sp) {
   const uint32_t b = port::block_id();
   DevStatus& st = s.status[b];
   volatile uint32_t* stop = block_word();  // thread 0's verdict for the block
-  for (uint32_t q = s.queue_off[b]; q < s.queue_off[b + 1]; ++q) {
+  // The block's queue, or its part in this launch (DevStep::queue_end: a distributed plan's
+  // segment between two collectives).
+  const uint32_t qend = s.queue_end ? s.queue_end[b] : s.queue_off[b + 1];
+  for (uint32_t q = s.queue_off[b]; q < qend; ++q) {
     const plan::Instr in = s.instrs[s.queue_ids[q]];
     // The tile's first weight chunks stream in while thread 0 waits for its inputs (issued here
     // unless the previous tile's tail did). A tile that streams no weights lends the stages to
     // the next instruction's first chunks for its wait and its run.
-    pipe.after_tile = q + 1 < s.queue_off[b + 1] ? first_stream(s, s.instrs[s.queue_ids[q + 1]])
-                                                 : StreamRef{};
+    pipe.after_tile = q + 1 < qend ? first_stream(s, s.instrs[s.queue_ids[q + 1]]) : StreamRef{};
     prefetch_tile(s, in, pipe);
     if (!streams_weights(in.op) && pipe.after_tile.w && !pipe.pre_n) {
       prefetch(*pipe.after_tile.w, pipe.after_tile.r0, pipe.after_tile.r1, pipe);

@@ -142,8 +142,12 @@ struct DevStep {
   const uint32_t* phase_ids = nullptr;
   // The megakernel: per block its queue (instruction ids, offsets [queue_off[b], queue_off[b+1])),
   // the counters, the step epoch, the abort flag and the status board.
+  // A distributed plan runs the megakernel in segments between its collectives: then block b's
+  // instructions this launch are queue_ids[queue_off[b] .. queue_end[b]) (else up to
+  // queue_off[b + 1]).
   const uint32_t* queue_ids = nullptr;
   const uint32_t* queue_off = nullptr;
+  const uint32_t* queue_end = nullptr;
   const uint32_t* per_step = nullptr;  // [counters]
   uint32_t* counters = nullptr;
   uint32_t epoch = 0;

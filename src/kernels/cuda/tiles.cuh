@@ -3,6 +3,7 @@
 #pragma once
 #include "tiles_attention.cuh"
 #include "tiles_dense.cuh"
+#include "tiles_dist.cuh"
 #include "tiles_draft.cuh"
 #include "tiles_sample.cuh"
 
@@ -12,7 +13,7 @@ MD_CUDA_BEGIN
 MD_DEV bool token_row_op(plan::Op op) {
   using plan::Op;
   return op == Op::kEmbed || op == Op::kFfnNorm || op == Op::kRouter || op == Op::kLatentNorm ||
-         op == Op::kCombine;
+         op == Op::kCombine || op == Op::kAllReduce;
 }
 
 // The first weight rows a tile streams, which may stream in before the tile may start (its inputs
@@ -64,6 +65,8 @@ MD_DEV bool streams_weights(plan::Op op) {
     case Op::kDraftCtxWrite:
     case Op::kDraftAttn:
     case Op::kDraftPick:
+    case Op::kAllReduce:
+    case Op::kLogitsGather:
       return false;
     default:
       return true;
@@ -148,8 +151,10 @@ MD_DEV void run_tile_ops(const DevStep& s, plan::Instr in, Pipe& pipe) {
       return draft_markov_tile(s, in, a, pipe);
     case Op::kDraftPick:
       return draft_pick_tile(s, in, a);
-    case Op::kAllReduce:  // a distributed plan's: the CUDA executors refuse sharded models
-    case Op::kLogitsGather:
+    case Op::kAllReduce:
+      return all_reduce_tile(s, in, a);
+    case Op::kLogitsGather:  // the host gathered every rank's block into the logits
+      return;
     case Op::kCount:
       break;
   }

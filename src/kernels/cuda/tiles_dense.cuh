@@ -8,7 +8,8 @@
 
 MD_CUDA_BEGIN
 
-// [W, X, Y]: Y[t][r0:r1] = round(W X[t]) for every token row (lm_head: every logit row).
+// [W, X, Y]: Y[t][r0:r1] = round(W X[t]) for every token row (lm_head: every logit row). A
+// distributed rank's partial sums (kFlagPartial) stay fp32 until kAllReduce adds them up.
 MD_DEV void gemv_tile(const DevStep& s, const plan::Instr& in, const Args& a, Pipe& pipe) {
   using G = plan::arg::Gemv;
   int B = s.n;
@@ -24,17 +25,20 @@ MD_DEV void gemv_tile(const DevStep& s, const plan::Instr& in, const Args& a, Pi
   }
   const float* X = a.f(G::x);
   const int64_t ldx = a.ld(G::x);
-  const bool rnd = s.num.round_bf16;
+  const bool rnd = s.num.round_bf16 && !(in.flags & plan::kFlagPartial);
   gemv_block(
       a.w(G::w), in.r0, in.r1, B, [&](int t) { return X + t * ldx; },
       [&](int t, int64_t r, float v) { Y[t * ldy + r] = maybe_round(v, rnd); }, pipe,
       then_tile_end());
 }
 
-// arg::AttnOut: out = round(resid + round(W x)) (without kFlagResidual: round(W x)).
+// arg::AttnOut: out = round(resid + round(W x)) (without kFlagResidual: round(W x)). A distributed
+// rank's share (kFlagPartial): out = W x, which kAllReduce sums, rounds and adds.
 MD_DEV void attn_out_tile(const DevStep& s, const plan::Instr& in, const Args& a, Pipe& pipe) {
   using A = plan::arg::AttnOut;
-  const bool resid = in.flags & plan::kFlagResidual, rnd = s.num.round_bf16;
+  const bool partial = in.flags & plan::kFlagPartial;
+  const bool resid = !partial && (in.flags & plan::kFlagResidual);
+  const bool rnd = !partial && s.num.round_bf16;
   const float* X = a.f(A::x);
   const int64_t ldx = a.ld(A::x);
   gemv_block(
@@ -292,6 +296,7 @@ MD_DEV void expert_gate_up_tile(const DevStep& s, const plan::Instr& in, const A
   int e;
   const int n = expert_slot(s, a, in.slot, &e);
   if (n == 0) return;
+  if (!a.w(Xg::gate, e).data) return;  // another rank's expert (distributed)
   const int* mem = slot_members();
   const int64_t I = s.cfg.moe_inter;
   const bool rnd = s.num.round_bf16;
@@ -310,7 +315,9 @@ MD_DEV void expert_gate_up_tile(const DevStep& s, const plan::Instr& in, const A
       pipe, then_tile_end());
 }
 
-// [ids, act, down set, dn]: dn[row][j * D + r] = round(down act[row][j]).
+// [ids, act, down set, dn]: dn[row][j * D + r] = round(down act[row][j]). A distributed rank:
+// partial sums unrounded (kFlagPartial), and zeros for another rank's expert, so that the
+// all-reduce adds only its owner's.
 MD_DEV void expert_down_tile(const DevStep& s, const plan::Instr& in, const Args& a, Pipe& pipe) {
   using Dn = plan::arg::ExpertDown;
   int e;
@@ -318,7 +325,16 @@ MD_DEV void expert_down_tile(const DevStep& s, const plan::Instr& in, const Args
   if (n == 0) return;
   const int* mem = slot_members();
   const int64_t D = s.cfg.expert_dim, I = s.cfg.moe_inter;
-  const bool rnd = s.num.round_bf16;
+  if (!a.w(Dn::down, e).data) {
+    const int64_t rows = int64_t(in.r1) - int64_t(in.r0);
+    for (int m = 0; m < n; ++m) {
+      float* out = a.f(Dn::out, mem[2 * m]) + int64_t(mem[2 * m + 1]) * D + in.r0;
+      for (int64_t i = port::thread_id(); i < rows; i += port::block_threads()) out[i] = 0.0f;
+    }
+    port::sync_block();
+    return;
+  }
+  const bool rnd = s.num.round_bf16 && !(in.flags & plan::kFlagPartial);
   gemv_block(
       a.w(Dn::down, e), in.r0, in.r1, n,
       [&](int m) { return a.f(Dn::act, mem[2 * m]) + int64_t(mem[2 * m + 1]) * I; },
