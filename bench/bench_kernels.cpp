@@ -361,8 +361,8 @@ void BM_MatmulInt(benchmark::State& state) {
   if (state.range(5) != 0) set_isa(Isa::kPortable);
   // hot: every call reads the same matrix, which stays in L2 if small: the kernel's compute
   // ceiling, to set beside its DRAM rate (memory-bound or not). Every call takes the same
-  // vectors, so the AVX2 integer kernel reuses its packing (qdot_avx2.cpp) and these A8 figures
-  // leave the packing out there, as a worker's consecutive tiles of one op do.
+  // vectors, so the integer kernels reuse their packing (qdot_packed_from.h) and these A8 figures
+  // leave the packing out, as a worker's consecutive tiles of one op do.
   const bool hot = state.range(6) != 0;
   const size_t packed_bytes = static_cast<size_t>(rows * K * Bits / 8);
   const size_t bytes = packed_bytes + static_cast<size_t>(rows * (K / group) * 2);

@@ -38,42 +38,14 @@
 #include "batch_walk.h"
 #include "isa_scratch.h"
 #include "qdot_kernels.h"
+#include "qdot_packed_from.h"
 #include "tile_prefetch.h"
 
 namespace md::cpu::detail {
 namespace {
 
-thread_local IsaScratch t_xscratch;  // the packed activations
-// What t_xscratch holds: the vectors it was packed from (copied) and the format's layout. The
-// tiles of one op that a worker runs one after another, and an expert's gate and up
-// projections, take the same vectors: a call whose vectors are bit-identical uses the packing
-// as it is (the same bytes: results do not change). Checking is a comparison of B x K floats,
-// a fraction of quantizing them again (on Zen 2, ~1 us a 2304-column vector, as long as a
-// 16-row tile's dot products).
-struct PackedFrom {
-  std::vector<float> x;  // [nb][K]
-  int64_t K = 0;
-  int nb = 0;
-  QdotCodes kind = QdotCodes::kInt4;
-  bool valid = false;
-  bool same(const float* X, int nb_, int64_t ldx, int64_t K_, QdotCodes kind_) const {
-    if (!valid || nb != nb_ || K != K_ || kind != kind_) return false;
-    for (int j = 0; j < nb_; ++j)
-      if (std::memcmp(x.data() + j * K_, X + j * ldx, static_cast<size_t>(K_) * sizeof(float)))
-        return false;
-    return true;
-  }
-  void record(const float* X, int nb_, int64_t ldx, int64_t K_, QdotCodes kind_) {
-    x.resize(static_cast<size_t>(nb_ * K_));
-    for (int j = 0; j < nb_; ++j)
-      std::memcpy(x.data() + j * K_, X + j * ldx, static_cast<size_t>(K_) * sizeof(float));
-    nb = nb_, K = K_, kind = kind_, valid = true;
-  }
-};
-thread_local PackedFrom t_packed_from;
-// Only decode-sized batches are kept: a prefill chunk's rows (16-64 vectors) are work enough that
-// packing them is cheap beside it, while copying and comparing them would not be.
-constexpr int kReuseVecs = 8;
+thread_local IsaScratch t_xscratch;     // the packed activations
+thread_local PackedFrom t_packed_from;  // what they were packed from (qdot_packed_from.h)
 thread_local IsaScratch t_mapscratch;  // the sub-group -> group table of the call
 thread_local IsaScratch t_wsscratch;   // a tile's weight scales (MatQ::ws1)
 constexpr int kMaxTileRows = 4;        // batch_tile's tallest tile
@@ -463,15 +435,10 @@ void matmul(const MatQ& m, int64_t r0, int64_t r1, const float* X, int B, int64_
   XPack xv[kBatchBlock];
   for (int bs = 0; bs < B; bs += kBatchBlock) {
     const int nb = std::min(kBatchBlock, B - bs);
-    const float* xs = X + bs * ldx;
-    const bool keep = B <= kReuseVecs;
-    if (!keep || !t_packed_from.same(xs, nb, ldx, m.K, C)) {
-      t_packed_from.valid = false;  // while t_xscratch changes (get may reallocate)
-      auto* xb = static_cast<uint8_t*>(t_xscratch.get(static_cast<size_t>(nb * L.stride)));
-      for (int j = 0; j < nb; ++j) pack_x<C>(xs + j * ldx, m.K, L, xb + j * L.stride);
-      if (keep) t_packed_from.record(xs, nb, ldx, m.K, C);
-    }
-    auto* xb = static_cast<uint8_t*>(t_xscratch.get(static_cast<size_t>(nb * L.stride)));
+    uint8_t* xb = packed_activations(t_packed_from, t_xscratch, X + bs * ldx, nb, B, ldx, m.K, C,
+                                     L.stride, [&](const float* x, uint8_t* out) {
+                                       pack_x<C>(x, m.K, L, out);
+                                     });
     for (int j = 0; j < nb; ++j) xv[j] = L.at(xb + j * L.stride);
     float* yb = Y + bs * ldy;
     walk_batch<kTileVecs>(

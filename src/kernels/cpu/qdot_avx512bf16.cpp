@@ -16,7 +16,9 @@
 //    4l..4l+3: sub-group l / 8 of the chunk.
 // Per chunk, row and vector: the int32 lanes are converted to fp32 (exact), multiplied by the
 // lanes' activation scales d (packed per chunk like the correction) and accumulated with an fma by
-// the lanes' weight scales into one zmm per output, which ends in hsum's fixed tree. Tiles of
+// the lanes' weight scales into one zmm per output, which ends in hsum's fixed tree.
+// A call whose vectors are the ones the scratch was packed from reuses the packing
+// (qdot_packed_from.h). Tiles of
 // several rows x vectors share loads and decodes between these sequences, never mix them, so a
 // result is the same whatever tile, row range, batch size or thread produced it.
 #include <algorithm>
@@ -27,12 +29,14 @@
 #include "batch_walk.h"
 #include "isa_scratch.h"
 #include "qdot_kernels.h"
+#include "qdot_packed_from.h"
 #include "tile_prefetch.h"
 
 namespace md::cpu::detail {
 namespace {
 
-thread_local IsaScratch t_xscratch;    // the packed activations
+thread_local IsaScratch t_xscratch;     // the packed activations
+thread_local PackedFrom t_packed_from;  // what they were packed from (qdot_packed_from.h)
 thread_local IsaScratch t_mapscratch;  // the sub-group -> group table of the call
 
 constexpr int kBlockSub = 16;  // sub-groups whose weight scales are decoded together (one zmm)
@@ -275,11 +279,11 @@ void matmul(const MatQ& m, int64_t r0, int64_t r1, const float* X, int B, int64_
   XPack xv[kBatchBlock];
   for (int bs = 0; bs < B; bs += kBatchBlock) {
     const int nb = std::min(kBatchBlock, B - bs);
-    auto* xb = static_cast<uint8_t*>(t_xscratch.get(static_cast<size_t>(nb * L.stride)));
-    for (int j = 0; j < nb; ++j) {
-      pack_x<C>(X + (bs + j) * ldx, m.K, L, xb + j * L.stride);
-      xv[j] = L.at(xb + j * L.stride);
-    }
+    uint8_t* xb = packed_activations(t_packed_from, t_xscratch, X + bs * ldx, nb, B, ldx, m.K, C,
+                                     L.stride, [&](const float* x, uint8_t* out) {
+                                       pack_x<C>(x, m.K, L, out);
+                                     });
+    for (int j = 0; j < nb; ++j) xv[j] = L.at(xb + j * L.stride);
     float* yb = Y + bs * ldy;
     walk_batch<kTileVecs>(
         nb, r0, r1, chunk_rows, [&](auto tall, int j, int nv, int64_t rc, int64_t rce) {
