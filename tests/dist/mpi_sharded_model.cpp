@@ -260,10 +260,13 @@ TEST(MpiShard, GenerationIsTheSameOnEveryRankAndGreedyIsTheGoldensOverItsCleanSt
 // bytes) instead of its vocabulary block of logits: the same ids as the full gather, step after
 // step (two sequences fed the same tokens in lockstep, one each way), fewer bytes, and the same
 // ids on every rank. A sampled row or a wanted logits row takes the full gather (checked by the
-// byte counts).
+// byte counts). The CPU executors, and the CUDA ones on the simulation (fewer steps: slower),
+// whose sample tiles write the pairs and whose host trades them after the step.
 TEST(MpiShard, GreedyStepsExchangeMaxIdPairsInsteadOfLogits) {
   const std::string dir = test::data_dir() + "/data/golden/small";
   const Golden g = golden("small");
+  cuda::sim::Config saved = cuda::sim::config();
+  cuda::sim::config().sm_count = 3;
   for (ShardLayout l : layouts(mpi->size())) {
     Shard shard;
     shard.layout = l;
@@ -271,54 +274,63 @@ TEST(MpiShard, GreedyStepsExchangeMaxIdPairsInsteadOfLogits) {
     Model part(dir, opts(Precision::BF16), shard, mpi);
     const int64_t V = part.config().vocab_size;
     const uint64_t block = uint64_t((V + mpi->size() - 1) / mpi->size()) * 4;
-    for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
-      const std::string what = describe_shard(shard) + " " + std::string(executor_name(kind));
-      ExecutorOptions eo;
-      eo.workers = 1;
-      eo.pin = false;
-      CpuExecutor ex(part, 1, kind, eo);
-      SequenceState a = ex.new_sequence(), b = ex.new_sequence();
-      std::vector<float> logits(static_cast<size_t>(V));
-      ex.prefill(a, g.prompt, logits.data(), 8);
-      ex.prefill(b, g.prompt, logits.data(), 8);
-      int32_t tok = argmax(logits);
-      std::vector<int32_t> ids;
-      for (int t = 0; t < 12; ++t) {
-        int32_t na = -1, nb = -1;
-        SequenceState* sa[] = {&a};
+    for (bool on_cuda : {false, true})
+      for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
+        const std::string what = describe_shard(shard) + " " + std::string(executor_name(kind)) +
+                                 (on_cuda ? " on cuda-sim" : "");
+        ExecutorOptions eo;
+        eo.workers = 1;
+        eo.pin = false;
+        std::unique_ptr<Executor> exp;
+        if (on_cuda)
+          exp = std::make_unique<CudaExecutor>(part, 1, kind, CudaTarget::kSim);
+        else
+          exp = std::make_unique<CpuExecutor>(part, 1, kind, eo);
+        Executor& ex = *exp;
+        SequenceState a = ex.new_sequence(), b = ex.new_sequence();
+        std::vector<float> logits(static_cast<size_t>(V));
+        ex.prefill(a, g.prompt, logits.data(), 8);
+        ex.prefill(b, g.prompt, logits.data(), 8);
+        int32_t tok = argmax(logits);
+        std::vector<int32_t> ids;
+        for (int t = 0; t < (on_cuda ? 4 : 12); ++t) {
+          int32_t na = -1, nb = -1;
+          SequenceState* sa[] = {&a};
+          SequenceState* sb[] = {&b};
+          const Communicator::Counters c0 = mpi->counters();
+          ex.step(sa, std::span(&tok, 1), logits.data(), &na);  // logits wanted: the full gather
+          const Communicator::Counters c1 = mpi->counters();
+          ex.step(sb, std::span(&tok, 1), nullptr, &nb);  // ids only: the exchange
+          const Communicator::Counters c2 = mpi->counters();
+          ASSERT_EQ(nb, na) << what << " step " << t;
+          ASSERT_EQ(na, argmax(logits)) << what << " step " << t;
+          const uint64_t full = c1.bytes_sent - c0.bytes_sent,
+                         pairs = c2.bytes_sent - c1.bytes_sent;
+          ASSERT_GT(full, pairs) << what;
+          EXPECT_EQ((full - pairs) % (block - 8), 0u) << what << ": " << full << " vs " << pairs;
+          ids.push_back(nb);
+          tok = nb;
+        }
+        EXPECT_TRUE(same_on_every_rank(ids.data(), ids.size() * 4)) << what;
+        // A sampled row needs every logit: the full gather, with its bytes.
+        SamplingParams sp;
+        sp.temperature = 0.7f;
+        sp.seed = 5;
+        Sampler sampler(sp, V);
+        std::vector<int32_t> hist = g.prompt;
+        SampleRow row = sampler.prepare(hist);
+        int32_t n1 = -1;
         SequenceState* sb[] = {&b};
         const Communicator::Counters c0 = mpi->counters();
-        ex.step(sa, std::span(&tok, 1), logits.data(), &na);  // logits wanted: the full gather
+        ex.step(sb, std::span(&tok, 1), nullptr, &n1, std::span(&row, 1));
         const Communicator::Counters c1 = mpi->counters();
-        ex.step(sb, std::span(&tok, 1), nullptr, &nb);  // ids only: the exchange
+        SequenceState* sa[] = {&a};
+        ex.step(sa, std::span(&tok, 1), logits.data(), &n1, std::span(&row, 1));
         const Communicator::Counters c2 = mpi->counters();
-        ASSERT_EQ(nb, na) << what << " step " << t;
-        ASSERT_EQ(na, argmax(logits)) << what << " step " << t;
-        const uint64_t full = c1.bytes_sent - c0.bytes_sent, pairs = c2.bytes_sent - c1.bytes_sent;
-        ASSERT_GT(full, pairs) << what;
-        EXPECT_EQ((full - pairs) % (block - 8), 0u) << what << ": " << full << " vs " << pairs;
-        ids.push_back(nb);
-        tok = nb;
+        EXPECT_EQ(c1.bytes_sent - c0.bytes_sent, c2.bytes_sent - c1.bytes_sent) << what;
       }
-      EXPECT_TRUE(same_on_every_rank(ids.data(), ids.size() * 4)) << what;
-      // A sampled row needs every logit: the full gather, with its bytes.
-      SamplingParams sp;
-      sp.temperature = 0.7f;
-      sp.seed = 5;
-      Sampler sampler(sp, V);
-      std::vector<int32_t> hist = g.prompt;
-      SampleRow row = sampler.prepare(hist);
-      int32_t n1 = -1;
-      SequenceState* sb[] = {&b};
-      const Communicator::Counters c0 = mpi->counters();
-      ex.step(sb, std::span(&tok, 1), nullptr, &n1, std::span(&row, 1));
-      const Communicator::Counters c1 = mpi->counters();
-      SequenceState* sa[] = {&a};
-      ex.step(sa, std::span(&tok, 1), logits.data(), &n1, std::span(&row, 1));
-      const Communicator::Counters c2 = mpi->counters();
-      EXPECT_EQ(c1.bytes_sent - c0.bytes_sent, c2.bytes_sent - c1.bytes_sent) << what;
-    }
   }
+  cuda::sim::config() = saved;
 }
 
 // Layouts that cannot run are errors at start, on every rank, naming the problem.

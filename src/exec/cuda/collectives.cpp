@@ -8,9 +8,14 @@
 // communicator (NCCL between GPUs; on the simulation, whose device memory is host memory, the
 // run's MPI communicator) and writes the result back in place; the instruction's tile then
 // rounds and adds the residual on the device (kernels/cuda/tiles_dist.cuh), as the CPU tile does
-// after its call. The sampling tiles read every rank's logits: the logits are gathered whole,
-// not as the CPU's greedy (max, id) pairs.
+// after its call. The sampling tiles read every rank's logits: the logits are gathered whole.
+// A step that wants only greedy ids skips that gather: its sample tiles write each row's (max,
+// id) pair over the rank's vocabulary block, and the ranks trade those pairs after the step
+// (exchange_greedy_ids: 8 bytes a row instead of the block), as the CPU executor does.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "impl.h"
 #include "megadecode/dist/communicator.h"
@@ -91,7 +96,7 @@ void CudaExecutor::Impl::exchange(const DevPlan& dp, const DevStep& h, size_t ph
       dev->sync();
       comm->all_reduce_sum(m, n * row, dist::Elem::kF32);
       rows(false);
-    } else {
+    } else if (!h.greedy_pairs) {  // (a greedy exchange step trades pairs after the step)
       // This rank's vocabulary block of every logit row to every rank (blocks ceil(V / W)
       // wide, the last padded), then each rank's block into its place.
       const int n = h.n_logits, Wr = comm->size();
@@ -116,6 +121,31 @@ void CudaExecutor::Impl::exchange(const DevPlan& dp, const DevStep& h, size_t ph
                     recv + size_t(r) * block + size_t(b) * size_t(per), size_t(r1 - r0) * 4);
       }
     }
+  }
+}
+
+void CudaExecutor::Impl::exchange_greedy_ids(const DevStep& h, int32_t* next_ids) {
+  const int n = h.n_logits, Wr = comm->size();
+  const size_t msg = size_t(n) * 2;
+  coll_recv.reserve(dev.get(), msg * size_t(Wr) * 4);
+  dev->sync();  // the sample tiles' pairs
+  comm->all_gather(h.greedy_pairs, coll_recv.p, msg, dist::Elem::kF32);
+  std::vector<float> all(msg * size_t(Wr));
+  dev->copy(all.data(), coll_recv.p, all.size() * 4);
+  dev->sync();
+  // Per row the first rank's pair with the largest value: blocks ascend in id, so ties go to the
+  // lowest id (Sampler's argmax over the whole row).
+  for (int b = 0; b < n; ++b) {
+    float best = -INFINITY;
+    int32_t best_id = -1;
+    for (int r = 0; r < Wr; ++r) {
+      const float* p = all.data() + size_t(r) * msg + 2 * size_t(b);
+      int32_t id;
+      std::memcpy(&id, p + 1, 4);
+      if (id >= 0 && p[0] > best) best = p[0], best_id = id;
+    }
+    MD_CHECK(best_id >= 0, "sampler: every logit is -inf");
+    next_ids[b] = best_id;
   }
 }
 

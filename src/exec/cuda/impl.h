@@ -5,6 +5,7 @@
 #pragma once
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <functional>
@@ -30,7 +31,6 @@ namespace cuda_exec {
 
 using cuda::DevStep;
 using plan::kNone;
-
 
 // A device allocation owned by the executor.
 struct DevBuf {
@@ -120,12 +120,12 @@ const char* status_name(uint32_t s);
 }  // namespace cuda_exec
 
 using cuda_exec::DevBuf;
-using cuda_exec::DevPlan;
-using cuda_exec::DevStep;
-using cuda_exec::kNone;
 using cuda_exec::device_weights_of;
 using cuda_exec::DevicePoolMemory;
 using cuda_exec::DeviceWeights;
+using cuda_exec::DevPlan;
+using cuda_exec::DevStep;
+using cuda_exec::kNone;
 using cuda_exec::status_name;
 using cuda_exec::upload;
 
@@ -150,6 +150,7 @@ struct CudaExecutor::Impl {
   dist::Communicator* comm = nullptr;
   std::unique_ptr<dist::Communicator> nccl;
   DevBuf coll_send, coll_recv;  // the collectives' messages
+  DevBuf greedy_pairs;          // a greedy exchange's (max, id) pairs (DevStep::greedy_pairs)
   std::vector<float> host_logits;
   StepStats stats;
 
@@ -163,7 +164,8 @@ struct CudaExecutor::Impl {
     po.max_sequences = std::max(po.max_sequences, mb);
     // The state pool in device memory; its page tables stay on the host and go up with each step.
     pool_memory = std::make_unique<DevicePoolMemory>(*dev);
-    states = std::make_unique<StatePool>(m.config(), m.numerics().round_bf16, po, pool_memory.get());
+    states =
+        std::make_unique<StatePool>(m.config(), m.numerics().round_bf16, po, pool_memory.get());
     abort.reset(dev.get(), 16);
     // The step's table lives at one device address for the executor's lifetime: CUDA graphs
     // capture the launches with this pointer and replay them on each step's new contents.
@@ -196,21 +198,22 @@ struct CudaExecutor::Impl {
   // A weight the plan names and the model does not hold: a distributed rank's other ranks'
   // routed experts (the tiles skip them).
   bool may_be_absent(const plan::WeightRef& r) const {
-    return model.shard().sharded() && (r.kind == plan::WeightKind::kExpertGate ||
-                                       r.kind == plan::WeightKind::kExpertUp ||
-                                       r.kind == plan::WeightKind::kExpertDown);
+    return model.shard().sharded() &&
+           (r.kind == plan::WeightKind::kExpertGate || r.kind == plan::WeightKind::kExpertUp ||
+            r.kind == plan::WeightKind::kExpertDown);
   }
 
   // Every tensor a plan can name, once (bf16 / fp32 as stored; MXFP4 codes then scales): copied
   // from the host, or, for a model of random weights generated on the device (Checkpoint::
   // random), generated here by make-model's generator.
   void upload_weights() {
-    const plan::Plan p = plan::compile_decode_plan(model.config(), &model.weights(), plan_options(1));
+    const plan::Plan p =
+        plan::compile_decode_plan(model.config(), &model.weights(), plan_options(1));
     double total = 0, done = 0;
     std::vector<exec::WeightView> views;
-    for (const plan::WeightRef& r : p.weights) views.push_back(exec::bind_weight(model.weights(), r));
-    for (const auto& v : views)
-      total += double(weight_bytes(v) + scale_bytes(v));
+    for (const plan::WeightRef& r : p.weights)
+      views.push_back(exec::bind_weight(model.weights(), r));
+    for (const auto& v : views) total += double(weight_bytes(v) + scale_bytes(v));
     const bool bar = total > double(size_t(1) << 30);
     std::lock_guard<std::mutex> lock(weights->mu);
     std::vector<cuda::RandomJob> jobs;
@@ -342,8 +345,9 @@ struct CudaExecutor::Impl {
       std::lock_guard<std::mutex> lock(weights->mu);
       for (const plan::WeightRef& r : p.weights) {
         const exec::WeightView v = exec::bind_weight(model.weights(), r);
-        MD_CHECK(v.data != nullptr || may_be_absent(r), "decode plan: weight {} of layer {} is absent",
-                 plan::weight_kind_name(r.kind), r.layer);
+        MD_CHECK(v.data != nullptr || may_be_absent(r),
+                 "decode plan: weight {} of layer {} is absent", plan::weight_kind_name(r.kind),
+                 r.layer);
         place(v, jobs);
         w.push_back(dev_weight(v));
       }
@@ -375,6 +379,9 @@ struct CudaExecutor::Impl {
   void plan_collectives(DevPlan& dp);  // collectives.cpp
   // Phase `phase`'s collectives, by the host, once the launches before it are done.
   void exchange(const DevPlan& dp, const DevStep& h, size_t phase);
+  // The greedy exchange after the step (h.greedy_pairs set): every rank's pairs to every rank,
+  // then each row's id (collectives.cpp).
+  void exchange_greedy_ids(const DevStep& h, int32_t* next_ids);
 
   cuda::DevCfg dev_cfg() const { return dev_cfg_of(model.config()); }
   static cuda::DevCfg dev_cfg_of(const ModelConfig& c) {
@@ -463,7 +470,8 @@ struct CudaExecutor::Impl {
     h.n = N;
     h.tokens = put(tokens, lay.tokens);
     h.n_logits = lay.n_logits;
-    logits.reserve(dev.get(), std::max<size_t>(size_t(lay.n_logits) * size_t(c.vocab_size) * 4, 16));
+    logits.reserve(dev.get(),
+                   std::max<size_t>(size_t(lay.n_logits) * size_t(c.vocab_size) * 4, 16));
     h.logits = logits.as<float>();
     h.logit_of_row = put(logit_of_row, lay.logit_of_row);
     h.seqs = put(seqs_buf(), views);
@@ -495,14 +503,29 @@ struct CudaExecutor::Impl {
                           std::max<size_t>(size_t(lay.n_logits) * size_t(c.vocab_size) * 4, 16));
       h.sample_work = sample_work.as<float>();
     }
+    // A rank whose step wants only greedy ids trades (max, id) pairs, not its logits block (as the
+    // CPU executor: the same decision on every rank, whose inputs are the same).
+    const bool greedy_exchange =
+        comm && comm->size() > 1 && next_ids && !out_logits && lay.n_logits > 0 &&
+        std::all_of(sampling.begin(), sampling.end(), [](const SampleRow& r) {
+          return r.greedy() && !(r.has_penalties() && r.num_penalties > 0);
+        });
+    if (greedy_exchange) {
+      greedy_pairs.reserve(dev.get(), size_t(lay.n_logits) * 8);
+      h.greedy_pairs = greedy_pairs.as<float>();
+      const auto [v0, v1] = dist::vocab_block(c.vocab_size, comm->size(), comm->rank());
+      h.vocab_lo = v0;
+      h.vocab_hi = v1;
+    }
     const double t_run = run_plan(dp, h, [&] {
       for (const StepSeq& q : seqs) q.seq->rowlog.rows = 0;
     });
+    if (greedy_exchange) exchange_greedy_ids(h, next_ids);
     // Outputs: the logits (when asked for) and the tokens drawn on the device, each in one copy.
     if (out_logits && lay.n_logits > 0)
       dev->copy(out_logits, h.logits, size_t(lay.n_logits) * size_t(c.vocab_size) * 4);
     std::vector<int32_t> ids;
-    const bool want_ids = next_ids && lay.n_logits > 0;
+    const bool want_ids = next_ids && lay.n_logits > 0 && !greedy_exchange;
     const size_t id_stride = want_ids ? p.buffers[p.next_ids_buffer].stride / 4 : 0;
     if (want_ids) {
       const plan::BufferDesc& d = p.buffers[p.next_ids_buffer];
@@ -699,10 +722,10 @@ struct CudaExecutor::Impl {
         m += fmt::format(" in instruction {}", plan::describe_instr(p, p.instrs[s.instr]));
       if (s.state == 2 && s.counter < p.counters.size()) {
         const plan::CounterDesc& cd = p.counters[s.counter];
-        m += fmt::format(" for counter c{} ({} {} group {}): {} of {}", s.counter,
-                         plan::op_name(cd.op),
-                         cd.layer == plan::kNoLayer ? std::string("--") : fmt::format("L{}", cd.layer),
-                         cd.group, counters[s.counter], s.target);
+        m += fmt::format(
+            " for counter c{} ({} {} group {}): {} of {}", s.counter, plan::op_name(cd.op),
+            cd.layer == plan::kNoLayer ? std::string("--") : fmt::format("L{}", cd.layer), cd.group,
+            counters[s.counter], s.target);
       }
     }
     if (!sim_error.empty()) m += fmt::format(" [{}]", sim_error);

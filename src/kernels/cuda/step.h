@@ -23,7 +23,8 @@ inline constexpr uint32_t kTileThreads = 256;
 inline constexpr uint32_t kStages = 4;
 inline constexpr uint32_t kStageBytes = 36 << 10;
 // Shared memory of a tile block: the stages, 128 bytes for their mbarriers (and the megakernel's
-// stop word after them: gemv.cuh block_word), and a work area for the tiles' reductions and small vectors (kWorkFloats).
+// stop word after them: gemv.cuh block_word), and a work area for the tiles' reductions and small
+// vectors (kWorkFloats).
 inline constexpr uint32_t kWorkFloats = 4096;
 inline constexpr uint32_t kSmemBytes = kStages * kStageBytes + 128 + kWorkFloats * 4;
 
@@ -138,6 +139,12 @@ struct DevStep {
   const DevSample* sampling = nullptr;
   const PenaltyCount* penalties = nullptr;
   float* sample_work = nullptr;
+  // A distributed rank's greedy exchange (docs/distributed.md, "CUDA ranks"): when set, every
+  // logit row is greedy and only this rank's vocabulary block [vocab_lo, vocab_hi) of it was
+  // computed, so the sample tile writes the block's (max, id) pair ([n_logits][2] floats, the
+  // id's bits as they are; id -1 when the block is all -inf) instead of a next id.
+  float* greedy_pairs = nullptr;
+  int64_t vocab_lo = 0, vocab_hi = 0;
   // The phase kernel: the phase's instruction ids.
   const uint32_t* phase_ids = nullptr;
   // The megakernel: per block its queue (instruction ids, offsets [queue_off[b], queue_off[b+1])),
@@ -155,6 +162,5 @@ struct DevStep {
   DevStatus* status = nullptr;
   uint64_t watchdog_ns = 0;
 };
-
 
 }  // namespace md::cuda

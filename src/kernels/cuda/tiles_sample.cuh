@@ -186,6 +186,19 @@ MD_DEV void sample_tile(const DevStep& s, const plan::Instr& in, const Args& a) 
   float* red = work();
   for (int b = int(in.r0); b < int(in.r1) && b < s.n_logits; ++b) {
     const float* row = s.logits + int64_t(b) * V;
+    if (s.greedy_pairs) {
+      // This rank's block only (DevStep::greedy_pairs); the host trades the pairs.
+      const int64_t lo = s.vocab_lo;
+      const int32_t i = argmax_row(row + lo, s.vocab_hi - lo, reinterpret_cast<uint64_t*>(red));
+      if (port::thread_id() == 0) {
+        const float v = row[lo + i];
+        const int32_t id = v == -__builtin_huge_valf() ? -1 : int32_t(lo) + i;
+        s.greedy_pairs[2 * b] = v;
+        s.greedy_pairs[2 * b + 1] = port::u2f(uint32_t(id));  // the id's bits
+      }
+      port::sync_block();
+      continue;
+    }
     int32_t id;
     const DevSample* r = s.sampling ? &s.sampling[b] : nullptr;
     const bool pen = r && r->npen > 0 &&
