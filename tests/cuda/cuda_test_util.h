@@ -5,10 +5,15 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "../../src/kernels/cuda/device.h"
+#include "../exec/exec_test_util.h"
 #include "megadecode/base/error.h"
 #include "megadecode/kernels/cuda/sim.h"
 
@@ -25,6 +30,33 @@ inline bool gpu_present(std::string* why) {
     if (m.find("no CUDA device") == std::string::npos) throw;
     *why = m;
     return false;
+  }
+}
+
+// Row b of a lockstep step of the two CUDA executors (t.la: the megakernel, t.lb: op by op)
+// against Model::forward's logits `want` for that row: the executors bit for bit, the next id
+// the device's argmax, with FP32 the logits within 1e-4 of want's largest magnitude, and the
+// greedy token want's where want's top two are further apart than 1/64 of it.
+inline void expect_cuda_row(const LockstepStep& t, size_t b, int64_t V,
+                            const std::vector<float>& want, bool fp32, const std::string& what) {
+  const float* got = t.la.data() + b * size_t(V);
+  expect_same_bits(t.lb.data() + b * size_t(V), got, size_t(V), "opbyop vs megakernel " + what);
+  EXPECT_EQ(t.na[b], t.nb[b]) << what;
+  EXPECT_EQ(t.na[b], int32_t(std::max_element(got, got + V) - got))
+      << "the device argmax, " << what;
+  double scale = 0;
+  for (float v : want) scale = std::max(scale, double(std::fabs(v)));
+  if (fp32) {
+    double err = 0;
+    for (int64_t i = 0; i < V; ++i)
+      err = std::max(err, double(std::fabs(got[i] - want[size_t(i)])));
+    EXPECT_LE(err, 1e-4 * scale) << "vs the reference, " << what;
+  }
+  std::vector<float> sorted(want);
+  std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+  if (sorted[0] - sorted[1] > scale / 64) {
+    EXPECT_EQ(t.na[b], int32_t(std::max_element(want.begin(), want.end()) - want.begin()))
+        << "greedy token vs the reference, " << what;
   }
 }
 

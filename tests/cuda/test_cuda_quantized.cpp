@@ -38,12 +38,6 @@ ModelOptions quantized(Precision p, QuantScheme scheme, int group, bool lm_head 
   return o;
 }
 
-double max_abs(const std::vector<float>& v, size_t off, size_t n) {
-  double m = 0;
-  for (size_t i = 0; i < n; ++i) m = std::max(m, double(std::fabs(v[off + i])));
-  return m;
-}
-
 struct Case {
   const char* preset;
   QuantScheme scheme;
@@ -73,53 +67,26 @@ void check_quantized(const Case& c, Precision prec, CudaTarget target) {
   }
   const std::vector<std::vector<int>> batches = {{0}, {1, 2, 0}, {2, 1}, {0, 1, 2}, {1}};
   std::vector<float> want(static_cast<size_t>(V));
-  for (size_t step = 0; step < batches.size(); ++step) {
-    const auto& ids = batches[step];
-    const int B = int(ids.size());
-    std::vector<int32_t> tokens;
-    std::vector<SequenceState*> pm, po;
-    for (int id : ids) {
-      tokens.push_back(int32_t((id * 53 + int(step) * 97 + 3) % (V - 1)));
-      pm.push_back(&mk[size_t(id)]);
-      po.push_back(&ob[size_t(id)]);
-    }
-    std::vector<float> lm(size_t(B) * size_t(V)), lo(size_t(B) * size_t(V));
-    std::vector<int32_t> nm(size_t(B), -1), no(size_t(B), -1);
-    emk.step(pm, tokens, lm.data(), nm.data());
-    eob.step(po, tokens, lo.data(), no.data());
-    for (int b = 0; b < B; ++b) {
-      const std::string at = what + " step " + std::to_string(step) + " seq " +
-                             std::to_string(ids[size_t(b)]);
-      const size_t off = size_t(b) * size_t(V);
-      test::expect_same_bits(lo.data() + off, lm.data() + off, size_t(V), "opbyop vs megakernel " + at);
-      EXPECT_EQ(nm[size_t(b)], no[size_t(b)]) << at;
-      EXPECT_EQ(nm[size_t(b)], int32_t(std::max_element(lm.begin() + off, lm.begin() + off + V) -
-                                       (lm.begin() + off)))
-          << "the device argmax, " << at;
-      m.forward(ref[size_t(ids[size_t(b)])], std::span(&tokens[size_t(b)], 1), want.data(), false);
-      if (prec != Precision::FP32) continue;
-      const double scale = max_abs(want, 0, size_t(V));
-      double err = 0;
-      for (int64_t i = 0; i < V; ++i)
-        err = std::max(err, double(std::fabs(lm[off + size_t(i)] - want[size_t(i)])));
-      EXPECT_LE(err, 1e-4 * scale) << "vs the reference, " << at;
-      std::vector<float> sorted(want);
-      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      if (sorted[0] - sorted[1] > scale / 64) {
-        EXPECT_EQ(nm[size_t(b)], int32_t(std::max_element(want.begin(), want.end()) - want.begin()))
-            << "greedy token vs the reference, " << at;
-      }
-    }
-  }
+  test::step_in_lockstep(
+      emk, eob, mk, ob, batches, V,
+      [&](int id, int step) { return int32_t((id * 53 + step * 97 + 3) % (V - 1)); },
+      [&](const test::LockstepStep& t) {
+        for (size_t b = 0; b < t.ids.size(); ++b) {
+          m.forward(ref[size_t(t.ids[b])], std::span(&t.tokens[b], 1), want.data(), false);
+          test::expect_cuda_row(
+              t, b, V, want, prec == Precision::FP32,
+              what + " step " + std::to_string(t.step) + " seq " + std::to_string(t.ids[b]));
+        }
+      });
 }
 
 // Each scheme with groups of 32, a larger group or one scale per row; K3 (MXFP4 routed experts
 // as loaded, int4 / int8 everywhere else) as well.
 void quantized_models_match_reference(CudaTarget target) {
   const Case cases[] = {
-      {"tiny", QuantScheme::kInt4, 32, false},   {"tiny", QuantScheme::kInt4, 0, true},
-      {"tiny", QuantScheme::kInt8, 64, true},    {"tiny", QuantScheme::kInt8, 0, false},
-      {"tiny", QuantScheme::kMxfp4, -1, true},   {"k3-tiny", QuantScheme::kInt4, 32, false},
+      {"tiny", QuantScheme::kInt4, 32, false},  {"tiny", QuantScheme::kInt4, 0, true},
+      {"tiny", QuantScheme::kInt8, 64, true},   {"tiny", QuantScheme::kInt8, 0, false},
+      {"tiny", QuantScheme::kMxfp4, -1, true},  {"k3-tiny", QuantScheme::kInt4, 32, false},
       {"k3-tiny", QuantScheme::kInt8, 0, true},
   };
   for (const Case& c : cases) check_quantized(c, Precision::FP32, target);

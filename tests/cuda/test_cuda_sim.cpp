@@ -77,46 +77,20 @@ void check_executors(const std::string& name, Precision prec, int sms, uint64_t 
     EXPECT_EQ(emk.workers(), sms);
   }
   std::vector<SequenceState> mk = test::copies(emk, ref), ob = test::copies(eob, ref);
-  const std::vector<std::vector<int>> batches = {{0}, {1, 2, 0}, {0, 1, 2, 3, 4, 5, 6, 7}, {8, 5, 2}, {3}};
+  const std::vector<std::vector<int>> batches = {
+      {0}, {1, 2, 0}, {0, 1, 2, 3, 4, 5, 6, 7}, {8, 5, 2}, {3}};
   std::vector<float> want(static_cast<size_t>(V));
-  for (size_t step = 0; step < batches.size(); ++step) {
-    const auto& ids = batches[step];
-    const int B = int(ids.size());
-    std::vector<int32_t> tokens;
-    std::vector<SequenceState*> pm, po;
-    for (int id : ids) {
-      tokens.push_back(int32_t((id * 37 + int(step) * 101 + 7) % (V - 1)));
-      pm.push_back(&mk[size_t(id)]);
-      po.push_back(&ob[size_t(id)]);
-    }
-    std::vector<float> lm(size_t(B) * size_t(V)), lo(size_t(B) * size_t(V));
-    std::vector<int32_t> nm(size_t(B), -1), no(size_t(B), -1);
-    emk.step(pm, tokens, lm.data(), nm.data());
-    eob.step(po, tokens, lo.data(), no.data());
-    for (int b = 0; b < B; ++b) {
-      const std::string what = name + " step " + std::to_string(step) + " seq " +
-                               std::to_string(ids[size_t(b)]) + " seed " + std::to_string(seed);
-      const float* got = lm.data() + size_t(b) * size_t(V);
-      expect_same_bits(lo.data() + size_t(b) * size_t(V), got, size_t(V), "opbyop vs megakernel " + what);
-      EXPECT_EQ(nm[size_t(b)], no[size_t(b)]) << what;
-      m.forward(ref[size_t(ids[size_t(b)])], std::span(&tokens[size_t(b)], 1), want.data(), false);
-      const double scale = max_abs(want.data(), size_t(V));
-      const int32_t greedy = int32_t(std::max_element(got, got + V) - got);
-      EXPECT_EQ(nm[size_t(b)], greedy) << "the device argmax, " << what;
-      if (prec == Precision::FP32) {
-        double err = 0;
-        for (int64_t i = 0; i < V; ++i) err = std::max(err, double(std::fabs(got[i] - want[size_t(i)])));
-        EXPECT_LE(err, 1e-4 * scale) << "vs the reference, " << what;
-      }
-      // Greedy token where the reference's choice is clear.
-      std::vector<float> sorted(want);
-      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      if (sorted[0] - sorted[1] > scale / 64) {
-        const int32_t rg = int32_t(std::max_element(want.begin(), want.end()) - want.begin());
-        EXPECT_EQ(nm[size_t(b)], rg) << "greedy token vs the reference, " << what;
-      }
-    }
-  }
+  test::step_in_lockstep(
+      emk, eob, mk, ob, batches, V,
+      [&](int id, int step) { return int32_t((id * 37 + step * 101 + 7) % (V - 1)); },
+      [&](const test::LockstepStep& t) {
+        for (size_t b = 0; b < t.ids.size(); ++b) {
+          m.forward(ref[size_t(t.ids[b])], std::span(&t.tokens[b], 1), want.data(), false);
+          test::expect_cuda_row(t, b, V, want, prec == Precision::FP32,
+                                name + " step " + std::to_string(t.step) + " seq " +
+                                    std::to_string(t.ids[b]) + " seed " + std::to_string(seed));
+        }
+      });
 }
 
 TEST(CudaSim, TinyFp32BothExecutorsAgreeAndMatchReference) {
@@ -164,7 +138,8 @@ void golden_models_match_reference(CudaTarget target) {
                                  " position " + std::to_string(s.pos);
         const double scale = max_abs(want.data(), want.size());
         double err = 0;
-        for (size_t j = 0; j < want.size(); ++j) err = std::max(err, double(std::fabs(got[j] - want[j])));
+        for (size_t j = 0; j < want.size(); ++j)
+          err = std::max(err, double(std::fabs(got[j] - want[j])));
         EXPECT_LE(err, 1e-4 * scale) << what;
         std::vector<float> sorted(want);
         std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
@@ -188,8 +163,10 @@ SIM_AND_GPU_TEST(GoldenModelsMatchReference, 4, golden_models_match_reference)
 TEST(CudaGpu, TinyAndSmallBothExecutorsAgreeAndMatchReference) {
   MD_NEED_GPU();
   for (const char* name : {"tiny", "small"})
-    for (Precision p : {Precision::FP32, Precision::BF16}) check_executors(name, p, 4, 0, CudaTarget::kGpu);
-  for (Precision p : {Precision::FP32, Precision::BF16}) check_executors("k3-tiny", p, 4, 0, CudaTarget::kGpu);
+    for (Precision p : {Precision::FP32, Precision::BF16})
+      check_executors(name, p, 4, 0, CudaTarget::kGpu);
+  for (Precision p : {Precision::FP32, Precision::BF16})
+    check_executors("k3-tiny", p, 4, 0, CudaTarget::kGpu);
 }
 
 // Random scheduling of the simulated threads and blocks: a missing wait or barrier shows up as a
@@ -254,7 +231,8 @@ void multi_row_prefill_matches_reference(CudaTarget target) {
     ex.prefill(s, prompt, got.data(), 5);  // 5 + 5 + 3 rows
     EXPECT_EQ(s.pos, 13);
     double err = 0;
-    for (int64_t i = 0; i < V; ++i) err = std::max(err, double(std::fabs(got[size_t(i)] - want[size_t(i)])));
+    for (int64_t i = 0; i < V; ++i)
+      err = std::max(err, double(std::fabs(got[size_t(i)] - want[size_t(i)])));
     EXPECT_LE(err, 1e-4 * max_abs(want.data(), size_t(V))) << executor_name(k);
   }
 }
@@ -300,7 +278,8 @@ void commit_to_a_prefix_then_decode(CudaTarget target) {
     ex.step(seqs2, std::span(&next, 1), alone.data());
     expect_same_bits(got.data(), alone.data(), size_t(V), "logits after the commit");
     double err = 0;
-    for (int64_t i = 0; i < V; ++i) err = std::max(err, double(std::fabs(got[size_t(i)] - want[size_t(i)])));
+    for (int64_t i = 0; i < V; ++i)
+      err = std::max(err, double(std::fabs(got[size_t(i)] - want[size_t(i)])));
     EXPECT_LE(err, 1e-4 * max_abs(want.data(), size_t(V)));
     EXPECT_THROW(ex.commit(s, 1), Error);  // nothing kept any more
   }
@@ -348,7 +327,8 @@ int32_t reference_draw(const SampleRow& r, std::vector<float> l) {
   std::vector<int> order(static_cast<size_t>(V));
   for (int i = 0; i < V; ++i) order[size_t(i)] = i;
   auto x = [&](int i) { return l[size_t(i)] * inv_t; };
-  std::sort(order.begin(), order.end(), [&](int a, int b) { return x(a) > x(b) || (x(a) == x(b) && a < b); });
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return x(a) > x(b) || (x(a) == x(b) && a < b); });
   const float mx = x(order[0]);
   const int64_t k = r.top_k > 0 && r.top_k < V ? r.top_k : V;
   order.resize(size_t(k));

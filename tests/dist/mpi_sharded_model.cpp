@@ -78,6 +78,16 @@ int32_t argmax(const std::vector<float>& v) {
 }
 
 // Every rank holds the same bytes.
+// One executor of batch 1 over a rank's slice: a CPU one with one unpinned worker (two ranks
+// share this machine's cores), or a CUDA one on the simulation.
+std::unique_ptr<Executor> rank_executor(Model& part, ExecutorKind kind, bool cuda_sim) {
+  if (cuda_sim) return std::make_unique<CudaExecutor>(part, 1, kind, CudaTarget::kSim);
+  ExecutorOptions eo;
+  eo.workers = 1;
+  eo.pin = false;
+  return std::make_unique<CpuExecutor>(part, 1, kind, eo);
+}
+
 bool same_on_every_rank(const void* data, size_t bytes) {
   const size_t padded = (bytes + 3) / 4 * 4;
   std::vector<uint8_t> mine(padded, 0), all(padded * size_t(mpi->size()));
@@ -104,14 +114,7 @@ void check_golden(const std::string& name, ShardLayout layout, Precision prec, E
   Model part(g.dir, opts(prec), shard, mpi);
   ASSERT_TRUE(part.shard().sharded());
   const int64_t V = whole.config().vocab_size;
-  ExecutorOptions eo;
-  eo.workers = 1;
-  eo.pin = false;
-  std::unique_ptr<Executor> exp;
-  if (cuda_sim)
-    exp = std::make_unique<CudaExecutor>(part, 1, kind, CudaTarget::kSim);
-  else
-    exp = std::make_unique<CpuExecutor>(part, 1, kind, eo);
+  std::unique_ptr<Executor> exp = rank_executor(part, kind, cuda_sim);
   Executor& ex = *exp;
   SequenceState r = whole.new_sequence(), s = ex.new_sequence();
   std::vector<float> want(static_cast<size_t>(V)), got(static_cast<size_t>(V));
@@ -225,10 +228,8 @@ TEST(MpiShard, GenerationIsTheSameOnEveryRankAndGreedyIsTheGoldensOverItsCleanSt
       for (bool sampled : {false, true}) {
         const std::string what = describe_shard(shard) + " " + std::string(executor_name(kind)) +
                                  (sampled ? " sampled" : " greedy");
-        ExecutorOptions eo;
-        eo.workers = 1;
-        eo.pin = false;
-        CpuExecutor ex(part, 1, kind, eo);
+        std::unique_ptr<Executor> exp = rank_executor(part, kind, false);
+        Executor& ex = *exp;
         SamplingParams sp;
         sp.temperature = sampled ? 0.8f : 0.0f;
         sp.top_p = sampled ? 0.9f : 1.0f;
@@ -278,14 +279,7 @@ TEST(MpiShard, GreedyStepsExchangeMaxIdPairsInsteadOfLogits) {
       for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
         const std::string what = describe_shard(shard) + " " + std::string(executor_name(kind)) +
                                  (on_cuda ? " on cuda-sim" : "");
-        ExecutorOptions eo;
-        eo.workers = 1;
-        eo.pin = false;
-        std::unique_ptr<Executor> exp;
-        if (on_cuda)
-          exp = std::make_unique<CudaExecutor>(part, 1, kind, CudaTarget::kSim);
-        else
-          exp = std::make_unique<CpuExecutor>(part, 1, kind, eo);
+        std::unique_ptr<Executor> exp = rank_executor(part, kind, on_cuda);
         Executor& ex = *exp;
         SequenceState a = ex.new_sequence(), b = ex.new_sequence();
         std::vector<float> logits(static_cast<size_t>(V));

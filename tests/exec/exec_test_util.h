@@ -74,6 +74,40 @@ inline std::vector<SequenceState> copies(md::Executor& ex, const std::vector<Seq
   return out;
 }
 
+// One step of two executors in lockstep (executors.cpp's tests): the sequences named by ids
+// (indices into a and b), fed token_of(id, step); both return logits and greedy ids.
+struct LockstepStep {
+  size_t step;
+  const std::vector<int>& ids;
+  std::vector<int32_t> tokens;
+  std::vector<float> la, lb;    // [ids.size()][V]
+  std::vector<int32_t> na, nb;  // the plans' next ids
+};
+// Steps ea over a and eb over b through `batches` (each a list of sequence indices), then calls
+// check(const LockstepStep&) after each step.
+template <class TokenOf, class Check>
+void step_in_lockstep(md::Executor& ea, md::Executor& eb, std::vector<SequenceState>& a,
+                      std::vector<SequenceState>& b, const std::vector<std::vector<int>>& batches,
+                      int64_t V, TokenOf token_of, Check check) {
+  for (size_t step = 0; step < batches.size(); ++step) {
+    LockstepStep t{step, batches[step], {}, {}, {}, {}, {}};
+    const size_t B = t.ids.size();
+    std::vector<SequenceState*> pa, pb;
+    for (int id : t.ids) {
+      t.tokens.push_back(token_of(id, int(step)));
+      pa.push_back(&a[size_t(id)]);
+      pb.push_back(&b[size_t(id)]);
+    }
+    t.la.resize(B * size_t(V));
+    t.lb.resize(B * size_t(V));
+    t.na.assign(B, -1);
+    t.nb.assign(B, -1);
+    ea.step(pa, t.tokens, t.la.data(), t.na.data());
+    eb.step(pb, t.tokens, t.lb.data(), t.nb.data());
+    check(t);
+  }
+}
+
 // Batched speculative steps (SpeculativeDecoder::step_batch) of sequences side by side, each
 // with its drafter, until every got[b] holds n tokens (got[b] starts with the token after the
 // prompt, hist[b] is the prompt and that token) or max_steps steps have run.

@@ -68,36 +68,26 @@ void check_equivalence(Model& m, int workers, ExecutorOptions eo = {}) {
       {0}, {0, 1},   {1, 2, 0}, {0, 1, 2, 3, 4, 5, 6, 7}, {2, 8, 5}, {9, 3, 10, 11, 4, 6, 7, 0},
       {8}, {11, 10}, {5, 1, 9}};
   std::vector<float> want(static_cast<size_t>(V));
-  for (size_t step = 0; step < batches.size(); ++step) {
-    const auto& ids = batches[step];
-    const int B = int(ids.size());
-    std::vector<int32_t> tokens;
-    std::vector<SequenceState*> pm, po;
-    for (int id : ids) {
-      tokens.push_back(int32_t((id * 37 + int(step) * 101 + 7) % (V - 1)));
-      pm.push_back(&mk[size_t(id)]);
-      po.push_back(&ob[size_t(id)]);
-    }
-    std::vector<float> lm(size_t(B) * size_t(V)), lo(size_t(B) * size_t(V));
-    std::vector<int32_t> nm(size_t(B), -1), no(size_t(B), -1);
-    emk.step(pm, tokens, lm.data(), nm.data());
-    eob.step(po, tokens, lo.data(), no.data());
-    for (int b = 0; b < B; ++b) {
-      m.forward(ref[size_t(ids[size_t(b)])], std::span(&tokens[size_t(b)], 1), want.data(), false);
-      const std::string what = "W=" + std::to_string(workers) + " step " + std::to_string(step) +
-                               " seq " + std::to_string(ids[size_t(b)]);
-      // The plan's kSample tiles (no sampler: greedy, ties to the lowest id).
-      const int32_t greedy = int32_t(std::max_element(want.begin(), want.end()) - want.begin());
-      EXPECT_EQ(nm[size_t(b)], greedy) << "megakernel next id, " << what;
-      EXPECT_EQ(no[size_t(b)], greedy) << "opbyop next id, " << what;
-      expect_same_bits(lm.data() + size_t(b) * size_t(V), want.data(), size_t(V),
-                       "megakernel " + what);
-      expect_same_bits(lo.data() + size_t(b) * size_t(V), want.data(), size_t(V), "opbyop " + what);
-    }
-    const StepStats& st = emk.last_step_stats();
-    EXPECT_EQ(st.batch, B);
-    EXPECT_GT(st.weight_bytes, 0);
-  }
+  test::step_in_lockstep(
+      emk, eob, mk, ob, batches, V,
+      [&](int id, int step) { return int32_t((id * 37 + step * 101 + 7) % (V - 1)); },
+      [&](const test::LockstepStep& t) {
+        for (size_t b = 0; b < t.ids.size(); ++b) {
+          m.forward(ref[size_t(t.ids[b])], std::span(&t.tokens[b], 1), want.data(), false);
+          const std::string what = "W=" + std::to_string(workers) + " step " +
+                                   std::to_string(t.step) + " seq " + std::to_string(t.ids[b]);
+          // The plan's kSample tiles (no sampler: greedy, ties to the lowest id).
+          const int32_t greedy = int32_t(std::max_element(want.begin(), want.end()) - want.begin());
+          EXPECT_EQ(t.na[b], greedy) << "megakernel next id, " << what;
+          EXPECT_EQ(t.nb[b], greedy) << "opbyop next id, " << what;
+          expect_same_bits(t.la.data() + b * size_t(V), want.data(), size_t(V),
+                           "megakernel " + what);
+          expect_same_bits(t.lb.data() + b * size_t(V), want.data(), size_t(V), "opbyop " + what);
+        }
+        const StepStats& st = emk.last_step_stats();
+        EXPECT_EQ(st.batch, int(t.ids.size()));
+        EXPECT_GT(st.weight_bytes, 0);
+      });
   for (size_t i = 0; i < ref.size(); ++i) {
     expect_same_state(mk[i], ref[i], "megakernel seq " + std::to_string(i));
     expect_same_state(ob[i], ref[i], "opbyop seq " + std::to_string(i));
