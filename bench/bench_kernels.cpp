@@ -458,3 +458,67 @@ BENCHMARK(BM_MatmulBf16)->Name("Kl48DenseBf16")->Apply(kl48_bf16_args)->UseRealT
 
 }  // namespace
 }  // namespace md::cpu
+
+// ---- GEMV split into calls, as the decode plan's tiles are -------------------------------------
+#include "megadecode/kernels/cpu/stream_hint.h"
+
+namespace md::cpu {
+namespace {
+// Args: rows, K, threads, call_rows, scattered, hint. Each thread's rows are walked in calls of
+// call_rows rows (a plan instruction each). scattered: consecutive calls read different matrices
+// (call k of an iteration reads its rows from pool slot (slot + k) % slots, so the next call's
+// bytes are not the ones after this call's, as at a matrix boundary); every row is still read once
+// an iteration. hint: each call is a StreamCall with the next call's rows listed as upcoming
+// (stream_hint.h), as the executors do.
+void BM_MatmulBf16Calls(benchmark::State& state) {
+  const int64_t rows = state.range(0), K = state.range(1), cr = state.range(3);
+  const int threads = static_cast<int>(state.range(2));
+  const bool scattered = state.range(4) != 0, hint = state.range(5) != 0;
+  const size_t bytes = static_cast<size_t>(rows * K) * sizeof(bf16);
+  const auto x = make_x(1, K);
+  std::vector<float> y(static_cast<size_t>(rows));
+  bf16* wp = weight_pool();
+  ThreadPool& tp = pool(threads);
+  const size_t slots = std::max<size_t>(1, kPoolBytes / bytes);
+  auto rows_of = [&](size_t slot, int64_t k, int64_t r) {
+    const size_t s = scattered ? (slot + size_t(k)) % slots : slot;
+    return wp + s * static_cast<size_t>(rows * K) + r * K;
+  };
+  run_timed(state, threads, bytes, [&](size_t slot) {
+    split_rows(tp, rows, [&](int64_t r0, int64_t r1) {
+      int64_t k = 0;
+      for (int64_t r = r0; r < r1; r += cr, ++k) {
+        const int64_t re = std::min(r + cr, r1);
+        const bf16* W = rows_of(slot, k, 0);
+        if (!hint) {
+          matmul_bf16(W, K, r, re, x.data(), 1, K, y.data(), rows, true);
+          continue;
+        }
+        const bf16* own = rows_of(slot, k, r);
+        const bf16* nx = rows_of(slot, k + 1, re);
+        const ByteSpan up[2] = {
+            {reinterpret_cast<const char*>(own), reinterpret_cast<const char*>(own + (re - r) * K)},
+            {reinterpret_cast<const char*>(nx),
+             reinterpret_cast<const char*>(nx + std::min(cr, r1 - re) * K)}};
+        set_upcoming_streams(up, re < r1 ? 2 : 1);
+        const StreamCall call(own, own + (re - r) * K);
+        matmul_bf16(W, K, r, re, x.data(), 1, K, y.data(), rows, true);
+      }
+    });
+    benchmark::DoNotOptimize(y.data());
+  });
+}
+BENCHMARK(BM_MatmulBf16Calls)
+    ->Name("Kl48DenseBf16Calls")
+    ->ArgNames({"rows", "K", "thr", "call_rows", "scattered", "hint"})
+    ->Args({9216, 2304, 1, 9216, 0, 0})
+    ->Args({9216, 2304, 1, 64, 0, 0})
+    ->Args({9216, 2304, 1, 64, 1, 0})
+    ->Args({9216, 2304, 1, 64, 1, 1})
+    ->Args({9216, 2304, 1, 32, 1, 0})
+    ->Args({9216, 2304, 1, 32, 1, 1})
+    ->Args({9216, 2304, 2, 64, 1, 0})
+    ->Args({9216, 2304, 2, 64, 1, 1})
+    ->UseRealTime();
+}  // namespace
+}  // namespace md::cpu

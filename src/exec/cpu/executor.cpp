@@ -419,11 +419,26 @@ struct CpuExecutor::Impl {
     st.run_by_op[size_t(in.op)] += now_seconds() - t0;
   }
 
+  // Lists the streams a worker reads from here on (cpu::set_upcoming_streams): the tile's own
+  // (cur, which knows them once the tile's expert ids are visible), then the next tile's first
+  // (next, if any), so that each GEMV call's last prefetches go to the stream after it.
+  static void list_upcoming(const exec::StepCtx& ctx, const Instr& in, exec::Prefetcher& cur,
+                            const exec::Prefetcher* next) {
+    cpu::ByteSpan up[cpu::kMaxUpcomingStreams];
+    int n = cur.spans(up, 3);
+    if (n == 0 && (in.op == plan::Op::kExpertGateUp || in.op == plan::Op::kExpertDown)) {
+      cur.start(ctx, in, true);  // after the tile's waits its expert ids are visible
+      n = cur.spans(up, 3);
+    }
+    if (next) n += next->spans(up + n, 1);
+    cpu::set_upcoming_streams(up, n);
+  }
+
   void run_megakernel(const exec::StepCtx& ctx, PlanRuntime& rt, int w) {
     const std::vector<Instr>& q = rt.plan.queues[size_t(w)];
     exec::Scratch& sc = scratch[size_t(w)];
     WorkerStatus& st = status[w];
-    exec::Prefetcher pf;
+    exec::Prefetcher pf, next;  // this tile's streams, the next tile's
     uint64_t done = st.progress.load(std::memory_order_relaxed);
     if (!q.empty()) pf.start(ctx, q[0]);
     const std::vector<uint8_t>& mask = rt.wait_mask[size_t(w)];
@@ -464,6 +479,15 @@ struct CpuExecutor::Impl {
         }
       }
       if (in.flags & plan::kFlagTestStall) return stall(rt, st);
+      if (i + 1 < q.size()) {
+        // The router's expert ids are visible here once this worker has run (or passed the waits
+        // of) an expert tile of the layer: its waits acquired them, directly or through the
+        // gate/up counter.
+        const bool ids = (in.op == plan::Op::kExpertGateUp || in.op == plan::Op::kExpertDown) &&
+                         in.layer == q[i + 1].layer;
+        next.start(ctx, q[i + 1], ids);
+      }
+      list_upcoming(ctx, in, pf, i + 1 < q.size() ? &next : nullptr);
       run_tile(ctx, in, sc, st);
       if (in.signal != kNone && rt.publish[size_t(w) * rt.C + in.signal]) {
         std::atomic<uint32_t>& sl = rt.slot(w, in.signal);
@@ -471,14 +495,11 @@ struct CpuExecutor::Impl {
       }
       st.progress.store(++done, std::memory_order_relaxed);
       if (i + 1 < q.size()) {
-        // The router's expert ids are visible here once this worker has run an expert tile of
-        // the layer (its waits acquired them, directly or through the gate/up counter).
-        const bool ids = (in.op == plan::Op::kExpertGateUp || in.op == plan::Op::kExpertDown) &&
-                         in.layer == q[i + 1].layer;
-        pf.start(ctx, q[i + 1], ids);
+        std::swap(pf, next);
         pf.step(32);
       }
     }
+    cpu::set_upcoming_streams(nullptr, 0);
     st.state.store(kFinished, std::memory_order_relaxed);
   }
 
@@ -508,7 +529,7 @@ struct CpuExecutor::Impl {
     WorkerStatus& st = status[w];
     uint64_t done = st.progress.load(std::memory_order_relaxed);
     const size_t nph = p.phase_instrs.size();
-    exec::Prefetcher pf;
+    exec::Prefetcher pf, next;  // this tile's streams, the next tile's
     // My next tile after position j of phase ph (in this phase or a later one), if any.
     auto next_tile = [&](size_t ph, size_t j) -> const Instr* {
       if (j + 1 < p.phase_instrs[ph][size_t(w)].size())
@@ -525,16 +546,20 @@ struct CpuExecutor::Impl {
         const Instr& in = p.instrs[mine[j]];
         st.instr.store(in.id, std::memory_order_relaxed);
         if (in.flags & plan::kFlagTestStall) return stall(rt, st);
+        const Instr* nx = next_tile(ph, j);
+        // Within a phase the router ran in an earlier phase: its ids are visible (barrier).
+        if (nx) next.start(ctx, *nx, j + 1 < mine.size());
+        list_upcoming(ctx, in, pf, nx ? &next : nullptr);
         run_tile(ctx, in, sc, st);
         st.progress.store(++done, std::memory_order_relaxed);
-        if (const Instr* nx = next_tile(ph, j)) {
-          // Within a phase the router ran in an earlier phase: its ids are visible (barrier).
-          pf.start(ctx, *nx, j + 1 < mine.size());
+        if (nx) {
+          std::swap(pf, next);
           pf.step(32);
         }
       }
       if (ph + 1 < nph && W > 1 && !barrier(rt, st, uint32_t(ph), pf)) return;
     }
+    cpu::set_upcoming_streams(nullptr, 0);
     st.state.store(kFinished, std::memory_order_relaxed);
   }
 

@@ -472,11 +472,10 @@ void run_instr(const StepCtx& s, const Instr& instr, Scratch& sc) {
   fail("decode plan: instruction #{} has an unknown opcode {}", in.id, int(in.op));
 }
 
-// Bytes of one row as stored (quantized: the codes, one byte a weight for int8, half for the 4-bit
-// formats; the scales, a few percent of that, are not prefetched).
+// Bytes of one row as stored (quantized: the codes; the scales, a few percent of that, are not
+// prefetched).
 static size_t stored_row_bytes(const WeightView& w) {
-  if (w.quant == WeightQuant::kInt8) return size_t(w.cols);
-  return w.dtype == DType::U8 ? size_t(w.cols) / 2 : size_t(w.cols) * dtype_size(w.dtype);
+  return cpu::stored_row_bytes(w.quant, w.dtype, w.cols);
 }
 
 void Prefetcher::add(const void* base, size_t row_bytes, uint32_t rows) {
@@ -545,6 +544,13 @@ void Prefetcher::start(const StepCtx& s, const Instr& in, bool expert_ids_visibl
       break;
     }
   }
+}
+
+int Prefetcher::spans(cpu::ByteSpan* out, int max) const {
+  int k = 0;
+  for (int i = 0; i < n_ && k < max; ++i)
+    out[k++] = {r_[i].base, r_[i].base + r_[i].row_bytes * r_[i].rows};
+  return k;
 }
 
 bool Prefetcher::step(int lines) {

@@ -12,6 +12,7 @@
 #include "megadecode/engine/state_pool.h"
 #include "megadecode/kernels/cpu/mla.h"
 #include "megadecode/kernels/cpu/ops.h"
+#include "megadecode/kernels/cpu/stream_hint.h"
 #include "megadecode/model/config.h"
 #include "megadecode/model/draft_weights.h"
 #include "megadecode/model/weights.h"
@@ -185,6 +186,9 @@ class Prefetcher {
   // Issues up to `lines` prefetches; false when the tile is covered (or the budget is spent).
   bool step(int lines);
   bool done() const { return cur_ >= n_; }
+  // The tile's ranges as byte spans, in order (at most max): the streams its GEMV calls read
+  // (cpu::set_upcoming_streams). Returns how many were written.
+  int spans(cpu::ByteSpan* out, int max) const;
 
  private:
   struct Range {

@@ -7,11 +7,29 @@
 #include "megadecode/kernels/cpu/matmul.h"
 #include "megadecode/kernels/cpu/mxfp4.h"
 #include "megadecode/kernels/cpu/qdot.h"
+#include "megadecode/kernels/cpu/stream_hint.h"
 
 namespace md::cpu {
 
+size_t stored_row_bytes(WeightQuant quant, DType dtype, int64_t cols) {
+  switch (quant) {
+    case WeightQuant::kMxfp4:
+    case WeightQuant::kInt4:
+      return size_t(cols) / 2;
+    case WeightQuant::kInt8:
+    case WeightQuant::kFp8:
+      return size_t(cols);
+    case WeightQuant::kNone:
+      break;
+  }
+  return size_t(cols) * dtype_size(dtype);
+}
+
 void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
                  float* Y, int64_t ldy, bool x_is_bf16) {
+  const size_t rb = stored_row_bytes(w.quant, w.dtype, w.cols);
+  const char* base = static_cast<const char*>(w.data);
+  const StreamCall call(base + size_t(r0) * rb, base + size_t(r1) * rb);
   switch (w.quant) {
     case WeightQuant::kMxfp4:
       if (w.int8_activations) break;

@@ -15,14 +15,35 @@
 //
 // The distance is a whole number of tiles (a tile's lines must all be requested before it
 // starts), at least kMinAheadBytes so that short tiles still look far enough ahead. The tiles of a
-// call's last rows prefetch past them (into the next rows or off the end: a prefetch never
-// faults); the first tile of a call is left to the hardware prefetchers.
+// call's last rows prefetch past them: into the next rows, or, inside a StreamCall with a list of
+// upcoming streams (stream_hint.h), into the stream this thread reads next, so that the next call's
+// first tile is on its way too (a prefetch never faults, wherever it points).
 #pragma once
 #include <xmmintrin.h>
 
 #include <cstdint>
 
 namespace md::cpu::detail {
+
+// Where the current GEMV call's prefetches past its rows go (stream_hint.cpp sets it for the call's
+// lifetime): a tile's region ahead that starts at end + d starts at next + d instead.
+// end == nullptr: no call is marked, prefetches go where they point.
+struct RunOff {
+  const char* end = nullptr;
+  const char* next = nullptr;
+};
+// The calling thread's. constinit: no dynamic initialisation, so no TLS wrapper call. local-exec:
+// the compiler addresses it off %fs itself; the default (initial-exec through the GOT, relaxed by
+// the linker) fails to link where the load was folded into an AVX-512 instruction. The library
+// is static and linked into executables only, where local-exec is valid.
+extern constinit thread_local RunOff t_run_off __attribute__((tls_model("local-exec")));
+
+// Where a prefetch of p made under r goes: past the call's rows, to the same offset in the next
+// stream; anywhere else, p.
+inline const char* run_off_target(const RunOff& r, const char* p) {
+  return r.end && r.next && p >= r.end ? r.next + (p - r.end) : p;
+}
+
 namespace {
 
 template <int NR, int StepBytes>
@@ -34,10 +55,14 @@ class TilePrefetch {
     const int64_t tile = rb * NR;
     const int64_t tiles = tile >= kMinAheadBytes ? 1 : (kMinAheadBytes + tile - 1) / tile;
     ahead_ = static_cast<const char*>(w) + tiles * tile;
+    // A region ahead that starts past the call's rows moves to the stream read next. (Only here,
+    // once a tile: a check in every step costs the 4-bit kernels registers they spill.)
+    ahead_ = run_off_target(t_run_off, ahead_);
   }
   // Step s of the tile (s = 0, 1, ..): the lines of bytes [s, s + 1) x NR x StepBytes of the
-  // region ahead.
-  void step(int64_t s) const {
+  // region ahead. Always inlined: GCC counts a function that only prefetches as free of side
+  // effects, and deletes a call to it that it did not inline.
+  [[gnu::always_inline]] void step(int64_t s) const {
     constexpr int64_t kPer = int64_t{NR} * StepBytes;
     if constexpr (kPer % 64 == 0) {
       const char* p = ahead_ + s * kPer;

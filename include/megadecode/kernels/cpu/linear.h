@@ -2,6 +2,7 @@
 // (matmul.h), MXFP4 (mxfp4.h), int4 (int4.h), int8 (int8.h) or FP8 (fp8.h) codes. The reference path (engine/model.cpp) and
 // the plan's CPU tiles (exec/cpu/tiles.cpp) both call it, so a format is added in one place.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "megadecode/base/dtype.h"
@@ -21,7 +22,12 @@ struct LinearWeights {
 // Y[b * ldy + r] = sum_k W[r][k] * X[b * ldx + k]  for r in [r0, r1), b in [0, B), with each
 // format's numerics (one fixed fp32 sequence per output: row splits and batches do not change
 // results), int4 / int8 / MXFP4 with int8_activations those of qdot.h. x_is_bf16 as in matmul_bf16.
+// Every call is a StreamCall (stream_hint.h) over its rows' stored bytes.
 void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
                  float* Y, int64_t ldy, bool x_is_bf16);
+
+// Bytes of one row's values or codes as stored (the scales, a few percent more, apart): two
+// 4-bit codes a byte (int4, MXFP4), one a byte (int8, FP8), the value type's size otherwise.
+size_t stored_row_bytes(WeightQuant quant, DType dtype, int64_t cols);
 
 }  // namespace md::cpu
