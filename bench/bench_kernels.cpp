@@ -335,6 +335,10 @@ BENCHMARK(BM_MlaDecode)
     ->Args({4096, 4, 1, 0})
     ->Args({4096, 32, 0, 1})
     ->Args({4096, 32, 1, 1})
+    // A short context, as a decode's first steps: the absorbed products with W_UK / W_UV (8.4 MB of
+    // kv_b, from L3 here, from DRAM in a model) are the work, not the cache.
+    ->Args({32, 32, 1, 0})
+    ->Args({32, 8, 1, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -46,7 +46,7 @@ constexpr int kBlockT = kMlaBlockRows;
 #define MD_INLINE [[gnu::always_inline]] inline
 
 // Explicit SIMD through GCC/Clang vector extensions, W floats per vector: 4 (SSE2 / NEON) in the
-// portable copy, 8 in the AVX2 copy. Auto-vectorised scalar loops were fast at -O2 but several
+// portable copy, 8 in the AVX2 copy, 16 in the AVX-512 copy. Auto-vectorised scalar loops were fast at -O2 but several
 // times slower at -O3 (which re-vectorises the outer loops with shuffles), so the register
 // structure is spelled out. Vectors are passed by reference only: a by-value 32-byte vector in a
 // function compiled without AVX would change the ABI (-Wpsabi).
@@ -63,6 +63,12 @@ struct Simd<8> {
   typedef float F __attribute__((vector_size(32)));
   typedef uint16_t H __attribute__((vector_size(16)));
   typedef uint32_t U __attribute__((vector_size(32)));
+};
+template <>
+struct Simd<16> {
+  typedef float F __attribute__((vector_size(64)));
+  typedef uint16_t H __attribute__((vector_size(32)));
+  typedef uint32_t U __attribute__((vector_size(64)));
 };
 template <int W>
 using Vec = typename Simd<W>::F;
@@ -112,11 +118,23 @@ MD_INLINE float mul_rounded(float x, float y) {
   return p;
 }
 
+// The lanes' sum: left to right for 4 and 8 lanes; for 16 (AVX-512) a tree of halves, as 16
+// lanes one at a time (15 dependent adds after as many extracts) made the AVX-512 copy slower
+// than the AVX2 one on short rows (the `small` preset's 80-wide cache rows).
 template <int W>
 MD_INLINE float hsum(const Vec<W>& v) {
-  float s = 0.0f;
-  for (int j = 0; j < W; ++j) s += v[j];
-  return s;
+  if constexpr (W == 16) {
+    typedef float F8 __attribute__((vector_size(32)));
+    typedef float F4 __attribute__((vector_size(16)));
+    const F8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+    const F4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+    return (b[0] + b[2]) + (b[1] + b[3]);
+  } else {
+    float s = 0.0f;
+    for (int j = 0; j < W; ++j) s += v[j];
+    return s;
+  }
 }
 
 // a . b with two vector accumulators (independent partial sums hide the add latency). A and B are
@@ -133,6 +151,13 @@ MD_INLINE float dot(const A* a, const B* b, int n) {
     load<W>(y1, b + i + W);
     acc0 += x0 * y0;
     acc1 += x1 * y1;
+  }
+  if (i + W <= n) {  // one more whole vector (n = 80 with 16 lanes), rather than W scalar steps
+    Vec<W> x0, y0;
+    load<W>(x0, a + i);
+    load<W>(y0, b + i);
+    acc0 += x0 * y0;
+    i += W;
   }
   acc0 += acc1;
   float s = hsum<W>(acc0);
@@ -386,7 +411,8 @@ MD_INLINE void partial_body(const float* q, const LatentCache& cache, int t0, in
     const bf16* wuk = kv_b + static_cast<size_t>(h) * (N + V) * R;
     float* qah = qa + static_cast<size_t>(hh) * RP;
     // ql = W_UK^T q_nope walks W_UK row by row (rows are contiguous R values) and adds each row
-    // with its q weight: a transposed product without a transposed copy.
+    // with its q weight: a transposed product without a transposed copy. (Four rows a pass, as
+    // accumulate_rows, measured no faster on the Emerald Rapids host.)
     std::fill(qah, qah + R, 0.0f);
     for (int n = 0; n < N; ++n) axpy<W>(qah, wuk + static_cast<size_t>(n) * R, qh[n], R);
     std::copy(qh + N, qh + N + P, qah + R);
@@ -542,14 +568,15 @@ MD_INLINE void prefill_attend_body(const float* q, int64_t ldq, int Tq, int T0,
 }
 
 // One copy of each body per instruction set: the bodies are always_inline templates, so each
-// wrapper below compiles the same source for its own target: 8-float vectors with AVX2 and FMA, or
-// 4-float vectors for the build's baseline (SSE2 on x86-64). Run time picks AVX2 where the CPU has
-// it. (An AVX-512 copy measured no faster: these loops are bound by loads from L1/L2, not by
-// vector width.) The copies differ in lane count and fused multiply-adds, so their results differ
-// by rounding only. The ISA level (cpu_features.h) picks the copy: AVX2 from the avx2 level up.
-// The AVX2 copy is compiled through target attributes rather than an *_avx2.cpp file because the
-// bodies are templates shared with the baseline copy; its attribute ("avx2,fma") is exactly the
-// avx2 level's flags.
+// wrapper below compiles the same source for its own target: 16-float vectors with AVX-512,
+// 8-float vectors with AVX2 and FMA, or 4-float vectors for the build's baseline (SSE2 on x86-64).
+// The copies differ in lane count and fused multiply-adds, so their results differ by rounding
+// only. The ISA level (cpu_features.h) picks the copy: AVX-512 from the avx512 level up, AVX2 from
+// the avx2 level. (The AVX-512 copy was measured no faster on an earlier host; on the Emerald
+// Rapids one, bench/RESULTS.md session 23, it takes 21% off a 4096-row decode of 32 heads and 14%
+// off a 32-row one.) The copies are compiled through target attributes rather than *_avx2.cpp /
+// *_avx512.cpp files because the bodies are templates shared with the baseline copy; the
+// attributes are exactly those levels' flags.
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define MD_MLA_X86 1
 #endif
@@ -562,22 +589,40 @@ bool use_avx2() {
 #endif
 }
 
+bool use_avx512() {
+#ifdef MD_MLA_X86
+  return active_isa() >= Isa::kAvx512;
+#else
+  return false;
+#endif
+}
+
 // MD_MLA_VERSIONS_E: the same for the bodies that read cache rows, each also a template on the
 // cache element type E (float or bf16); callers pick E once per call (with_cache_type).
 // clang-format off
 #ifdef MD_MLA_X86
+#define MD_MLA_AVX512 "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"
 #define MD_MLA_VERSIONS(name, params, args)                                                \
   void name##_portable params { name##_body<4> args; }                                     \
-  __attribute__((target("avx2,fma"))) void name##_avx2 params { name##_body<8> args; }     \
+  __attribute__((target("avx2,fma,f16c"))) void name##_avx2 params { name##_body<8> args; }     \
+  __attribute__((target(MD_MLA_AVX512))) void name##_avx512 params {                       \
+    name##_body<16> args;                                                                  \
+  }                                                                                        \
   void name params {                                                                       \
+    if (use_avx512()) return name##_avx512 args;                                           \
     if (use_avx2()) return name##_avx2 args;                                               \
     name##_portable args;                                                                  \
   }
 #define MD_MLA_VERSIONS_E(name, params, args)                                              \
   template <class E> void name##_portable params { name##_body<4, E> args; }               \
   template <class E>                                                                       \
-  __attribute__((target("avx2,fma"))) void name##_avx2 params { name##_body<8, E> args; }  \
+  __attribute__((target("avx2,fma,f16c"))) void name##_avx2 params { name##_body<8, E> args; }  \
+  template <class E>                                                                       \
+  __attribute__((target(MD_MLA_AVX512))) void name##_avx512 params {                       \
+    name##_body<16, E> args;                                                               \
+  }                                                                                        \
   template <class E> void name params {                                                    \
+    if (use_avx512()) return name##_avx512<E> args;                                        \
     if (use_avx2()) return name##_avx2<E> args;                                            \
     name##_portable<E> args;                                                               \
   }
@@ -653,7 +698,7 @@ void store_latent_row(const LatentCache& c, int64_t t, const float* x, int64_t n
 }
 
 const char* mla_isa() {
-  return use_avx2() ? "avx2" : "portable";
+  return use_avx512() ? "avx512" : use_avx2() ? "avx2" : "portable";
 }
 
 void mla_decode_absorbed(const float* q, const LatentCache& cache, int T, const bf16* kv_b,
