@@ -318,6 +318,27 @@ MD_INLINE const E* cache_row(const LatentCache& c, int64_t t) {
   return static_cast<const E*>(c.row(t));
 }
 
+// kv_b rows (W_UK's or W_UV's, R bf16 each) requested ahead of the absorbed products: a head's
+// rows are contiguous, but the hardware prefetchers restart at every 4 KiB, so the products read
+// kv_b from DRAM at half the GEMVs' rate without these (bench/RESULTS.md, session 23).
+constexpr int kKvbRowsAhead = 16;
+
+// Requests row j of a walk over `rows` rows of R bf16 per head, heads `stride` elements apart
+// starting at `first` (the walk's current head), kKvbRowsAhead rows ahead of row j; past the
+// head's last row, into the next head's (while heads_left > 0).
+MD_INLINE void prefetch_kvb_ahead(const bf16* first, int j, int rows, int64_t stride, int R,
+                                  int heads_left) {
+  int ahead = j + kKvbRowsAhead;
+  const bf16* head = first;
+  if (ahead >= rows) {
+    if (heads_left <= 0) return;
+    ahead -= rows;
+    head += stride;
+  }
+  const char* p = reinterpret_cast<const char*>(head + static_cast<int64_t>(ahead) * R);
+  for (int b = 0; b < R * int(sizeof(bf16)); b += 64) __builtin_prefetch(p + b, 0, 2);
+}
+
 // Rows from t to the end of t's page.
 MD_INLINE int64_t page_left(const LatentCache& c, int64_t t) {
   return c.page_rows - t % c.page_rows;
@@ -414,7 +435,10 @@ MD_INLINE void partial_body(const float* q, const LatentCache& cache, int t0, in
     // with its q weight: a transposed product without a transposed copy. (Four rows a pass, as
     // accumulate_rows, measured no faster on the Emerald Rapids host.)
     std::fill(qah, qah + R, 0.0f);
-    for (int n = 0; n < N; ++n) axpy<W>(qah, wuk + static_cast<size_t>(n) * R, qh[n], R);
+    for (int n = 0; n < N; ++n) {
+      prefetch_kvb_ahead(wuk, n, N, int64_t(N + V) * R, R, nh - 1 - hh);
+      axpy<W>(qah, wuk + static_cast<size_t>(n) * R, qh[n], R);
+    }
     std::copy(qh + N, qh + N + P, qah + R);
     float* ph = part + static_cast<size_t>(hh) * PS;
     std::fill(ph, ph + R, 0.0f);
@@ -486,7 +510,10 @@ MD_INLINE void merge_body(const float* part, int64_t split_stride, int S, const 
     const bf16* wuv = kv_b + (static_cast<size_t>(h) * (N + V) + N) * R;
     const float inv = 1.0f / sum;
     // Normalising after the W_UV product costs V multiplies instead of R.
-    for (int v = 0; v < V; ++v) oh[v] = dot<W>(wuv + static_cast<size_t>(v) * R, acc, R) * inv;
+    for (int v = 0; v < V; ++v) {
+      prefetch_kvb_ahead(wuv, v, V, int64_t(N + V) * R, R, h1 - 1 - h);
+      oh[v] = dot<W>(wuv + static_cast<size_t>(v) * R, acc, R) * inv;
+    }
   }
 }
 
