@@ -22,9 +22,23 @@ void RequestStream::push(ChoiceEvent e) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (e.finish_reason || !e.error.empty()) --open_;
+    if (consumer_) {
+      consumer_(std::move(e), open_ <= 0);
+      return;
+    }
     events_.push_back(std::move(e));
   }
   cv_.notify_all();
+}
+
+void RequestStream::set_consumer(Consumer consumer) {
+  std::lock_guard<std::mutex> lk(mu_);
+  consumer_ = std::move(consumer);
+  while (!events_.empty()) {
+    ChoiceEvent e = std::move(events_.front());
+    events_.pop_front();
+    consumer_(std::move(e), open_ <= 0 && events_.empty());
+  }
 }
 
 bool RequestStream::next(ChoiceEvent& out, double timeout_s) {
@@ -95,8 +109,8 @@ struct EngineLoop::Slot {
   double t_last = 0;
   bool done = false;
   std::vector<TokenLogprob> prompt_lp;
-  ChoiceEvent pending;               // tokens held for --stream-interval
-  std::unique_ptr<Drafter> drafter;  // speculative decoding: this sequence's
+  ChoiceEvent pending;                        // tokens held for --stream-interval
+  std::unique_ptr<Drafter> drafter;           // speculative decoding: this sequence's
   std::optional<TokenConstraint> constraint;  // spec.constraint's state
   bool prefilling() const { return fed < spec.prompt.size(); }
   // The constraint still decides tokens (its steps are plain, with the logits on the host).
@@ -276,8 +290,8 @@ bool EngineLoop::admit() {
       if (s->spec.constraint) {
         // The vocabulary's bytes, grouped for the masks: built at the first constrained choice.
         if (!constraint_vocab_)
-          constraint_vocab_ = std::make_shared<const ConstraintVocab>(
-              tok_, ex_.model().config().vocab_size);
+          constraint_vocab_ =
+              std::make_shared<const ConstraintVocab>(tok_, ex_.model().config().vocab_size);
         s->constraint.emplace(s->spec.constraint, constraint_vocab_);
       }
     } catch (const std::exception& e) {  // a pool budget, parameters the engine refuses
@@ -350,8 +364,8 @@ void EngineLoop::step() {
   // them within --max-model-len (the pool's budget per slot); near the end, plain rows.
   bool room = true;
   for (auto& s : slots_)
-    room = room && int64_t(s->history.size()) + opt_.speculative.num_draft_tokens <=
-                       opt_.max_model_len;
+    room = room &&
+           int64_t(s->history.size()) + opt_.speculative.num_draft_tokens <= opt_.max_model_len;
   // A constrained choice draws on the host from its masked logits: plain steps while it lasts.
   for (auto& s : slots_) room = room && !s->constrained();
   // Speculation goes on while prompts are fed: their chunks ride in the verify step, at most
@@ -381,7 +395,8 @@ void EngineLoop::step() {
   for (const Part& p : parts)
     want_logits = want_logits || p.slot->top_logprobs >= 0 || p.slot->prompt_logprobs ||
                   (p.samples && p.slot->constrained());
-  if (want_logits && logits_.size() < size_t(logit_rows) * V) logits_.resize(size_t(logit_rows) * V);
+  if (want_logits && logits_.size() < size_t(logit_rows) * V)
+    logits_.resize(size_t(logit_rows) * V);
   const std::vector<float>& logits = logits_;
   std::vector<int32_t> next_ids(std::max(logit_rows, 1), -1);
   // The drafters see every row the sequences consume (and the aux rows they ask for).
@@ -500,8 +515,8 @@ void EngineLoop::after_part(const Part& p, const float* logits, const int32_t* n
     const bool first = s.generated == 0;
     const double gap = t - s.t_last;
     s.t_last = t;
-    if (take_token(s, id, s.top_logprobs >= 0 ? row(p.logit_rows - 1) : std::span<const float>(),
-                   t, gap, e))
+    if (take_token(s, id, s.top_logprobs >= 0 ? row(p.logit_rows - 1) : std::span<const float>(), t,
+                   gap, e))
       send_tokens(s, std::move(e), first);
   }
 }
@@ -543,8 +558,8 @@ void EngineLoop::speculative_step(bool prefilling) {
   std::vector<SampleRow> prows;
   int plogits = 0;
   if (prefilling) {
-    const int cap = std::min({opt_.prefill_chunk, plan::kMaxChainedRows,
-                              ex_.states().options().commit_rows});
+    const int cap =
+        std::min({opt_.prefill_chunk, plan::kMaxChainedRows, ex_.states().options().commit_rows});
     add_prompt_parts(cap, cap, parts, pseqs, prows, plogits);
   }
   const size_t V = size_t(ex_.model().config().vocab_size);
@@ -641,8 +656,8 @@ int32_t EngineLoop::constrained_draw(Slot& s, std::span<const float> logits, con
   return sample_row(row, masked_, scratch_);
 }
 
-bool EngineLoop::take_token(Slot& s, int32_t id, std::span<const float> row, double t,
-                            double gap, ChoiceEvent& e, bool in_history) {
+bool EngineLoop::take_token(Slot& s, int32_t id, std::span<const float> row, double t, double gap,
+                            ChoiceEvent& e, bool in_history) {
   e.tokens.push_back(id);
   // The prompt's logprobs travel with the first token, so a stream can send them with it.
   if (s.prompt_logprobs && s.generated == 0) e.prompt_logprobs = std::move(s.prompt_lp);

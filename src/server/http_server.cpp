@@ -1,7 +1,7 @@
 #include "megadecode/server/http_server.h"
 
-#include <fmt/format.h>
 #include <dirent.h>
+#include <fmt/format.h>
 #include <httplib.h>
 #include <netdb.h>
 #include <poll.h>
@@ -19,6 +19,7 @@
 #include "megadecode/server/request.h"
 #include "megadecode/server/responses.h"
 #include "megadecode/server/tool_calls.h"
+#include "sse_stream.h"
 
 namespace md::server {
 
@@ -55,10 +56,8 @@ std::string random_id(const char* prefix) {
 // is a poll for POLLOUT, which a socket whose peer has closed (sent its FIN) still reports. So the
 // handler finds its connection's socket itself: the descriptor whose local and peer addresses are
 // the request's (a TCP connection's four addresses are unique, and the socket stays open while
-// its worker thread runs the handler). A client that closes its end makes the socket readable at
-// end of file; poll's POLLRDHUP (Linux) says so at once (a recv peek of 0 bytes where it is not
-// reported), and POLLHUP / POLLERR say the connection was reset. A client that half-closes after
-// its request counts as gone too, as uvicorn (vLLM's server) treats it.
+// its worker thread runs the handler); peer_closed (sse_stream.h) then polls it. A streamed
+// response also writes its tokens to that socket from the engine thread (sse_stream.h says why).
 
 std::string numeric_address(const sockaddr_storage& a, socklen_t len, int& port) {
   char host[NI_MAXHOST], serv[NI_MAXSERV];
@@ -74,36 +73,6 @@ int request_socket(const httplib::Request& req) {
   return server::connection_socket(req.local_addr, req.local_port, req.remote_addr,
                                    req.remote_port);
 }
-
-bool peer_closed(int fd) {
-  if (fd < 0) return false;
-  pollfd p{fd, short(POLLIN | POLLRDHUP), 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  if (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) return true;
-  if (p.revents & POLLIN) {  // data (a pipelined request) or end of file
-    char c;
-    const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-  }
-  return false;
-}
-
-// How often a waiting handler looks at its connection.
-constexpr double kPeerCheckSeconds = 0.05;
-
-// Per streamed response: the engine's events turned into SSE chunks.
-struct StreamState {
-  std::shared_ptr<RequestStream> stream;
-  CompletionRequest req;
-  ResponseMeta meta;
-  bool started = false, finished = false;
-  std::vector<size_t> text_offset;     // completions logprobs: text sent so far per choice
-  std::vector<ToolCallStream> tools;   // chat with tools: each choice's tool-call parser
-  std::vector<bool> echoed;            // completions echo: the prompt text has been sent
-  int64_t prompt_tokens = 0, completion_tokens = 0;
-  double last_write = now_seconds();
-  int socket = -1;  // the connection (connection_socket), to notice a client that left
-};
 
 }  // namespace
 
@@ -269,29 +238,28 @@ struct HttpServer::Impl {
     int64_t prompt_tokens = 0;
     for (const auto& p : r.prompts) prompt_tokens += int64_t(p.size());
     t_log.prompt_tokens = prompt_tokens;
-    auto st = std::make_shared<StreamState>();
-    st->stream = engine.submit(std::move(er));
-    st->meta = {random_id(r.kind == RequestKind::kChat ? "chatcmpl" : "cmpl"),
-                int64_t(std::time(nullptr)), r.model.empty() ? opt.model_names.front() : r.model};
+    const std::shared_ptr<RequestStream> stream = engine.submit(std::move(er));
+    ResponseMeta meta{random_id(r.kind == RequestKind::kChat ? "chatcmpl" : "cmpl"),
+                      int64_t(std::time(nullptr)),
+                      r.model.empty() ? opt.model_names.front() : r.model};
     const size_t choices = r.prompts.size() * size_t(r.n);
-    st->req = std::move(r);
-    st->socket = request_socket(http_req);
-    if (!st->req.stream) {
+    const int socket = request_socket(http_req);
+    if (!r.stream) {
       // Waits for the whole result, looking at the connection meanwhile: a client that left has
       // its request cancelled, so its slots are free at the next step.
       std::vector<ChoiceResult> rs(choices);
       ChoiceEvent e;
       double checked = now_seconds();
       bool client_left = false;
-      while (!st->stream->finished()) {
-        if (st->stream->next(e, kPeerCheckSeconds)) {
+      while (!stream->finished()) {
+        if (stream->next(e, kPeerCheckSeconds)) {
           if (t_log.first_token == 0 && !e.tokens.empty()) t_log.first_token = now_seconds();
           rs[size_t(e.choice)].add(std::move(e));
         }
         if (!client_left && now_seconds() - checked >= kPeerCheckSeconds) {
           checked = now_seconds();
-          client_left = peer_closed(st->socket);
-          if (client_left) st->stream->cancel();
+          client_left = peer_closed(socket);
+          if (client_left) stream->cancel();
         }
       }
       if (client_left)  // nobody reads it; nginx's 499 in the access log and the metrics
@@ -302,148 +270,31 @@ struct HttpServer::Impl {
         completion += c.completion_tokens;
       }
       t_log.completion_tokens = completion;
-      const json body = st->req.kind == RequestKind::kChat
-                            ? chat_body(st->req, rs, st->meta, tok())
-                            : completion_body(st->req, rs, st->meta, tok());
+      const json body = r.kind == RequestKind::kChat ? chat_body(r, rs, meta, tok())
+                                                     : completion_body(r, rs, meta, tok());
       res.set_content(dump(body), "application/json");
       return;
     }
-    st->text_offset.assign(choices, 0);
-    if (st->req.tools_given)
-      for (size_t i = 0; i < choices; ++i)
-        st->tools.emplace_back(st->req.chat_template, tool_call_id_prefix(st->meta, i));
-    st->echoed.assign(choices, false);
+    auto sse = std::make_shared<SseStream>(stream, std::move(r), std::move(meta), tok(), choices,
+                                           socket, opt.engine_writes_streams);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, st](size_t, httplib::DataSink& sink) { return stream_step(*st, sink); },
-        [st](bool success) {
-          if (!success) st->stream->cancel();  // the client left: free its slots
-        });
-  }
-
-  // One call of the content provider: waits a little for the next event and writes its chunk.
-  // false ends the response (the client is gone).
-  bool stream_step(StreamState& st, httplib::DataSink& sink) {
-    const CompletionRequest& r = st.req;
-    const bool chat = r.kind == RequestKind::kChat;
-    bool ok = true;
-    auto send = [&](json j) {
-      if (r.include_usage && !j.contains("usage")) j["usage"] = nullptr;
-      const std::string s = "data: " + dump(j) + "\n\n";
-      ok = ok && sink.write(s.data(), s.size());
-    };
-    if (!st.started) {
-      st.started = true;
-      for (size_t i = 0; i < st.text_offset.size(); ++i) {
-        if (chat) {
-          send(chat_chunk(st.meta, int(i), {{"role", "assistant"}, {"content", ""}}, nullptr,
-                          std::nullopt));
-        }
-      }
-    }
-    ChoiceEvent e;
-    const bool got = ok && st.stream->next(e, kPeerCheckSeconds);
-    // Nothing came: a client that left is noticed now rather than at the next write.
-    if (ok && !got && peer_closed(st.socket)) ok = false;
-    if (ok && !got && now_seconds() - st.last_write > 1.0) {
-      // Nothing to send for a while (queued, or a long prompt prefilling): an SSE comment, which
-      // clients ignore, finds out whether the client is still there.
-      static const std::string kKeepAlive = ": keep-alive\n\n";
-      ok = sink.write(kKeepAlive.data(), kKeepAlive.size());
-      st.last_write = now_seconds();
-    }
-    if (got) {
-      st.last_write = now_seconds();
-      const size_t i = size_t(e.choice);
-      if (!e.tokens.empty() && t_log.first_token == 0) t_log.first_token = now_seconds();
-      if (!e.error.empty()) {
-        ApiError err(500, e.error, "", "engine_error");
-        const std::string s = "data: " + dump(err.to_json()) + "\n\n";
-        ok = sink.write(s.data(), s.size());
-      } else if (chat) {
-        json delta = json::object();
-        std::string text = std::move(e.text);
-        if (!e.reasoning.empty()) delta["reasoning_content"] = e.reasoning;
-        std::string finish = e.finish_reason.value_or("");
-        if (r.tools_given) {
-          // Content goes out as it comes unless it may begin a tool-call section; a call goes
-          // out as its header completes (index, id, name), then its arguments in pieces.
-          ToolCallStream& tc = st.tools[i];
-          ToolCallDelta d = tc.feed(text);
-          if (e.finish_reason) {
-            ToolCallDelta rest = tc.finish();
-            d.content += rest.content;
-            for (auto& p : rest.pieces) {
-              if (!p.first && !d.pieces.empty() && d.pieces.back().index == p.index)
-                d.pieces.back().arguments += p.arguments;
-              else
-                d.pieces.push_back(std::move(p));
-            }
-            finish = tool_calls_finish_reason(finish, tc.calls());
-          }
-          text = std::move(d.content);
-          if (!d.pieces.empty()) {
-            json calls = json::array();
-            for (const ToolCallPiece& p : d.pieces) calls.push_back(tool_call_piece_json(p));
-            delta["tool_calls"] = std::move(calls);
-          }
-        }
-        if (!text.empty()) delta["content"] = text;
-        json lp =
-            r.logprobs && !e.logprobs.empty() ? chat_logprobs(e.logprobs, tok()) : json(nullptr);
-        if (!delta.empty() || !lp.is_null() || e.finish_reason)
-          send(chat_chunk(st.meta, int(i), delta, lp,
-                          e.finish_reason ? std::optional<std::string>(finish) : std::nullopt));
-      } else {
-        json lp = nullptr;
-        std::string text = std::move(e.text);
-        if (r.echo && !st.echoed[i]) {
-          // The prompt goes out with the choice's first event, which carries its logprobs.
-          st.echoed[i] = true;
-          const std::vector<int32_t>& prompt = r.prompts[i / size_t(r.n)];
-          if (r.logprobs) lp = echo_logprobs(prompt, e.prompt_logprobs, e.logprobs, tok());
-          text = sanitize_utf8(tok().decode(prompt, false)) + text;
-        } else if (r.logprobs && !e.logprobs.empty()) {
-          lp = completion_logprobs(e.logprobs, tok(), st.text_offset[i]);
-        }
-        if (lp.is_object() && !lp["tokens"].empty())  // the next offsets go on from the last token
-          st.text_offset[i] = lp["text_offset"].back().get<size_t>() +
-                              lp["tokens"].back().get<std::string>().size();
-        if (!text.empty() || !lp.is_null() || e.finish_reason)
-          send(completion_chunk(st.meta, int(i), text, lp, e.finish_reason));
-      }
-      if (e.finish_reason || !e.error.empty()) {
-        // A prompt counts once however many choices it has.
-        if (chat ? i == 0 : i % size_t(r.n) == 0) st.prompt_tokens += e.prompt_tokens;
-        st.completion_tokens += e.completion_tokens;
-        t_log.completion_tokens = st.completion_tokens;
-      }
-    }
-    if (ok && st.stream->finished()) {
-      if (r.include_usage) {
-        json u = {{"id", st.meta.id},
-                  {"object", chat ? "chat.completion.chunk" : "text_completion"},
-                  {"created", st.meta.created},
-                  {"model", st.meta.model},
-                  {"choices", json::array()},
-                  {"usage", usage_json(st.prompt_tokens, st.completion_tokens)}};
-        send(u);
-      }
-      static const std::string kDone = "data: [DONE]\n\n";
-      ok = ok && sink.write(kDone.data(), kDone.size());
-      if (ok) sink.done();
-      st.finished = true;
-    }
-    if (!ok) st.stream->cancel();
-    return ok;
+        [sse](size_t, httplib::DataSink& sink) {
+          const bool ok = sse->provide(sink);
+          const SseStream::Totals t = sse->totals();  // for the access log (this thread's)
+          t_log.first_token = t.first_token;
+          t_log.completion_tokens = t.completion_tokens;
+          return ok;
+        },
+        [sse](bool) { sse->close(); });
   }
 };
 
 // (httplib formats a request's addresses with getnameinfo's NI_NUMERICHOST too, as
 // numeric_address does.) Without /proc the descriptors are tried up to the limit, capped at 65536.
-int connection_socket(const std::string& local_addr, int local_port,
-                      const std::string& remote_addr, int remote_port, bool use_proc) {
+int connection_socket(const std::string& local_addr, int local_port, const std::string& remote_addr,
+                      int remote_port, bool use_proc) {
   auto matches = [&](int fd) {
     sockaddr_storage peer{}, local{};
     socklen_t pl = sizeof peer, ll = sizeof local;
@@ -457,8 +308,8 @@ int connection_socket(const std::string& local_addr, int local_port,
   DIR* d = use_proc ? opendir("/proc/self/fd") : nullptr;
   if (!d) {
     rlimit lim{};
-    const rlim_t n = getrlimit(RLIMIT_NOFILE, &lim) == 0 ? std::min<rlim_t>(lim.rlim_cur, 65536)
-                                                         : 1024;
+    const rlim_t n =
+        getrlimit(RLIMIT_NOFILE, &lim) == 0 ? std::min<rlim_t>(lim.rlim_cur, 65536) : 1024;
     for (int fd = 0; fd < int(n); ++fd)
       if (matches(fd)) return fd;
     return -1;

@@ -367,3 +367,38 @@ TEST(ServerEngine, LogprobsAndEchoPromptLogprobs) {
 
 }  // namespace
 }  // namespace md
+
+namespace md {
+namespace {
+
+// RequestStream::set_consumer: the events queued before it go to the consumer first, in order,
+// then every push goes straight to it; `last` is set on the event after which none follows.
+TEST(RequestStreamConsumer, TakesTheQueuedEventsThenTheLiveOnesInOrder) {
+  server::RequestStream s(2);
+  auto event = [](int choice, int32_t token, bool finish) {
+    server::ChoiceEvent e;
+    e.choice = choice;
+    e.tokens = {token};
+    if (finish) e.finish_reason = "length";
+    return e;
+  };
+  s.push(event(0, 10, false));
+  s.push(event(1, 20, true));
+  std::vector<std::pair<int32_t, bool>> got;
+  s.set_consumer([&](server::ChoiceEvent&& e, bool last) { got.emplace_back(e.tokens[0], last); });
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], std::make_pair(int32_t(10), false));
+  EXPECT_EQ(got[1], std::make_pair(int32_t(20), false));  // choice 0 is still open
+  EXPECT_FALSE(s.finished());
+  s.push(event(0, 11, false));
+  s.push(event(0, 12, true));
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[2], std::make_pair(int32_t(11), false));
+  EXPECT_EQ(got[3], std::make_pair(int32_t(12), true));
+  server::ChoiceEvent e;
+  EXPECT_FALSE(s.next(e, 0.01));  // nothing is queued any more
+  EXPECT_TRUE(s.finished());
+}
+
+}  // namespace
+}  // namespace md

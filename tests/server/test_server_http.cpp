@@ -30,8 +30,9 @@ struct TestServer {
   std::thread thread;
   int port = 0;
   // `forced_output`: text every choice generates first (EngineOptions::test_forced_tokens).
+  // `engine_writes`: ServerOptions::engine_writes_streams.
   explicit TestServer(int max_batch = 8, std::string api_key = "", size_t max_body = 1 << 20,
-                      const std::string& forced_output = "")
+                      const std::string& forced_output = "", bool engine_writes = true)
       : m(max_batch) {
     signal(SIGPIPE, SIG_IGN);
     server::EngineOptions eo;
@@ -48,6 +49,7 @@ struct TestServer {
     so.max_body_bytes = max_body;
     so.http_threads = 32;
     so.access_log = nullptr;
+    so.engine_writes_streams = engine_writes;
     http = std::make_unique<server::HttpServer>(*m.gen, *engine, metrics, so);
     port = http->bind();
     thread = std::thread([this] { http->run(); });
@@ -414,9 +416,9 @@ int raw_post(int port, const std::string& path, const std::string& body) {
 TEST_F(ServerHttp, DisconnectDuringNonStreamedCompletionFreesTheSlot) {
   const auto& counters = server_->engine->counters();
   const int64_t tokens_before = counters.generation_tokens.load();
-  const int fd = raw_post(server_->port, "/v1/completions",
-                          json{{"prompt", "go on"}, {"max_tokens", 4000}, {"ignore_eos", true}}
-                              .dump());
+  const int fd =
+      raw_post(server_->port, "/v1/completions",
+               json{{"prompt", "go on"}, {"max_tokens", 4000}, {"ignore_eos", true}}.dump());
   ASSERT_GE(fd, 0);
   // Running, with a few tokens made.
   for (int i = 0; i < 2000 && counters.generation_tokens.load() - tokens_before < 5; ++i)
@@ -456,14 +458,153 @@ TEST_F(ServerHttp, DisconnectDuringNonStreamedCompletionFreesTheSlot) {
 // finish_reason "tool_calls"; streamed, the content comes first as it is generated, each call's
 // id and name once its header is complete, then its arguments in pieces, and the deltas add up to
 // the whole message.
+// The body of a raw HTTP/1.1 response with chunked transfer encoding: the chunks joined.
+std::string dechunk(const std::string& raw) {
+  size_t at = raw.find("\r\n\r\n");
+  if (at == std::string::npos) return "";
+  at += 4;
+  std::string body;
+  for (;;) {
+    const size_t eol = raw.find("\r\n", at);
+    if (eol == std::string::npos) break;
+    const size_t n = std::stoul(raw.substr(at, eol - at), nullptr, 16);
+    if (n == 0) break;
+    body += raw.substr(eol + 2, n);
+    at = eol + 2 + n + 2;
+  }
+  return body;
+}
+
+// A streamed completion's text, its chunks that carry a choice, and its usage's token count.
+struct StreamedText {
+  std::string text;
+  int chunks = 0;
+  int64_t completion_tokens = -1;
+  bool done = false;
+};
+StreamedText read_stream(const std::string& body) {
+  StreamedText st;
+  for (const std::string& d : sse_data(body)) {
+    if (d == "[DONE]") {
+      st.done = true;
+      continue;
+    }
+    const json j = json::parse(d);
+    if (j.contains("usage") && j["usage"].is_object())
+      st.completion_tokens = j["usage"]["completion_tokens"];
+    if (j["choices"].empty()) continue;
+    ++st.chunks;
+    st.text += j["choices"][0]["text"].get<std::string>();
+  }
+  return st;
+}
+
+// A client that reads nothing holds up neither the engine nor the other streams: its chunks wait
+// in its response's buffer (the socket takes a few kilobytes, then would block), its sequence
+// runs to the end, another stream is served meanwhile, and when the client reads at last it gets
+// the whole stream, equal to the non-streamed completion. Every token has its chunk, also one
+// whose text is held back (as vLLM streams), so the chunks count the tokens.
+TEST_F(ServerHttp, ASlowReaderHoldsUpNothingAndGetsItsWholeStream) {
+  const json body = {
+      {"prompt", "a slow reader"}, {"max_tokens", 600}, {"temperature", 0}, {"ignore_eos", true}};
+  const json whole = post_json(*server_, "/v1/completions", body);
+  json sbody = body;
+  sbody["stream"] = true;
+  sbody["stream_options"] = {{"include_usage", true}};
+  // A small receive buffer, set before connecting, so the server's writes would block early.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  const int small = 2048;
+  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(server_->port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  // And a small send buffer on the server's end of the connection (this process's socket):
+  // loopback TCP would otherwise grow it to megabytes.
+  sockaddr_in me{};
+  socklen_t len = sizeof me;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len), 0);
+  int server_fd = -1;
+  for (int i = 0; i < 2000 && server_fd < 0; ++i) {
+    server_fd =
+        server::connection_socket("127.0.0.1", server_->port, "127.0.0.1", ntohs(me.sin_port));
+    if (server_fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GE(server_fd, 0);
+  const int sndbuf = 4096;
+  ASSERT_EQ(setsockopt(server_fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf), 0);
+  const std::string payload = sbody.dump();
+  const std::string req =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+      "Content-Length: " +
+      std::to_string(payload.size()) + "\r\n\r\n" + payload;
+  ASSERT_EQ(send(fd, req.data(), req.size(), 0), ssize_t(req.size()));
+  // Another stream, served while the first client reads nothing.
+  json other = body;
+  other["prompt"] = "meanwhile";
+  other["max_tokens"] = 16;
+  other["stream"] = true;
+  auto c = server_->client();
+  auto r = c.Post("/v1/completions", other.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(read_stream(r->body).chunks, 16);
+  // The slow client's sequence ends without it having read a byte.
+  const auto& counters = server_->engine->counters();
+  for (int i = 0; i < 6000 && counters.running.load() > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(counters.running.load(), 0);
+  std::string raw;
+  char buf[4096];
+  while (raw.find("data: [DONE]") == std::string::npos) {
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0) << "the stream ended early after " << raw.size() << " bytes";
+    raw.append(buf, size_t(n));
+  }
+  close(fd);
+  ASSERT_GT(raw.size(), size_t(64) << 10);  // more than the socket buffers hold
+  const StreamedText st = read_stream(dechunk(raw));
+  EXPECT_TRUE(st.done);
+  EXPECT_EQ(st.text, whole["choices"][0]["text"]);
+  EXPECT_EQ(st.completion_tokens, 600);
+  EXPECT_EQ(st.chunks, 600);
+}
+
+// The queued path (the HTTP thread writes the chunks; also used where the connection's socket
+// cannot be found) streams what the engine-written path streams.
+TEST(ServerHttpQueued, StreamsAsTheEngineWrittenPathDoes) {
+  const json body = {{"prompt", "the same words"},
+                     {"max_tokens", 40},
+                     {"temperature", 0},
+                     {"ignore_eos", true},
+                     {"stream", true},
+                     {"stream_options", {{"include_usage", true}}}};
+  StreamedText got[2];
+  for (const bool engine_writes : {true, false}) {
+    TestServer s(2, "", 1 << 20, "", engine_writes);
+    auto c = s.client();
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200);
+    got[engine_writes] = read_stream(r->body);
+  }
+  for (const StreamedText& st : got) {
+    EXPECT_TRUE(st.done);
+    EXPECT_EQ(st.chunks, 40);
+    EXPECT_EQ(st.completion_tokens, 40);
+  }
+  EXPECT_EQ(got[0].text, got[1].text);
+}
+
 TEST(ServerHttpToolCalls, KimiMarkupComesBackAsToolCalls) {
   const std::string call0 =
       "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": "
       "\"Paris\"}<|tool_call_end|>";
   const std::string call1 =
       "<|tool_call_begin|>functions.time:1<|tool_call_argument_begin|>{}<|tool_call_end|>";
-  const std::string markup = "Let me check.<|tool_calls_section_begin|>" + call0 + call1 +
-                             "<|tool_calls_section_end|>";
+  const std::string markup =
+      "Let me check.<|tool_calls_section_begin|>" + call0 + call1 + "<|tool_calls_section_end|>";
   TestServer s(2, "", 1 << 20, markup + "<|im_end|>");
   const json tools = json::parse(
       R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}},
@@ -478,8 +619,7 @@ TEST(ServerHttpToolCalls, KimiMarkupComesBackAsToolCalls) {
   const json& msg = choice["message"];
   EXPECT_EQ(msg["content"], "Let me check.");
   ASSERT_EQ(msg["tool_calls"].size(), 2u) << whole.dump();
-  EXPECT_EQ(msg["tool_calls"][0],
-            json::parse(R"({"id":"functions.get_weather:0","type":"function",
+  EXPECT_EQ(msg["tool_calls"][0], json::parse(R"({"id":"functions.get_weather:0","type":"function",
                             "function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}})"));
   EXPECT_EQ(msg["tool_calls"][1]["function"]["name"], "time");
   EXPECT_EQ(msg["tool_calls"][1]["function"]["arguments"], "{}");
@@ -523,7 +663,7 @@ TEST(ServerHttpToolCalls, KimiMarkupComesBackAsToolCalls) {
   EXPECT_EQ(calls, msg["tool_calls"]);
   EXPECT_EQ(finish, "tool_calls");
   EXPECT_GT(content_chunks_before_calls, 1);  // streamed token by token, not held to the end
-  EXPECT_GT(argument_pieces, 2);               // and so are the arguments
+  EXPECT_GT(argument_pieces, 2);              // and so are the arguments
 
   // Without tools the markup is content; cut inside the second call (max_tokens), the first
   // call is a call, the rest content, and the finish reason the sampler's.
@@ -597,15 +737,15 @@ TEST(ServerConnection, TheSocketIsFoundWithAndWithoutProc) {
   for (bool use_proc : {true, false}) {
     SCOPED_TRACE(use_proc);
     // The server's end: local = the listening address, peer = the client's.
-    EXPECT_EQ(server::connection_socket("127.0.0.1", server_port, "127.0.0.1", client_port,
-                                        use_proc),
-              accepted);
-    EXPECT_EQ(server::connection_socket("127.0.0.1", client_port, "127.0.0.1", server_port,
-                                        use_proc),
-              client);
-    EXPECT_EQ(server::connection_socket("127.0.0.1", server_port, "127.0.0.1", client_port + 1,
-                                        use_proc),
-              -1);
+    EXPECT_EQ(
+        server::connection_socket("127.0.0.1", server_port, "127.0.0.1", client_port, use_proc),
+        accepted);
+    EXPECT_EQ(
+        server::connection_socket("127.0.0.1", client_port, "127.0.0.1", server_port, use_proc),
+        client);
+    EXPECT_EQ(
+        server::connection_socket("127.0.0.1", server_port, "127.0.0.1", client_port + 1, use_proc),
+        -1);
   }
   close(accepted);
   close(client);

@@ -77,10 +77,17 @@ class RequestStream {
 
   void push(ChoiceEvent e);  // engine side
 
+  // From now on the events go to `consumer` as they are pushed (on the engine thread, under this
+  // stream's lock, in order) instead of the queue; the events already queued go to it first.
+  // `last`: no event follows (every choice has sent its last). next() then only times out.
+  using Consumer = std::function<void(ChoiceEvent&& e, bool last)>;
+  void set_consumer(Consumer consumer);
+
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<ChoiceEvent> events_;
+  Consumer consumer_;
   int open_;
   std::atomic<bool> cancelled_{false};
 };
@@ -166,9 +173,8 @@ class EngineLoop {
     bool samples;     // its last logit row samples the next token
     int64_t pos;      // the sequence's position before the step
   };
-  void add_prompt_parts(int budget, int chunk, std::vector<Part>& parts,
-                        std::vector<StepSeq>& seqs, std::vector<SampleRow>& rows,
-                        int& logit_rows);
+  void add_prompt_parts(int budget, int chunk, std::vector<Part>& parts, std::vector<StepSeq>& seqs,
+                        std::vector<SampleRow>& rows, int& logit_rows);
   void after_part(const Part& p, const float* logits, const int32_t* next_ids,
                   std::span<const SampleRow> rows, double t);
   int32_t constrained_draw(Slot& s, std::span<const float> logits, const SampleRow& row,
@@ -206,10 +212,10 @@ class EngineLoop {
   std::string failure_;
 
   std::vector<std::unique_ptr<Slot>> slots_;  // engine thread only
-  std::vector<float> logits_;                  // the steps' logits buffer (engine thread only)
-  std::unique_ptr<SpeculativeDecoder> spec_;   // with make_drafter
-  std::vector<int> aux_layers_;                // the drafters' aux layer ids
-  std::vector<float> aux_;                     // a plain step's aux rows (engine thread only)
+  std::vector<float> logits_;                 // the steps' logits buffer (engine thread only)
+  std::unique_ptr<SpeculativeDecoder> spec_;  // with make_drafter
+  std::vector<int> aux_layers_;               // the drafters' aux layer ids
+  std::vector<float> aux_;                    // a plain step's aux rows (engine thread only)
   // Constrained choices (engine thread only): the vocabulary for the masks, a mask, a masked row.
   std::shared_ptr<const ConstraintVocab> constraint_vocab_;
   std::vector<uint8_t> mask_;

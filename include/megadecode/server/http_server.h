@@ -22,6 +22,9 @@ struct ServerOptions {
   int http_threads = 64;                 // connections served at once
   int max_json_depth = 64;
   std::FILE* access_log = stderr;  // one line per request; nullptr: none
+  // A streamed response's chunks are written by the engine thread (src/server/sse_stream.h);
+  // false: by the response's HTTP thread from the request's event queue (tests cover both).
+  bool engine_writes_streams = true;
 };
 
 class HttpServer {
@@ -45,8 +48,8 @@ class HttpServer {
 // The descriptor of this process's connected TCP socket with these numeric addresses (how a
 // handler finds its connection to watch for a client that leaves): listed from /proc/self/fd, or
 // without /proc (or with use_proc false) tried one by one up to the descriptor limit; -1: none.
-int connection_socket(const std::string& local_addr, int local_port,
-                      const std::string& remote_addr, int remote_port, bool use_proc = true);
+int connection_socket(const std::string& local_addr, int local_port, const std::string& remote_addr,
+                      int remote_port, bool use_proc = true);
 
 // The OpenAPI 3 description of the routes and fields (GET /openapi.json).
 std::string openapi_json(const std::string& model_name);
