@@ -70,12 +70,13 @@ test-asan: deps
 # other runs: the executor suites on the small models and the golden-model suite (the tiny ones
 # exercise the same workers, counters and barriers), and the engine's speculative runs
 # (ServerEngine.Sp*: the engine thread drives them exactly as plain steps, whose tests stay).
+# tests/tsan.supp ignores the memory accesses of the uninstrumented cpp-httplib library itself.
 test-tsan: deps
 	@cmake -S . -B $(TSAN_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DMEGADECODE_SANITIZE=thread -DMEGADECODE_BENCH=OFF -DMEGADECODE_CUDA=OFF -DMEGADECODE_MPI=OFF $(SAN_FLAGS) \
 	  "-DMEGADECODE_TEST_DIRS=exec;server;cuda" > /dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target megadecode_tests
-	@cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1 \
+	@cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp \
 	  ctest --output-on-failure -j $(JOBS) -E '^Executor\.(Small|K3Small)' -R '^(Executor|MultiRowErrors|CudaSimRuntime)\.|^DraftPlan\.RingWraps|^Golden/MultiRow\.|^CudaAttention\.(KdaChainedRowsWithRowLog|MlaCoreBf16Cache)|^CudaSim\.Watchdog|^ServerEngine\.[^S]|^ServerEngine\.S[^p]|^ServerHttp\.|^ServerHttpQueued\.|^RequestStreamConsumer\.'
 
 # The CUDA kernels for every target architecture (sm_80 with its fallbacks, sm_90a, sm_100a), with
