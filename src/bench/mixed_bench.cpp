@@ -45,6 +45,7 @@ MixedResult run_mixed(Model& m, const MixedOptions& o) {
   for (const std::string& n : o.executors) {
     ExecutorOptions eo;
     eo.workers = W;
+    eo.profile = o.profile;
     eo.states = m.options().states;
     std::unique_ptr<Executor> ex = make_executor(m, parse_executor_kind(n), B + 1, eo);
     std::vector<SequenceState> work;
@@ -53,8 +54,22 @@ MixedResult run_mixed(Model& m, const MixedOptions& o) {
       for (int b = 0; b <= B; ++b) work[size_t(b)].copy_from(base[size_t(b)]);
     };
     std::vector<float> logits(size_t(B + 1) * size_t(V));
+    // The profile of the timed steps (per op, seconds summed over the steps; null: not timed).
+    struct Profile {
+      std::vector<double> run = std::vector<double>(plan::kNumOps),
+                          wait = std::vector<double>(plan::kNumOps);
+      int steps = 0;
+    } prof_mixed, prof_separate;
+    auto add_profile = [&](Profile* pr) {
+      if (!pr || !o.profile) return;
+      const StepStats& st = ex->last_step_stats();
+      for (int k = 0; k < plan::kNumOps; ++k) {
+        pr->run[size_t(k)] += st.run_by_op[size_t(k)];
+        pr->wait[size_t(k)] += st.wait_by_op[size_t(k)];
+      }
+    };
     // The decode rows' logits and the chunk's last row, as a server asks for them.
-    auto mixed_block = [&] {
+    auto mixed_block = [&](Profile* pr) {
       restore();
       double t = 0;
       for (int i = 0; i < o.steps; ++i) {
@@ -65,10 +80,12 @@ MixedResult run_mixed(Model& m, const MixedOptions& o) {
         const double t0 = now_seconds();
         ex->step(q, logits.data());
         t += now_seconds() - t0;
+        add_profile(pr);
+        if (pr) ++pr->steps;
       }
       return t / o.steps * 1e3;
     };
-    auto separate_block = [&] {
+    auto separate_block = [&](Profile* pr) {
       restore();
       double t = 0;
       for (int i = 0; i < o.steps; ++i) {
@@ -78,26 +95,45 @@ MixedResult run_mixed(Model& m, const MixedOptions& o) {
         const StepSeq c{&work[size_t(B)], chunks[size_t(i)], LogitRows::kLast};
         const double t0 = now_seconds();
         ex->step(q, logits.data());
+        add_profile(pr);
         ex->step(std::span(&c, 1), logits.data());
         t += now_seconds() - t0;
+        add_profile(pr);
+        if (pr) ++pr->steps;
       }
       return t / o.steps * 1e3;
     };
-    mixed_block();  // warm-up: the plans compiled, the pages touched
-    separate_block();
+    mixed_block(nullptr);  // warm-up: the plans compiled, the pages touched
+    separate_block(nullptr);
     std::vector<double> mx, sp, ratio;
     for (int rep = 0; rep < o.reps; ++rep) {
       if (o.progress)
         o.progress(done / total, fmt::format("mixed {} rep {}/{}", n, rep + 1, o.reps));
       bw.push_back(cpu::measure_read_bandwidth_gbps(m.pool(), size_t(1) << 29, 1));
       std::this_thread::sleep_for(std::chrono::milliseconds(3));
-      const double a = mixed_block(), s = separate_block();
+      const double a = mixed_block(&prof_mixed), s = separate_block(&prof_separate);
       mx.push_back(a);
       sp.push_back(s);
       ratio.push_back(s / a);
       done += 1;
     }
-    res.cells.push_back(MixedCell{n, median(mx), median(sp), median(ratio)});
+    MixedCell cell;
+    cell.executor = n;
+    cell.mixed_ms = median(mx);
+    cell.separate_ms = median(sp);
+    cell.separate_over_mixed = median(ratio);
+    if (o.profile) {
+      auto per_step = [](const std::vector<double>& v, int steps) {
+        std::vector<double> ms(v.size());
+        for (size_t k = 0; k < v.size(); ++k) ms[k] = v[k] / std::max(steps, 1) * 1e3;
+        return ms;
+      };
+      cell.mixed_run_ms_by_op = per_step(prof_mixed.run, prof_mixed.steps);
+      cell.mixed_wait_ms_by_op = per_step(prof_mixed.wait, prof_mixed.steps);
+      cell.separate_run_ms_by_op = per_step(prof_separate.run, prof_separate.steps);
+      cell.separate_wait_ms_by_op = per_step(prof_separate.wait, prof_separate.steps);
+    }
+    res.cells.push_back(std::move(cell));
   }
   cpu::release_bandwidth_buffer();
   res.bandwidth_gbps = median(bw);

@@ -162,7 +162,14 @@ std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> Builder::mla_layer(int l, 
   // few enough that the latent cache is not re-read more than needed. When the batch's head
   // ranges still cannot occupy the workers (few heads, many workers: a GPU), each range is
   // also split over the cache rows, and a merge per range combines the splits.
-  const int tiles = int(std::clamp<int64_t>(ceil_div(2 * int64_t(W_), B_), 1, H));
+  int tiles = int(std::clamp<int64_t>(ceil_div(2 * int64_t(W_), B_), 1, H));
+  // A multi-row plan (prefill chunks beside decode rows, a verify) may carry all its rows in one
+  // sequence, whose attention is then most of the step's: every sequence gets at least one head
+  // range per worker (up to H), emitted range-major below, so that the scheduler's runs give each
+  // worker a share of every sequence. (The other sequences' latent caches are read once per
+  // range.) Heads are independent, so results do not change.
+  const bool multi_row = R_ > 1;
+  if (multi_row) tiles = std::max(tiles, std::min(W_, H));
   const int per = int(ceil_div(H, tiles));
   const int ranges = int(ceil_div(H, per));
   int S = p_.options.mla_kv_splits;
@@ -176,15 +183,18 @@ std::tuple<BufferDesc, uint32_t, int64_t, const Mat*> Builder::mla_layer(int l, 
   if (S == 1) {
     const uint32_t core_done = counter(Op::kMlaCore, l);
     auto a = args({q, weight(WeightKind::kMlaKvB, l), state(StateKind::kMlaCache, l), att, gate});
-    for (int b = 0; b < B_; ++b)
-      for (int h0 = 0; h0 < H; h0 += per) {
-        Instr in = make(Op::kMlaCore, l, {all_of(q_done), all_of(latent[size_t(b)])}, core_done);
-        in.seq = uint16_t(b);
-        in.flags = gated ? kFlagOutputGate : 0;
-        in.r0 = uint32_t(h0);
-        in.r1 = uint32_t(std::min(H, h0 + per));
-        emit(in, a, uint64_t(in.r1 - in.r0) * uint64_t(N + V) * uint64_t(R) * e * uint64_t(R_));
-      }
+    // Sequence-major for decode plans (a sequence's ranges share its cache in cache), range-major
+    // for multi-row ones (see above).
+    const int nr = ranges, nb = B_;
+    for (int t = 0; t < nr * nb; ++t) {
+      const int b = multi_row ? t % nb : t / nr, h0 = (multi_row ? t / nb : t % nr) * per;
+      Instr in = make(Op::kMlaCore, l, {all_of(q_done), all_of(latent[size_t(b)])}, core_done);
+      in.seq = uint16_t(b);
+      in.flags = gated ? kFlagOutputGate : 0;
+      in.r0 = uint32_t(h0);
+      in.r1 = uint32_t(std::min(H, h0 + per));
+      emit(in, a, uint64_t(in.r1 - in.r0) * uint64_t(N + V) * uint64_t(R) * e * uint64_t(R_));
+    }
     return {att, core_done, int64_t(H) * V, L ? &L->mla.o : nullptr};
   }
   // Partials [S][H][R + 2] per sequence: split i of head h at (i * H + h) * (R + 2).

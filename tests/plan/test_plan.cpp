@@ -352,6 +352,38 @@ TEST(Plan, WorkersGetConsecutiveTilesOfAMatrix) {
   }
 }
 
+// A multi-row plan (a prefill chunk beside decode rows: one sequence may carry all the rows)
+// gives every worker a head range of every sequence's MLA attention, op by op and in the
+// megakernel's queues, so the one long sequence is shared; a decode plan keeps a sequence's
+// ranges together (one per sequence at this batch).
+TEST(Plan, MultiRowPlansShareEachSequencesMlaAttentionAmongTheWorkers) {
+  for (int workers : {2, 3}) {
+    const Plan p = compile("small", 9, workers, 32);
+    const int H = p.cfg.mla_num_heads;
+    for (const auto& q : p.queues) {
+      std::map<std::pair<int, int>, int> heads;  // (layer, sequence) -> heads in this queue
+      for (const Instr& in : q)
+        if (in.op == Op::kMlaCore) heads[{int(in.layer), int(in.seq)}] += int(in.r1 - in.r0);
+      ASSERT_FALSE(heads.empty());
+      for (const auto& [key, n] : heads) {
+        EXPECT_LT(n, H) << "W=" << workers << " layer " << key.first << " seq " << key.second;
+        if (workers == 2) {  // two equal ranges: each worker has half of every sequence
+          EXPECT_EQ(n, H / 2) << "layer " << key.first << " seq " << key.second;
+        }
+      }
+      if (workers == 2) {
+        EXPECT_EQ(heads.size() % 9, 0u) << "every sequence, in every layer";
+      }
+    }
+  }
+  const Plan d = compile("small", 9, 2, 1);
+  for (const Instr& in : d.instrs) {
+    if (in.op == Op::kMlaCore) {
+      EXPECT_EQ(int(in.r1 - in.r0), d.cfg.mla_num_heads);
+    }
+  }
+}
+
 TEST(Plan, HoldsNoHostPointers) {
   for (const char* preset : {"tiny", "k3-tiny"}) {
     test::TempDir dir("plan_ptr");

@@ -118,27 +118,28 @@ void register_bench(CLI::App& app) {
                 "directory (deleted after), or, for a decode bench of only CUDA executors "
                 "(--device cuda or cuda-sim, no reference), generated in device memory");
   c->add_option("--seed", o->seed, "seed of the --preset checkpoint");
-  auto* what_opt = c->add_option("--what", o->what,
-                "comma-separated: decode (batch sizes x executors), prefill (a --prompt-token "
-                "prompt through the plan in --chunks rows per step vs the reference prefill), "
-                "verify (a --verify-rows step of one sequence vs a decode step), mixed (each "
-                "--batch of decode rows beside a --mixed-chunk prefill chunk in one step vs two "
-                "steps), collectives (under mpirun with --tp/--ep: the latency of each message "
-                "a decode step of each --batch sends)");
+  auto* what_opt = c->add_option(
+      "--what", o->what,
+      "comma-separated: decode (batch sizes x executors), prefill (a --prompt-token "
+      "prompt through the plan in --chunks rows per step vs the reference prefill), "
+      "verify (a --verify-rows step of one sequence vs a decode step), mixed (each "
+      "--batch of decode rows beside a --mixed-chunk prefill chunk in one step vs two "
+      "steps), collectives (under mpirun with --tp/--ep: the latency of each message "
+      "a decode step of each --batch sends)");
   CLI::Option* batch_opt = c->add_option(
-      "--batch", o->batches,
-      "decode (and speculative): comma-separated batch sizes, e.g. 1,2,4,8");
+      "--batch", o->batches, "decode (and speculative): comma-separated batch sizes, e.g. 1,2,4,8");
   c->add_option("--executor", o->executors,
                 "comma-separated executors: megakernel, opbyop, reference");
-  c->add_option("--workers", o->workers, "executor workers (0: one per CPU; on a CUDA device, one block per SM)")
+  c->add_option("--workers", o->workers,
+                "executor workers (0: one per CPU; on a CUDA device, one block per SM)")
       ->check(CLI::Range(0, 4096));
   c->add_option("--steps", o->steps, "timed steps per executor and repetition")
       ->check(CLI::Range(1, 100000));
   c->add_option("--reps", o->reps, "interleaved repetitions (bandwidth measured before each)")
       ->check(CLI::Range(1, 1000));
   c->add_flag("--profile", o->profile,
-              "decode: time every tile and print, per op, the workers' run and wait time per step "
-              "(two clock reads a tile)");
+              "decode and mixed: time every tile and print, per op, the workers' run and wait time "
+              "per step (two clock reads a tile)");
   c->add_option("--context", o->context, "prompt tokens prefilled per sequence before decoding")
       ->check(CLI::Range(1, 1 << 20));
   c->add_option("--prompt", o->prompt, "prefill: prompt tokens")->check(CLI::Range(1, 1 << 20));
@@ -181,9 +182,7 @@ void register_bench(CLI::App& app) {
       MD_CHECK(o->draft_on == "executor" || o->draft_on == "host",
                "--draft-on '{}': expected executor or host", o->draft_on);
     }
-    const int K = o->num_draft_tokens > 0 ? o->num_draft_tokens
-                  : o->speculative == "ngram" ? 4
-                                              : 7;
+    const int K = o->num_draft_tokens > 0 ? o->num_draft_tokens : o->speculative == "ngram" ? 4 : 7;
     const std::vector<int> fixed_lengths =
         o->fixed_lengths.empty() ? std::vector<int>{}
                                  : parse_ints("--fixed-acceptance-length", o->fixed_lengths, 0, K);
@@ -197,11 +196,11 @@ void register_bench(CLI::App& app) {
     for (const std::string& n : names)
       if (n != "reference") plan_names.push_back(n);
     bool decode = false, prefill = false, verify = false, mixed = false, collectives = false;
-    for (const std::string& w : o->what.empty() ? std::vector<std::string>{} : split(o->what, ',')) {
-      MD_CHECK(w == "decode" || w == "prefill" || w == "verify" || w == "mixed" ||
-                   w == "collectives",
-               "--what: unknown benchmark '{}' (decode, prefill, verify, mixed, collectives)",
-               w);
+    for (const std::string& w :
+         o->what.empty() ? std::vector<std::string>{} : split(o->what, ',')) {
+      MD_CHECK(
+          w == "decode" || w == "prefill" || w == "verify" || w == "mixed" || w == "collectives",
+          "--what: unknown benchmark '{}' (decode, prefill, verify, mixed, collectives)", w);
       decode |= w == "decode";
       prefill |= w == "prefill";
       verify |= w == "verify";
@@ -214,10 +213,9 @@ void register_bench(CLI::App& app) {
     // A preset decoded only by CUDA executors gets its random weights generated on the device
     // (nothing written or uploaded: the ~100 GB geometries load in seconds); otherwise make-model
     // writes its checkpoint for the host paths.
-    const bool device_weights =
-        !o->preset.empty() && o->f.device_kind() != DeviceKind::kCpu && !prefill && !verify &&
-        !mixed && !speculative &&
-        std::find(names.begin(), names.end(), "reference") == names.end();
+    const bool device_weights = !o->preset.empty() && o->f.device_kind() != DeviceKind::kCpu &&
+                                !prefill && !verify && !mixed && !speculative &&
+                                std::find(names.begin(), names.end(), "reference") == names.end();
     TempCheckpoint tmp;
     std::string dir = o->f.model;
     if (!o->preset.empty() && !device_weights) {
@@ -271,9 +269,10 @@ void register_bench(CLI::App& app) {
                   model_name.c_str(), W, m.pool().size(), o->f.precision.c_str(),
                   mach.matmul_isa.c_str());
     else
-      std::printf("model %s, one block per SM of the device (reference path: %d threads), "
-                  "precision %s\n",
-                  model_name.c_str(), m.pool().size(), o->f.precision.c_str());
+      std::printf(
+          "model %s, one block per SM of the device (reference path: %d threads), "
+          "precision %s\n",
+          model_name.c_str(), m.pool().size(), o->f.precision.c_str());
     std::printf("machine: %s, %d CPUs\n", mach.cpu_model.c_str(), mach.cores);
     if (device_weights)
       std::printf("weights: preset %s, seed %llu, generated on the device (make-model's bytes)\n",
@@ -312,17 +311,18 @@ void register_bench(CLI::App& app) {
       std::printf(")\n%d timed steps x %d interleaved repetitions per executor and batch\n",
                   o->steps, o->reps);
       if (d.device != DeviceKind::kCpu)
-        std::printf("plan executors on --device %s (%s, %d blocks); the bandwidth is the device's%s\n",
-                    std::string(device_kind_name(d.device)).c_str(), r.device.c_str(), r.workers,
-                    d.device == DeviceKind::kCudaSim
-                        ? " (the simulation: host memory and CPU timings, not a GPU's)"
-                        : "");
+        std::printf(
+            "plan executors on --device %s (%s, %d blocks); the bandwidth is the device's%s\n",
+            std::string(device_kind_name(d.device)).c_str(), r.device.c_str(), r.workers,
+            d.device == DeviceKind::kCudaSim
+                ? " (the simulation: host memory and CPU timings, not a GPU's)"
+                : "");
       const bool dist = m.shard().sharded();
       if (dist)
-        std::printf("distributed: %s; bytes/step are this rank's (it holds %s of weights), "
-                    "coll ms: its time inside the collectives per step\n",
-                    dist::describe_shard(m.shard()).c_str(),
-                    human_bytes(m.shard_bytes().held()).c_str());
+        std::printf(
+            "distributed: %s; bytes/step are this rank's (it holds %s of weights), "
+            "coll ms: its time inside the collectives per step\n",
+            dist::describe_shard(m.shard()).c_str(), human_bytes(m.shard_bytes().held()).c_str());
       std::printf("\n");
       std::printf("%-6s %-11s %10s %10s %12s %9s %7s%s\n", "batch", "executor", "ms/step", "tok/s",
                   "bytes/step", "GB/s", "% bw", dist ? "  coll ms  calls" : "");
@@ -358,8 +358,9 @@ void register_bench(CLI::App& app) {
       for (size_t i = 0; i < r.cells.size(); ++i) {
         const bench::DecodeCell& cl = r.cells[i];
         if (cl.run_ms_by_op.empty()) continue;
-        std::printf("\nprofile, batch %d, %s: ms per step, summed over the workers\n%-16s %9s %9s\n",
-                    cl.batch, cl.executor.c_str(), "op", "run", "wait");
+        std::printf(
+            "\nprofile, batch %d, %s: ms per step, summed over the workers\n%-16s %9s %9s\n",
+            cl.batch, cl.executor.c_str(), "op", "run", "wait");
         nlohmann::json prof = nlohmann::json::object();
         for (size_t k = 0; k < cl.run_ms_by_op.size(); ++k) {
           if (cl.run_ms_by_op[k] == 0 && cl.wait_ms_by_op[k] == 0) continue;
@@ -495,6 +496,7 @@ void register_bench(CLI::App& app) {
         x.workers = plan_workers;
         x.executors = plan_names;
         x.progress = on_progress;
+        x.profile = o->profile;
         const bench::MixedResult r = bench::run_mixed(m, x);
         progress.done();
         std::printf(
@@ -512,6 +514,22 @@ void register_bench(CLI::App& app) {
                          {"mixed_ms", cl.mixed_ms},
                          {"separate_ms", cl.separate_ms},
                          {"separate_over_mixed", cl.separate_over_mixed}});
+        }
+        for (const bench::MixedCell& cl : r.cells) {
+          if (cl.mixed_run_ms_by_op.empty()) continue;
+          std::printf(
+              "\nprofile, %s: ms per step summed over the workers, the mixed step and the two "
+              "separate steps\n%-16s %9s %9s %12s %12s\n",
+              cl.executor.c_str(), "op", "mixed run", "wait", "separate run", "wait");
+          for (size_t k = 0; k < cl.mixed_run_ms_by_op.size(); ++k) {
+            if (cl.mixed_run_ms_by_op[k] == 0 && cl.mixed_wait_ms_by_op[k] == 0 &&
+                cl.separate_run_ms_by_op[k] == 0 && cl.separate_wait_ms_by_op[k] == 0)
+              continue;
+            std::printf("%-16s %9.3f %9.3f %12.3f %12.3f\n",
+                        std::string(plan::op_name(plan::Op(k))).c_str(), cl.mixed_run_ms_by_op[k],
+                        cl.mixed_wait_ms_by_op[k], cl.separate_run_ms_by_op[k],
+                        cl.separate_wait_ms_by_op[k]);
+          }
         }
       }
       j["mixed"] = {{"context", o->context}, {"results", all}};
@@ -546,19 +564,18 @@ void register_bench(CLI::App& app) {
           "the same reps; read bandwidth median %.1f GB/s\n\n",
           r.drafter.c_str(),
           ld.model ? (o->draft_on == "host" ? " on the host" : " on the executor") : "",
-          r.num_draft_tokens, r.num_draft_tokens + 1, o->context, o->steps,
-          o->reps, r.bandwidth_gbps);
+          r.num_draft_tokens, r.num_draft_tokens + 1, o->context, o->steps, o->reps,
+          r.bandwidth_gbps);
       std::printf("%-11s %5s %6s %9s %9s %9s %9s %9s %10s %9s %10s %8s\n", "executor", "batch",
-                  "fixed",
-                  "ms/step", "draft ms", "verify ms", "acc/step", "tok/step", "tok/s",
+                  "fixed", "ms/step", "draft ms", "verify ms", "acc/step", "tok/step", "tok/s",
                   "plain ms", "plain tok/s", "speedup");
       nlohmann::json cells = nlohmann::json::array();
       for (const bench::SpeculativeCell& cl : r.cells) {
         std::printf("%-11s %5d %6s %9.3f %9.3f %9.3f %9.2f %9.2f %10.1f %9.3f %10.1f %7.2fx\n",
-                    cl.executor.c_str(), cl.batch, cl.fixed < 0 ? "-" : std::to_string(cl.fixed).c_str(),
-                    cl.step_ms, cl.draft_ms, cl.verify_ms, cl.accepted_per_step,
-                    cl.tokens_per_step, cl.tokens_per_s, cl.plain_ms, cl.plain_tokens_per_s,
-                    cl.speedup);
+                    cl.executor.c_str(), cl.batch,
+                    cl.fixed < 0 ? "-" : std::to_string(cl.fixed).c_str(), cl.step_ms, cl.draft_ms,
+                    cl.verify_ms, cl.accepted_per_step, cl.tokens_per_step, cl.tokens_per_s,
+                    cl.plain_ms, cl.plain_tokens_per_s, cl.speedup);
         cells.push_back({{"executor", cl.executor},
                          {"batch", cl.batch},
                          {"fixed_acceptance_length", cl.fixed},

@@ -36,7 +36,7 @@ struct DecodeOptions {
   std::vector<int> batches{1};
   std::vector<std::string> executors{"megakernel", "opbyop", "reference"};
   int steps = 16, reps = 5, context = 16;
-  int workers = 0;  // 0: one per CPU
+  int workers = 0;                       // 0: one per CPU
   DeviceKind device = DeviceKind::kCpu;  // where the plan executors run
   // Time every tile (ExecutorOptions::profile) and report, per op, the workers' run and wait
   // time per step (DecodeCell::run_ms_by_op / wait_ms_by_op): where a step's time goes.
@@ -83,8 +83,8 @@ struct CollectiveOptions {
 };
 struct CollectiveCell {
   int batch = 0;
-  std::string what;  // the collective and the plan op it serves
-  double bytes = 0;  // this rank's message
+  std::string what;                  // the collective and the plan op it serves
+  double bytes = 0;                  // this rank's message
   double us_median = 0, us_p90 = 0;  // per call, after a barrier (all ranks start together)
 };
 // Each message a decode step of each batch size sends (sizes from the full model's geometry),
@@ -150,6 +150,7 @@ VerifyResult run_verify(Model& m, const VerifyOptions& o);
 struct MixedOptions {
   int batch = 4, chunk = 16;
   int context = 64, steps = 8, reps = 5, workers = 0;
+  bool profile = false;  // time every tile (ExecutorOptions::profile), per op and way
   std::vector<std::string> executors{"megakernel", "opbyop"};
   Progress progress;
 };
@@ -159,6 +160,10 @@ struct MixedCell {
   double mixed_ms = 0;             // one mixed step (median)
   double separate_ms = 0;          // the decode step + the chunk's step (median)
   double separate_over_mixed = 0;  // median of per-rep ratios
+  // With MixedOptions::profile: per plan op, ms a step summed over the workers (tile time and
+  // wait time), for the mixed step and for the two separate steps together; empty otherwise.
+  std::vector<double> mixed_run_ms_by_op, mixed_wait_ms_by_op;
+  std::vector<double> separate_run_ms_by_op, separate_wait_ms_by_op;
 };
 struct MixedResult {
   int batch = 0, chunk = 0;
@@ -176,8 +181,8 @@ MixedResult run_mixed(Model& m, const MixedOptions& o);
 // length (benchmark mode: exactly that many drafts accepted a step, so the step's cost is
 // measured at a known verify length whatever the weights).
 struct SpeculativeBenchOptions {
-  int num_draft_tokens = 7;          // K: every verify step has K + 1 rows
-  std::vector<int> fixed_lengths;    // empty: {-1} (the model's acceptance)
+  int num_draft_tokens = 7;        // K: every verify step has K + 1 rows
+  std::vector<int> fixed_lengths;  // empty: {-1} (the model's acceptance)
   int steps = 16, reps = 5, context = 16, workers = 0;
   std::vector<std::string> executors{"megakernel"};
   DeviceKind device = DeviceKind::kCpu;
@@ -194,16 +199,16 @@ struct SpeculativeBenchOptions {
 
 struct SpeculativeCell {
   std::string executor;
-  int batch = 1;  // sequences a step (the times are per batched step, tokens/s summed)
-  int fixed = -1;                // the fixed acceptance length, -1: the model's
-  double step_ms = 0;            // one speculative step: draft + verify + accept + commit (median)
+  int batch = 1;       // sequences a step (the times are per batched step, tokens/s summed)
+  int fixed = -1;      // the fixed acceptance length, -1: the model's
+  double step_ms = 0;  // one speculative step: draft + verify + accept + commit (median)
   double draft_ms = 0, verify_ms = 0;  // of which drafting (and context update), verify step
-  double accepted_per_step = 0;  // drafts accepted a step (mean over all reps)
-  double tokens_per_step = 0;    // tokens emitted a step (accepted + 1)
-  double tokens_per_s = 0;       // speculative (median of reps)
-  double plain_ms = 0;           // one plain decode step at batch 1 (median)
+  double accepted_per_step = 0;        // drafts accepted a step (mean over all reps)
+  double tokens_per_step = 0;          // tokens emitted a step (accepted + 1)
+  double tokens_per_s = 0;             // speculative (median of reps)
+  double plain_ms = 0;                 // one plain decode step at batch 1 (median)
   double plain_tokens_per_s = 0;
-  double speedup = 0;            // median of per-rep speculative / plain tokens/s
+  double speedup = 0;  // median of per-rep speculative / plain tokens/s
 };
 
 struct SpeculativeBenchResult {
