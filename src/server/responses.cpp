@@ -8,6 +8,25 @@ std::string dump(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+ChunkTemplate::ChunkTemplate(const json& chunk) {
+  const std::string whole = dump(chunk), marker = dump(json(kMarker));
+  const size_t at = whole.find(marker);
+  if (at == std::string::npos || whole.find(marker, at + 1) != std::string::npos) return;
+  head_ = "data: " + whole.substr(0, at);
+  tail_ = whole.substr(at + marker.size()) + "\n\n";
+  valid_ = true;
+}
+
+std::string ChunkTemplate::sse(const std::string& text) const {
+  const std::string t = dump(json(text));
+  std::string out;
+  out.reserve(head_.size() + t.size() + tail_.size());
+  out += head_;
+  out += t;
+  out += tail_;
+  return out;
+}
+
 void ChoiceResult::add(ChoiceEvent&& e) {
   text += e.text;
   reasoning += e.reasoning;

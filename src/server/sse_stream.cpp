@@ -69,7 +69,8 @@ SseStream::SseStream(std::shared_ptr<RequestStream> stream, CompletionRequest re
       direct_(direct && socket >= 0),
       last_write_(now_seconds()),
       text_offset_(choices, 0),
-      echoed_(choices, false) {
+      echoed_(choices, false),
+      plain_(choices) {
   if (req_.tools_given)
     for (size_t i = 0; i < choices; ++i)
       tools_.emplace_back(req_.chat_template, tool_call_id_prefix(meta_, i));
@@ -224,16 +225,37 @@ std::string SseStream::render_start() {
   return out;
 }
 
+const ChunkTemplate& SseStream::plain_chunk(size_t i) {
+  ChunkTemplate& t = plain_[i];
+  if (!t.valid()) {
+    json j = req_.kind == RequestKind::kChat
+                 ? chat_chunk(meta_, int(i), {{"content", ChunkTemplate::kMarker}}, nullptr,
+                              std::nullopt)
+                 : completion_chunk(meta_, int(i), ChunkTemplate::kMarker, nullptr, std::nullopt);
+    if (req_.include_usage) j["usage"] = nullptr;
+    t = ChunkTemplate(j);
+  }
+  return t;
+}
+
 std::string SseStream::render_event(ChoiceEvent& e) {
   const CompletionRequest& r = req_;
   const bool chat = r.kind == RequestKind::kChat;
   std::string out;
+  const size_t i = size_t(e.choice);
+  if (!e.tokens.empty() && totals_.first_token == 0) totals_.first_token = now_seconds();
+  // The common event, text and nothing else: from the choice's template (what the general path
+  // below builds, byte for byte; tested).
+  const bool plain = e.error.empty() && !e.finish_reason && !r.logprobs &&
+                     (chat ? !r.tools_given && e.reasoning.empty() : !(r.echo && !echoed_[i]));
+  if (plain && plain_chunk(i).valid()) {
+    if (!e.text.empty() || !e.tokens.empty()) out = plain_[i].sse(e.text);
+    return out;
+  }
   auto send = [&](json j) {
     if (r.include_usage && !j.contains("usage")) j["usage"] = nullptr;
     out += "data: " + dump(j) + "\n\n";
   };
-  const size_t i = size_t(e.choice);
-  if (!e.tokens.empty() && totals_.first_token == 0) totals_.first_token = now_seconds();
   if (!e.error.empty()) {
     ApiError err(500, e.error, "", "engine_error");
     out += "data: " + dump(err.to_json()) + "\n\n";

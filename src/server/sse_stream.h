@@ -83,6 +83,8 @@ class SseStream : public std::enable_shared_from_this<SseStream> {
   std::string render_start();
   std::string render_event(ChoiceEvent& e);
   std::string render_end();
+  // Choice i's template of a chunk that carries only text (ChunkTemplate), made at first use.
+  const ChunkTemplate& plain_chunk(size_t i);
   // Appends `sse` to out_ as one HTTP chunk and sends what the socket takes without waiting.
   void queue_and_send(const std::string& sse);
   void fail();  // the client is gone (under mu_)
@@ -106,6 +108,7 @@ class SseStream : public std::enable_shared_from_this<SseStream> {
   std::vector<size_t> text_offset_;    // completions logprobs: text sent so far per choice
   std::vector<ToolCallStream> tools_;  // chat with tools: each choice's tool-call parser
   std::vector<bool> echoed_;           // completions echo: the prompt text has been sent
+  std::vector<ChunkTemplate> plain_;   // per choice (plain_chunk)
   Totals totals_;
 };
 

@@ -349,5 +349,55 @@ TEST_F(ServerRequest, MutationsNeverCrash) {
   EXPECT_GT(rejected, kCases / 10);
 }
 
+// A chunk from its template is byte for byte the dumped chunk, for texts with every kind of
+// character JSON escapes (quotes, backslashes, control bytes, the marker's own \x01), multi-byte
+// UTF-8 and invalid UTF-8 (replaced), in both chunk kinds, with and without the usage field.
+TEST(ServerChunkTemplate, EqualsTheDumpedChunk) {
+  const server::ResponseMeta meta{"cmpl-00ab", 1796432931, "tiny"};
+  std::mt19937 rng(5);
+  const std::vector<std::string> pieces = {"a",
+                                           " ",
+                                           "\"",
+                                           "\\",
+                                           "\n",
+                                           "\t",
+                                           "\x01",
+                                           "\x1f",
+                                           "/",
+                                           "\xc3\xa9",
+                                           "\xe2\x82\xac",
+                                           "\xf0\x9f\x98\x80",
+                                           "\xff",
+                                           "\xc3",
+                                           "{",
+                                           "}",
+                                           "megadecode-chunk-text"};
+  for (const bool chat : {false, true})
+    for (const bool usage : {false, true}) {
+      auto chunk = [&](const std::string& text) {
+        nlohmann::json j =
+            chat ? server::chat_chunk(meta, 2, {{"content", text}}, nullptr, std::nullopt)
+                 : server::completion_chunk(meta, 2, text, nullptr, std::nullopt);
+        if (usage) j["usage"] = nullptr;
+        return j;
+      };
+      const server::ChunkTemplate t(chunk(server::ChunkTemplate::kMarker));
+      ASSERT_TRUE(t.valid());
+      for (int n = 0; n < 400; ++n) {
+        std::string text;
+        const int len = int(rng() % 12);
+        for (int k = 0; k < len; ++k) text += pieces[rng() % pieces.size()];
+        EXPECT_EQ(t.sse(text), "data: " + server::dump(chunk(text)) + "\n\n") << text;
+      }
+    }
+  // A chunk without the marker, or with it twice, has no template.
+  EXPECT_FALSE(server::ChunkTemplate(server::completion_chunk(meta, 0, "x", nullptr, {})).valid());
+  const std::string m = server::ChunkTemplate::kMarker;
+  EXPECT_FALSE(
+      server::ChunkTemplate(server::chat_chunk(meta, 0, {{"content", m}, {"reasoning_content", m}},
+                                               nullptr, std::nullopt))
+          .valid());
+}
+
 }  // namespace
 }  // namespace md

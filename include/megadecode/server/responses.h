@@ -65,4 +65,24 @@ nlohmann::json chat_chunk(const ResponseMeta& meta, int index, nlohmann::json de
 // JSON text for the wire (invalid UTF-8 replaced rather than thrown on).
 std::string dump(const nlohmann::json& j);
 
+// A stream chunk whose only varying field is one text (a plain completion chunk, a chat chunk
+// whose delta is just content): dumped once with kMarker where the text goes, then every chunk is
+// the dump's two halves around dump(text), which is byte for byte dump() of the whole chunk with
+// that text (a JSON string serialises the same wherever it sits). It saves building and walking
+// the chunk's JSON tree for every token (~5 us of a ~6 us render, on the engine thread).
+class ChunkTemplate {
+ public:
+  static constexpr const char* kMarker = "\x01megadecode-chunk-text\x01";
+  ChunkTemplate() = default;
+  // `chunk` holds kMarker as exactly one string value (else valid() is false).
+  explicit ChunkTemplate(const nlohmann::json& chunk);
+  bool valid() const { return valid_; }
+  // "data: " + dump(the chunk with `text`) + "\n\n".
+  std::string sse(const std::string& text) const;
+
+ private:
+  std::string head_, tail_;
+  bool valid_ = false;
+};
+
 }  // namespace md::server
