@@ -191,6 +191,8 @@ class EngineLoop {
   // Queues a running slot's event of this step; it goes out now if it holds the first token or
   // --stream-interval tokens are held.
   void send_tokens(Slot& s, ChoiceEvent e, bool first);
+  // After a step that pushed events: lets the threads they woke run before the next step.
+  void yield_to_readers();
 
   Executor& ex_;
   const Tokenizer& tok_;
@@ -212,6 +214,7 @@ class EngineLoop {
   std::string failure_;
 
   std::vector<std::unique_ptr<Slot>> slots_;  // engine thread only
+  bool events_pushed_ = false;                // by this step (engine thread only)
   std::vector<float> logits_;                 // the steps' logits buffer (engine thread only)
   std::unique_ptr<SpeculativeDecoder> spec_;  // with make_drafter
   std::vector<int> aux_layers_;               // the drafters' aux layer ids
