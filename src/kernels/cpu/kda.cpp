@@ -81,6 +81,9 @@ constexpr int kBlock = 16;
   return p * std::bit_cast<float>(bits);
 }
 
+// Rows of the state prefetched ahead of a decode step's first pass (one 4 KiB page at K = 128).
+constexpr int kStateRowsAhead = 8;
+
 // One decode step on the state, given the prepared per-key vectors (see kda_decode_head):
 //   kv = S^T ck, oa = S^T cq  (ck = exp(g)*k, cq = exp(g)*q: the decayed state, never formed)
 //   d = beta * (v - kv);  o = oa + (k.q) d  (= (diag(exp(g)) S + k d^T)^T q)
@@ -97,6 +100,10 @@ constexpr int kBlock = 16;
     std::fill_n(oa, n, 0.0f);
     for (int i = 0; i < K; ++i) {
       const float* s = S + int64_t{i} * K + c0;
+      // The state comes from DRAM once a step; request it kStateRowsAhead rows ahead, past the
+      // hardware prefetchers' 4 KiB page boundaries (kda_avx512.cpp; prefetch only).
+      if (i + kStateRowsAhead < K)
+        for (int j = 0; j < n; j += 16) __builtin_prefetch(s + int64_t{kStateRowsAhead} * K + j);
       const float a = ck[i], b = cq[i];
       for (int j = 0; j < n; ++j) {
         kv[j] += a * s[j];
