@@ -526,3 +526,94 @@ BENCHMARK(BM_MatmulBf16Calls)
     ->UseRealTime();
 }  // namespace
 }  // namespace md::cpu
+
+// ---- The routed experts' gate/up phase of one MoE layer, as the decode plan runs it ------------
+namespace md::cpu {
+namespace {
+// Args: threads, layout, hint. One iteration is one layer of kimi-linear's MoE at batch 1 in int4
+// W4A8 (group 128): 8 of 32 experts, each a gate and an up matrix of 1024 x 2304 (codes, then
+// bf16 scales), in tiles of 112 rows (the plan's ~256 KiB), each tile the gate rows then the up
+// rows over the same vector; the 80 tiles shared as two contiguous runs (threads 2), as
+// split_phase does. layout 0: the experts at their places among the layer's 32 (a layer a pool
+// slot); layout 1: the same calls over one contiguous region of the same bytes (what a dense
+// matrix of 16384 rows would read). hint: each call's stream list as the executor sets it (this
+// tile's gate and up rows, then the next tile's gate rows).
+void BM_ExpertsInt4A8(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const bool dense = state.range(1) != 0, hint = state.range(2) != 0;
+  constexpr int64_t kRows = 1024, kK = 2304, kGroup = 128, kTile = 112;
+  constexpr int kExperts = 32, kChosen = 8;
+  const size_t codes = size_t(kRows * kK / 2), mat = codes + size_t(kRows * (kK / kGroup) * 2);
+  const size_t layer = mat * 2 * kExperts;
+  const auto x = make_x(1, kK);
+  std::vector<float> y(size_t(kRows) * 2 * kChosen);
+  uint8_t* wp = mxfp4_pool();
+  ThreadPool& tp = pool(threads);
+  struct Tile {
+    int e;  // chosen expert 0..7
+    int64_t r0, r1;
+  };
+  std::vector<Tile> tiles;
+  for (int e = 0; e < kChosen; ++e)
+    for (int64_t r = 0; r < kRows; r += kTile) tiles.push_back({e, r, std::min(r + kTile, kRows)});
+  const int chosen[kChosen] = {3, 7, 11, 12, 19, 22, 28, 30};
+  run_timed(state, threads, mat * 2 * kChosen, [&](size_t slot) {
+    // run_timed cycles slot over pool / (16 matrices): use its layer, so that every layer is
+    // visited (the pool holds 13 layers of 32 experts).
+    const uint8_t* L = wp + (slot % (kPoolBytes / layer)) * layer;
+    auto matrix = [&](int e, int which) {  // which: 0 gate, 1 up
+      return dense ? L + (size_t(e) * 2 + size_t(which)) * mat
+                   : L + (size_t(chosen[e]) * 2 + size_t(which)) * mat;
+    };
+    tp.parallel_for(
+        tiles.size(),
+        [&](size_t b, size_t end) {
+          for (size_t t = b; t < end; ++t) {
+            const Tile& tl = tiles[t];
+            for (int which = 0; which < 2; ++which) {
+              const uint8_t* M = matrix(tl.e, which);
+              const QdotWeights w{M, M + codes, kK, kGroup, QdotCodes::kInt4};
+              const char* own = reinterpret_cast<const char*>(M) + tl.r0 * kK / 2;
+              const char* own_end = reinterpret_cast<const char*>(M) + tl.r1 * kK / 2;
+              float* yt = y.data() + (size_t(tl.e) * 2 + size_t(which)) * kRows;
+              if (!hint) {
+                matmul_qdot(w, tl.r0, tl.r1, x.data(), 1, kK, yt, kRows);
+                continue;
+              }
+              ByteSpan up[3];
+              int n = 0;
+              if (which == 0) {
+                const uint8_t* U = matrix(tl.e, 1);
+                up[n++] = {own, own_end};
+                up[n++] = {reinterpret_cast<const char*>(U) + tl.r0 * kK / 2,
+                           reinterpret_cast<const char*>(U) + tl.r1 * kK / 2};
+              } else {
+                up[n++] = {own, own_end};
+              }
+              if (t + 1 < end) {
+                const Tile& nx = tiles[t + 1];
+                const char* g = reinterpret_cast<const char*>(matrix(nx.e, 0));
+                up[n++] = {g + nx.r0 * kK / 2, g + nx.r1 * kK / 2};
+              }
+              set_upcoming_streams(up, n);
+              const StreamCall call(own, own_end);
+              matmul_qdot(w, tl.r0, tl.r1, x.data(), 1, kK, yt, kRows);
+            }
+          }
+        },
+        tiles.size() / size_t(threads));
+    benchmark::DoNotOptimize(y.data());
+  });
+  set_upcoming_streams(nullptr, 0);
+}
+BENCHMARK(BM_ExpertsInt4A8)
+    ->Name("Kl48ExpertsInt4A8")
+    ->ArgNames({"thr", "dense", "hint"})
+    ->Args({1, 0, 1})
+    ->Args({1, 1, 1})
+    ->Args({2, 0, 0})
+    ->Args({2, 0, 1})
+    ->Args({2, 1, 1})
+    ->UseRealTime();
+}  // namespace
+}  // namespace md::cpu

@@ -31,7 +31,7 @@ namespace md::cpu::detail {
 namespace {
 
 thread_local IsaScratch t_xscratch;
-thread_local IsaScratch t_mapscratch;  // the int4 sub-group -> group table of the call
+thread_local SubgroupMap t_map;  // the int4 sub-group -> group table (isa_scratch.h)
 
 constexpr int64_t kChunkCols = 64;             // 2 groups, 32 packed bytes per row
 constexpr int kSteps = 8;                      // decode steps per chunk (nibbles per dword)
@@ -200,9 +200,7 @@ void matmul_q4_avx2(const Q4Matrix& w, int64_t r0, int64_t r1, const float* X, i
     return;
   }
   const int64_t G = w.K / 32;
-  auto* map = static_cast<int32_t*>(t_mapscratch.get(static_cast<size_t>(G) * sizeof(int32_t)));
-  for (int64_t j = 0; j < G; ++j) map[j] = static_cast<int32_t>(32 * j / w.group);
-  m.map = map;
+  m.map = t_map.get(G, w.group);
   matmul<Int4Fmt>(m, r0, r1, X, B, ldx, Y, ldy);
 }
 

@@ -42,7 +42,7 @@ namespace {
 
 // Per-thread buffer for the repacked activations.
 thread_local IsaScratch t_xscratch;
-thread_local IsaScratch t_mapscratch;  // the int4 sub-group -> group table of the call
+thread_local SubgroupMap t_map;  // the int4 sub-group -> group table (isa_scratch.h)
 
 constexpr int64_t kChunkCols = 128;  // 4 groups, 64 packed bytes per row
 constexpr int kBlockGroups = 16;     // groups whose scales are decoded together (one zmm)
@@ -281,9 +281,7 @@ void matmul_q4_avx512(const Q4Matrix& w, int64_t r0, int64_t r1, const float* X,
     return;
   }
   const int64_t G = w.K / 32;
-  auto* map = static_cast<int32_t*>(t_mapscratch.get(static_cast<size_t>(G) * sizeof(int32_t)));
-  for (int64_t j = 0; j < G; ++j) map[j] = static_cast<int32_t>(32 * j / w.group);
-  m.map = map;
+  m.map = t_map.get(G, w.group);
   matmul<OpFma, Int4Scales>(m, r0, r1, X, B, ldx, Y, ldy);
 }
 

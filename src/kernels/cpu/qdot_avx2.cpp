@@ -46,7 +46,7 @@ namespace {
 
 thread_local IsaScratch t_xscratch;     // the packed activations
 thread_local PackedFrom t_packed_from;  // what they were packed from (qdot_packed_from.h)
-thread_local IsaScratch t_mapscratch;  // the sub-group -> group table of the call
+thread_local SubgroupMap t_map;         // the sub-group -> group table (isa_scratch.h)
 thread_local IsaScratch t_wsscratch;   // a tile's weight scales (MatQ::ws1)
 constexpr int kMaxTileRows = 4;        // batch_tile's tallest tile
 
@@ -455,9 +455,7 @@ void matmul_qdot_avx2(const QdotWeights& w, int64_t r0, int64_t r1, const float*
   if (r0 >= r1 || B <= 0 || w.K < 32) return;
   const int64_t G = w.K / 32;
   // The sub-group -> group table, and 8 padding entries: a block's lanes past the row's end.
-  auto* map = static_cast<int32_t*>(t_mapscratch.get(static_cast<size_t>(G + 8) * sizeof(int32_t)));
-  for (int64_t j = 0; j < G + 8; ++j)
-    map[j] = static_cast<int32_t>(32 * std::min(j, G - 1) / w.group);
+  const int32_t* map = t_map.get(G, w.group, 8);
   const int64_t groups = w.kind == QdotCodes::kMxfp4 ? G : w.K / w.group;
   const bool uniform =
       w.kind == QdotCodes::kInt8 || (w.kind == QdotCodes::kInt4 && w.group % 64 == 0);

@@ -37,7 +37,7 @@ namespace {
 
 thread_local IsaScratch t_xscratch;     // the packed activations
 thread_local PackedFrom t_packed_from;  // what they were packed from (qdot_packed_from.h)
-thread_local IsaScratch t_mapscratch;  // the sub-group -> group table of the call
+thread_local SubgroupMap t_map;         // the sub-group -> group table (isa_scratch.h)
 
 constexpr int kBlockSub = 16;  // sub-groups whose weight scales are decoded together (one zmm)
 constexpr int kBatchBlock = 64;
@@ -298,9 +298,8 @@ void matmul_qdot_avx512vnni(const QdotWeights& w, int64_t r0, int64_t r1, const 
                             int64_t ldx, float* Y, int64_t ldy) {
   if (r0 >= r1 || B <= 0 || w.K < 32) return;
   const int64_t G = w.K / 32;
-  auto* map = static_cast<int32_t*>(t_mapscratch.get(static_cast<size_t>(G) * sizeof(int32_t)));
-  for (int64_t j = 0; j < G; ++j) map[j] = static_cast<int32_t>(32 * j / w.group);
-  const MatQ m{w.codes, w.scales, w.code_row_bytes(), w.scale_row_bytes(), map, w.K};
+  const MatQ m{w.codes, w.scales, w.code_row_bytes(), w.scale_row_bytes(), t_map.get(G, w.group),
+               w.K};
   switch (w.kind) {
     case QdotCodes::kInt4:
       matmul<QdotCodes::kInt4>(m, r0, r1, X, B, ldx, Y, ldy);
