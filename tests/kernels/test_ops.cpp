@@ -68,6 +68,21 @@ TEST(Ops, SiluMul) {
     // Two bf16 roundings: relative error below 2 * 2^-8 (+ the fp32 part).
     EXPECT_NEAR(ob[i], ref, 2 * 0x1p-8 * std::abs(ref) + 1e-6) << i;
   }
+  // Around and far beyond the exp's clamps (fast_exp_inf: -87 and 88): finite results within the
+  // same tolerance (exactly -0 where the exp overflows); in place (out = gate) as the draft uses
+  // it, with the same bits.
+  std::vector<float> ge = {-1e30f, -200.0f, -88.5f, -88.0f, -87.5f, -20.0f, -1e-30f, 0.0f,
+                           1e-30f, 20.0f,   87.5f,  88.0f,  88.5f,  200.0f, 1e30f};
+  std::vector<float> ue(ge.size(), 1.5f), oe(ge.size()), inplace = ge;
+  silu_mul(ge.data(), ue.data(), int64_t(ge.size()), oe.data(), false);
+  silu_mul(inplace.data(), ue.data(), int64_t(ge.size()), inplace.data(), false);
+  for (size_t i = 0; i < ge.size(); ++i) {
+    const double x = ge[i];
+    const double ref = (x < -700 ? 0.0 : x / (1.0 + std::exp(-x))) * 1.5;
+    EXPECT_TRUE(std::isfinite(oe[i])) << ge[i];
+    EXPECT_NEAR(oe[i], ref, 1e-6 * std::abs(ref) + 1e-30) << ge[i];
+    EXPECT_EQ(inplace[i], oe[i]) << ge[i];
+  }
 }
 
 // Straightforward float64 router: sigmoid, bias-corrected choice (ties to the lower id), optional

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "fast_exp.h"
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/error.h"
 
@@ -24,14 +25,21 @@ void rmsnorm(const float* x, const float* w, int64_t n, float eps, float* y, boo
   }
 }
 
+// sigmoid(g) with fast_exp_inf (fast_exp.h, within ~2 ulp of expf): a loop over it vectorises,
+// where a call to expf per element cost ~1 us of a 112-row expert tile's ~19 us (bench/RESULTS.md,
+// session 25). out may alias gate (each element is read before it is written).
 void silu_mul(const float* gate, const float* up, int64_t n, float* out, bool round) {
   if (round) {
     for (int64_t i = 0; i < n; ++i) {
-      float s = round_bf16(gate[i] * sigmoidf(gate[i]));
+      const float g = gate[i];
+      const float s = round_bf16(g * (1.0f / (1.0f + fast_exp_inf(-g))));
       out[i] = round_bf16(s * up[i]);
     }
   } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = gate[i] * sigmoidf(gate[i]) * up[i];
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = gate[i];
+      out[i] = g * (1.0f / (1.0f + fast_exp_inf(-g))) * up[i];
+    }
   }
 }
 
