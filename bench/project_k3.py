@@ -182,22 +182,39 @@ def main():
           f"{2*full['L'] + full['L'] - full['dense']} collectives per step; at batch 1 "
           f"({'assumed' if a.allreduce_us else 'NCCL cost model, ' + a.topology}):")
     for what, n, nbytes, us in parts:
-        print(f"  {n:>3} x {what:<28} {nbytes/1e3:>8.1f} KB  {us:6.1f} us each  {n*us/1e3:6.2f} ms")
+        print(f"  {n:>3} x {what:<30} {nbytes/1e3:>8.1f} KB  {us:6.1f} us each  {n*us/1e3:6.2f} ms")
     print(f"  total {ms1:.2f} ms; seed: TPU v7 megakernel 4.02 ms/step, GB200 vLLM 7.87 ms/step "
           "at batch 1; 300 tokens/s needs 3.33 ms a step")
+    md1, mparts = collectives_ms(full, 1, a, "megadecode")
+    print(f"megadecode's plan instead ({sum(n for _, n, _, _ in mparts)} collectives, fp32, exact "
+          "expert slots, two latent gathers), at batch 1:")
+    for what, n, nbytes, us in mparts:
+        print(f"  {n:>3} x {what:<30} {nbytes/1e3:>8.1f} KB  {us:6.1f} us each  {n*us/1e3:6.2f} ms")
+    print(f"  total {md1:.2f} ms, against the seed's {ms1:.2f} ms")
 
 
-def collectives_ms(g, B, a):
-    """The seed's collectives of one decode step (per batch B): per layer an all-reduce of the
-    attention output [B, D] and of the expert combine [B, D], and per MoE layer a latent
-    all-gather of [B, latent] (each GPU's 1/16), in bf16. Returns (ms, [(what, count, bytes,
-    us each)])."""
-    D, lat, L = g["D"], g["latent"], g["L"]
+def collectives_ms(g, B, a, plan="seed"):
+    """The collectives of one decode step (per batch B). plan="seed": the seed's, per layer an
+    all-reduce of the attention output [B, D] and of the expert combine [B, D], and per MoE layer
+    a latent all-gather of [B, latent] (each GPU's 1/16), in bf16. plan="megadecode": what
+    megadecode's distributed plan sends (docs/distributed.md "Collectives in the plan"), fp32:
+    the attention all-reduce [B, D]; the FFN all-reduce, which for a MoE layer carries the
+    expert slots and the shared expert [B, k * latent + D] (exact per-slot outputs); the
+    all-gathers of the latent projections' row blocks, z [B, latent] and the up-projection
+    [B, D]. Returns (ms, [(what, count, bytes, us each)])."""
+    D, lat, L, k = g["D"], g["latent"], g["L"], g["k"]
     moe = L - g["dense"]
     nodes = 1 if a.topology == "nvl16" else 2
-    msgs = [("all-reduce attention out", L, "allreduce", B * D * 2),
-            ("all-reduce FFN / combine", L, "allreduce", B * D * 2),
-            ("all-gather latent (MoE)", moe, "allgather", B * lat * 2)]
+    if plan == "seed":
+        msgs = [("all-reduce attention out", L, "allreduce", B * D * 2),
+                ("all-reduce FFN / combine", L, "allreduce", B * D * 2),
+                ("all-gather latent (MoE)", moe, "allgather", B * lat * 2)]
+    else:
+        msgs = [("all-reduce attention out", L, "allreduce", B * D * 4),
+                ("all-reduce dense FFN", g["dense"], "allreduce", B * D * 4),
+                ("all-reduce expert slots+shared", moe, "allreduce", B * (k * lat + D) * 4),
+                ("all-gather latent z", moe, "allgather", B * lat * 4),
+                ("all-gather latent up", moe, "allgather", B * D * 4)]
     parts = []
     for what, n, coll, nbytes in msgs:
         us = a.allreduce_us if a.allreduce_us else nccl_time_us(coll, nbytes, 16, nodes)

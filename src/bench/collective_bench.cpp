@@ -20,8 +20,8 @@ std::vector<CollectiveCell> run_collectives(Model& m, const CollectiveOptions& o
   std::vector<CollectiveCell> out;
   for (int B : o.batches) {
     // What a decode step of B rows sends: o_proj's and the dense FFN's partial sums (hidden
-    // wide), the MoE layers' expert slots and shared expert (k x expert width + hidden), and
-    // each rank's vocabulary block of the logits.
+    // wide), the MoE layers' expert slots and shared expert (k x expert width + hidden), K3's
+    // latent blocks, and each rank's vocabulary block of the logits.
     struct Msg {
       const char* what;
       bool gather;
@@ -33,6 +33,12 @@ std::vector<CollectiveCell> run_collectives(Model& m, const CollectiveOptions& o
       msgs.push_back(
           {"all_reduce MoE (experts + shared)", false,
            size_t(B) * (size_t(full.num_experts_per_token) * size_t(full.expert_dim()) + D)});
+    // K3: each MoE layer gathers its latent projections' row blocks (z, then the up-projection).
+    if (full.latent_size > 0) {
+      msgs.push_back(
+          {"all_gather latent z (MoE)", true, size_t(B) * size_t((full.latent_size + W - 1) / W)});
+      msgs.push_back({"all_gather latent up (MoE)", true, size_t(B) * ((D + size_t(W) - 1) / W)});
+    }
     msgs.push_back({"logits_gather", true, size_t(B) * size_t((full.vocab_size + W - 1) / W)});
     for (const Msg& g : msgs) {
       std::vector<float> buf(g.floats, 1.0f), recv(g.gather ? g.floats * size_t(W) : 0);

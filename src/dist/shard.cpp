@@ -234,8 +234,15 @@ ModelWeights shard_weights(const ModelConfig& c, const ModelWeights& full, const
     MoeWeights& m = L.moe;
     m.router = cut.whole(f.router);
     m.router_bias = cut.vec(f.router_bias);
-    m.latent_down = cut.whole(f.latent_down);
-    m.latent_up = cut.whole(f.latent_up);
+    // K3's latent projections: the rank computes its block of each one's output rows (the
+    // plan gathers the blocks), so they stay whole mappings counted at the block, as lm_head.
+    m.latent_down = f.latent_down;
+    m.latent_up = f.latent_up;
+    for (const Mat* p : {&f.latent_down, &f.latent_up})
+      if (p->data) {
+        const auto [r0, r1] = vocab_block(p->rows, s.world(), r);
+        b.mapped += double(r1 - r0) * double(p->bytes()) / double(p->rows);
+      }
     m.latent_norm = cut.vec(f.latent_norm);
     m.has_shared = f.has_shared;
     if (f.has_shared) {

@@ -12,6 +12,7 @@
 
 #include "megadecode/base/dtype.h"
 #include "megadecode/base/error.h"
+#include "megadecode/dist/shard.h"
 #include "megadecode/model/weights.h"
 #include "megadecode/plan/ops.h"
 #include "megadecode/plan/plan.h"
@@ -250,16 +251,26 @@ class Builder {
                   const BufferDesc& x, const BufferDesc& y, Wait wt, uint32_t sig,
                   int64_t rb_override = 0, uint32_t flags = 0, const BufferDesc* resid = nullptr,
                   const BufferDesc* out = nullptr) {
-    const int64_t rb =
-        rb_override > 0 ? rb_override : tile_rows(rows, double(cols) * double(e), p_.options, W_);
+    gemv_block(op, layer, wbuf, {0, rows}, cols, e, x, y, wt, sig, rb_override, flags, resid, out);
+  }
+  // The same over rows [block.first, block.second) of the matrix only (a distributed rank's
+  // block of a matrix split by rows, gathered afterwards); no tiles for an empty block.
+  void gemv_block(Op op, int layer, const BufferDesc& wbuf, std::pair<int64_t, int64_t> block,
+                  int64_t cols, double e, const BufferDesc& x, const BufferDesc& y, Wait wt,
+                  uint32_t sig, int64_t rb_override = 0, uint32_t flags = 0,
+                  const BufferDesc* resid = nullptr, const BufferDesc* out = nullptr) {
+    const auto [r_begin, r_end] = block;
+    const int64_t rb = rb_override > 0 ? rb_override
+                                       : tile_rows(std::max<int64_t>(r_end - r_begin, 1),
+                                                   double(cols) * double(e), p_.options, W_);
     // kAttnOut: [w, x, resid (or absent), out]; the other row-block ops: [w, x, y].
     auto a = op == Op::kAttnOut ? args({wbuf, x, resid ? *resid : null(), resid ? *out : y})
                                 : args({wbuf, x, y});
-    for (int64_t r = 0; r < rows; r += rb) {
+    for (int64_t r = r_begin; r < r_end; r += rb) {
       Instr in = make(op, layer, {wt}, sig);
       in.flags = flags;
       in.r0 = uint32_t(r);
-      in.r1 = uint32_t(std::min(rows, r + rb));
+      in.r1 = uint32_t(std::min(r_end, r + rb));
       emit(in, a,
            uint64_t(double(in.r1 - in.r0) * double(cols) * e) +
                uint64_t(N_) * uint64_t(cols + (in.r1 - in.r0)) * 4);
@@ -304,6 +315,22 @@ class Builder {
     emit(in, args({x, x2, resid ? *resid : null()}),
          uint64_t(N_) * width * 4 * uint64_t(p_.options.world));
     return done;
+  }
+
+  // The all-gather of x's columns over the step's token rows: each rank computed its block
+  // (dist::vocab_block of x's width) in the tiles the waits name, and afterwards every rank holds
+  // every block. Exact (no arithmetic). Returns its counter.
+  uint32_t all_gather(int layer, const BufferDesc& x, std::initializer_list<Wait> waits) {
+    const uint32_t done = counter(Op::kAllGather, layer);
+    Instr in = make(Op::kAllGather, layer, waits, done);
+    in.r0 = 0;
+    in.r1 = uint32_t(N_);
+    emit(in, args({x}), uint64_t(N_) * uint64_t(x.count) * 4);
+    return done;
+  }
+  // This rank's block of n rows or columns split over the ranks (dist::vocab_block).
+  std::pair<int64_t, int64_t> rank_block(int64_t n) const {
+    return dist::vocab_block(n, p_.options.world, p_.options.rank);
   }
 
   // ---- the program (plan.cpp) ---------------------------------------------------------------

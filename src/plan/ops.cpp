@@ -80,6 +80,7 @@ constexpr OperandDesc kDraftMarkov[] = {{"base", S::kAct},    {"w1", S::kWeight}
 constexpr OperandDesc kDraftPick[] = {{"best", S::kAct}, {"drafts", S::kAct}};
 constexpr OperandDesc kAllReduce[] = {{"x", S::kAct}, {"x2", S::kActOpt}, {"resid", S::kActOpt}};
 constexpr OperandDesc kLogitsGather[] = {{"logits", S::kLogits}};
+constexpr OperandDesc kAllGather[] = {{"x", S::kAct}};
 
 constexpr uint8_t kNo = 0xff;
 
@@ -215,6 +216,7 @@ const std::array<OpDesc, kNumOps>& table() {
     set(Op::kAllReduce, {"all_reduce", "token rows", kAllReduce, false, 1.0, Stream::kNone,
                          {kNo, kNo}, kFlagResidual});
     set(Op::kLogitsGather, small("logits_gather", "logit rows", kLogitsGather));
+    set(Op::kAllGather, small("all_gather", "token rows", kAllGather));
     return a;
   }();
   return t;

@@ -93,13 +93,18 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
   }
 
   // K3: the routed experts' input z = round(routed_expert_down_proj h2), overlapping the routing.
+  // A distributed rank computes its block of z's rows, and an all-gather gives every rank all of
+  // z: the same values as one process's, since each row is one rank's whole dot product.
   BufferDesc xin = io.h2;
   Wait z_ready{};
   if (latent) {
     xin = arena(X);
-    const uint32_t z_done = counter(Op::kLatentDown, l);
-    gemv_tiles(Op::kLatentDown, l, weight(WeightKind::kLatentDown, l), X, D,
+    uint32_t z_done = counter(Op::kLatentDown, l);
+    const auto block = distributed() ? rank_block(X) : std::pair<int64_t, int64_t>{0, X};
+    gemv_block(Op::kLatentDown, l, weight(WeightKind::kLatentDown, l), block, D,
                elt(L ? &L->moe.latent_down : nullptr), io.h2, xin, normed, z_done);
+    if (distributed())
+      z_done = all_gather(l, xin, {block.second > block.first ? all_of(z_done) : Wait{}, normed});
     z_ready = all_of(z_done);
   }
 
@@ -183,9 +188,13 @@ void Builder::moe_ffn(int l, const FfnIo& io) {
       emit(in, a, uint64_t(r.second - r.first) * uint64_t(k + 3) * uint64_t(X) * 4);
     }
   }
-  const uint32_t lup = counter(Op::kLatentUp, l);
-  gemv_tiles(Op::kLatentUp, l, weight(WeightKind::kLatentUp, l), D, X,
+  // Distributed: this rank's block of the output rows, then all of them gathered (as z above).
+  uint32_t lup = counter(Op::kLatentUp, l);
+  const auto block = distributed() ? rank_block(D) : std::pair<int64_t, int64_t>{0, D};
+  gemv_block(Op::kLatentUp, l, weight(WeightKind::kLatentUp, l), block, X,
              elt(L ? &L->moe.latent_up : nullptr), r_lat, up, all_of(lnorm), lup);
+  if (distributed())
+    lup = all_gather(l, up, {block.second > block.first ? all_of(lup) : Wait{}, all_of(lnorm)});
   // The routed output is `up` (one vector), no weights.
   combine_tiles(l, io, {io.x_mid, null(), up, sout, io.x_next, io.next_norm, io.h_next},
                 uint32_t(kFlagMoeCombine | kFlagLatentMoe | (shared ? kFlagSharedExpert : 0)),

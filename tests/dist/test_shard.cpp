@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "../test_util.h"
 #include "megadecode/base/error.h"
@@ -149,6 +150,50 @@ TEST(Shard, PlanHasTheCollectivesAndTheVocabularyBlock) {
   bad.world = 2;
   bad.rank = 2;
   EXPECT_THROW(plan::compile_decode_plan(full, nullptr, bad), Error);
+}
+
+// K3's latent MoE on a rank: each rank computes its block of routed_expert_down_proj's and
+// _up_proj's output rows (the blocks tile the rows over the ranks, each once) and an all-gather
+// after each gives every rank the whole vector, so that a step adds two all-gathers a MoE layer.
+TEST(Shard, K3RanksSplitTheLatentProjectionsAndGatherThem) {
+  const ModelConfig full = preset_config("k3-tiny");
+  ASSERT_GT(full.latent_size, 0);
+  int moe = 0;
+  for (FfnKind k : full.ffn_kind) moe += k == FfnKind::MoE;
+  ASSERT_GT(moe, 0);
+  // (k3-tiny's 2 KDA heads allow two ranks: split by channels, or by experts.)
+  for (const auto& [tp, ep] : {std::pair{2, 1}, std::pair{1, 2}}) {
+    const int world = tp * ep;
+    std::vector<int> down_rows(size_t(full.latent_size), 0), up_rows(size_t(full.hidden_size), 0);
+    for (int rank = 0; rank < world; ++rank) {
+      const Shard s = shard(tp, ep, rank);
+      plan::PlanOptions po;
+      po.batch = 2;
+      po.workers = 3;
+      po.world = world;
+      po.rank = rank;
+      const plan::Plan p = plan::compile_decode_plan(shard_config(full, s), nullptr, po);
+      const auto errs = plan::validate_plan(p);
+      ASSERT_TRUE(errs.empty()) << errs.front();
+      const plan::PlanStats st = plan::plan_stats(p);
+      EXPECT_EQ(st.instrs_per_op[size_t(plan::Op::kAllGather)], 2 * moe);
+      EXPECT_EQ(st.instrs_per_op[size_t(plan::Op::kAllReduce)], 2 * full.num_layers);
+      const auto zb = vocab_block(full.latent_size, world, rank);
+      const auto ub = vocab_block(full.hidden_size, world, rank);
+      for (const plan::Instr& in : p.instrs) {
+        const bool down = in.op == plan::Op::kLatentDown, up = in.op == plan::Op::kLatentUp;
+        if (!down && !up) continue;
+        const auto [b0, b1] = down ? zb : ub;
+        EXPECT_GE(int64_t(in.r0), b0) << plan::describe_instr(p, in);
+        EXPECT_LE(int64_t(in.r1), b1) << plan::describe_instr(p, in);
+        EXPECT_FALSE(in.flags & plan::kFlagPartial) << plan::describe_instr(p, in);
+        for (uint32_t r = in.r0; r < in.r1; ++r) ++(down ? down_rows : up_rows)[r];
+      }
+    }
+    // Every output row computed once a MoE layer, by one rank.
+    for (int v : down_rows) EXPECT_EQ(v, moe);
+    for (int v : up_rows) EXPECT_EQ(v, moe);
+  }
 }
 
 // Stands in for a second rank where only the refusals are tested: every collective is an error.

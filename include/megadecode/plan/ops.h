@@ -114,6 +114,10 @@ struct AllReduce {
 struct LogitsGather {
   enum : uint8_t { logits, count };
 };
+// Columns [c0, c1) of x (dist::vocab_block of its width, this rank's) to every rank.
+struct AllGather {
+  enum : uint8_t { x, count };
+};
 // K3's block attention residual mix, appended to kFfnNorm / kCombine (kFlagAttnRes): the score
 // weights, then the sources (block summaries, then the partial sum).
 struct MixTail {

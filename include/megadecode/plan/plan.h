@@ -76,6 +76,9 @@ enum class Op : uint8_t {
                   // ranks in rank order (dist::Communicator), rounded, and with kFlagResidual
                   // added to the residual: x = round(resid + round(sum))
   kLogitsGather,  // every rank's vocabulary block of the logit rows, so that all hold all logits
+  kAllGather,     // the step's token rows of one buffer whose columns are computed in blocks, one
+                  // a rank (dist::vocab_block): every block to every rank, exactly (K3's split
+                  // latent projections)
   kCount
 };
 constexpr int kNumOps = int(Op::kCount);

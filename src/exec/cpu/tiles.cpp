@@ -466,6 +466,8 @@ void run_instr(const StepCtx& s, const Instr& instr, Scratch& sc) {
       return all_reduce_tile(s, in, a);
     case Op::kLogitsGather:
       return logits_gather_tile(s, in, a);
+    case Op::kAllGather:
+      return all_gather_tile(s, in, a);
     case Op::kCount:
       break;
   }

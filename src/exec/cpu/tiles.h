@@ -84,7 +84,7 @@ struct StepCtx {
   // A draft plan's context rows: batch * Plan::draft.ctx_rows of them (sequence b's are
   // [b * ctx_rows, (b + 1) * ctx_rows); the unused ones have position -1).
   int n_ctx = 0;
-  // A distributed rank's communicator (the plan's kAllReduce / kLogitsGather; null otherwise).
+  // A distributed rank's communicator (the plan's collectives; null otherwise).
   dist::Communicator* comm = nullptr;
   // A distributed step whose caller wants only the drawn tokens, every row greedy without
   // penalties (the same on every rank: the inputs are): kLogitsGather exchanges each rank's
@@ -162,6 +162,7 @@ void draft_pick_tile(const StepCtx& s, const plan::Instr& in, const Args& a);
 // A distributed rank's collectives (tiles_dist.cpp), over StepCtx::comm.
 void all_reduce_tile(const StepCtx& s, const plan::Instr& in, const Args& a);
 void logits_gather_tile(const StepCtx& s, const plan::Instr& in, const Args& a);
+void all_gather_tile(const StepCtx& s, const plan::Instr& in, const Args& a);
 // Scratch floats and ints the draft tiles of a draft plan need.
 size_t draft_scratch_floats(const plan::Plan& p);
 size_t draft_scratch_ints(const plan::Plan& p);

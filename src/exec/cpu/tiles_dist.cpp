@@ -68,6 +68,35 @@ void all_reduce_tile(const StepCtx& s, const plan::Instr& in, const Args& a) {
   }
 }
 
+// [x]: every token row's columns [c0, c1) of x (this rank's block, dist::vocab_block of x's
+// width) to every rank, blocks ceil(width / world) wide (the last padded); afterwards every rank
+// holds all of x's columns. The values travel unchanged.
+void all_gather_tile(const StepCtx& s, const plan::Instr& in, const Args& a) {
+  using G = plan::arg::AllGather;
+  dist::Communicator& c = comm_of(s, in);
+  const int t0 = int(in.r0), n = int(in.r1) - t0, W = c.size();
+  if (n <= 0) return;
+  const int64_t C = a.a[G::x].count, per = (C + W - 1) / W;
+  const size_t block = size_t(n) * size_t(per);
+  std::vector<float>& buf = message(block * size_t(W + 1));
+  float* send = buf.data();
+  float* recv = send + block;
+  const auto [c0, c1] = dist::vocab_block(C, W, c.rank());
+  for (int t = 0; t < n; ++t) {
+    float* dst = send + size_t(t) * size_t(per);
+    std::copy(a.f(G::x, t0 + t) + c0, a.f(G::x, t0 + t) + c1, dst);
+    std::fill(dst + (c1 - c0), dst + per, 0.0f);
+  }
+  c.all_gather(send, recv, block, dist::Elem::kF32);
+  for (int r = 0; r < W; ++r) {
+    const auto [r0, r1] = dist::vocab_block(C, W, r);
+    for (int t = 0; t < n; ++t) {
+      const float* src = recv + size_t(r) * block + size_t(t) * size_t(per);
+      std::copy(src, src + (r1 - r0), a.f(G::x, t0 + t) + r0);
+    }
+  }
+}
+
 // The greedy exchange (StepCtx::greedy_exchange): each rank's (max, id) of its block per row, one
 // all-gather of 8 bytes a row, then on every rank the first rank's pair with the largest value
 // (blocks ascend in id, so ties go to the lowest id: Sampler's argmax over the whole row). The

@@ -33,7 +33,7 @@ void CudaExecutor::Impl::plan_collectives(DevPlan& dp) {
     const uint32_t last = p.stages[p.phases[ph].second - 1].end;
     for (uint32_t i = first; i < last; ++i) {
       const plan::Op op = p.instrs[i].op;
-      if (op == plan::Op::kAllReduce || op == plan::Op::kLogitsGather)
+      if (op == plan::Op::kAllReduce || op == plan::Op::kLogitsGather || op == plan::Op::kAllGather)
         dp.phase_collectives[ph].push_back(i);
     }
     if (dp.phase_collectives[ph].empty()) continue;
@@ -96,6 +96,33 @@ void CudaExecutor::Impl::exchange(const DevPlan& dp, const DevStep& h, size_t ph
       dev->sync();
       comm->all_reduce_sum(m, n * row, dist::Elem::kF32);
       rows(false);
+    } else if (in.op == plan::Op::kAllGather) {
+      // Token rows [r0, r1) of x: this rank's columns (its dist::vocab_block of the width) to
+      // every rank, blocks ceil(width / W) wide (the last padded), then each block in its place.
+      const plan::BufferDesc& x = a[plan::arg::AllGather::x];
+      const int t0 = int(in.r0), t1 = std::min(int(in.r1), h.n), Wr = comm->size();
+      if (t1 <= t0) continue;
+      const int64_t C = int64_t(x.count), per = (C + Wr - 1) / Wr;
+      const size_t n = size_t(t1 - t0), block = n * size_t(per);
+      coll_send.reserve(dev.get(), block * 4);
+      coll_recv.reserve(dev.get(), block * size_t(Wr) * 4);
+      float* send = coll_send.as<float>();
+      float* recv = coll_recv.as<float>();
+      auto row = [&](int t) {
+        return reinterpret_cast<float*>(arena_p + x.offset + x.stride * uint64_t(t));
+      };
+      const auto [c0, c1] = dist::vocab_block(C, Wr, comm->rank());
+      dev->zero(send, block * 4);
+      for (int t = t0; t < t1; ++t)
+        dev->copy(send + size_t(t - t0) * size_t(per), row(t) + c0, size_t(c1 - c0) * 4);
+      dev->sync();
+      comm->all_gather(send, recv, block, dist::Elem::kF32);
+      for (int r = 0; r < Wr; ++r) {
+        const auto [r0, r1] = dist::vocab_block(C, Wr, r);
+        for (int t = t0; t < t1; ++t)
+          dev->copy(row(t) + r0, recv + size_t(r) * block + size_t(t - t0) * size_t(per),
+                    size_t(r1 - r0) * 4);
+      }
     } else if (!h.greedy_pairs) {  // (a greedy exchange step trades pairs after the step)
       // This rank's vocabulary block of every logit row to every rank (blocks ceil(V / W)
       // wide, the last padded), then each rank's block into its place.

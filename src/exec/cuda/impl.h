@@ -71,9 +71,9 @@ struct DevPlan {
   DevBuf instrs, buffers, weights, per_step, queue_ids, queue_off, counters, status;
   uint32_t epoch = 0;
   int graph = -1;  // cuda-opbyop on a GPU: the CUDA graph of the step's launches (-1: none yet)
-  // A distributed plan's collectives (collectives.cpp): per phase its kAllReduce / kLogitsGather
-  // instructions, exchanged by the host before the phase runs; the megakernel's segments (the
-  // launches between them): segment k starts at phase seg_phase[k], and block b runs
+  // A distributed plan's collectives (collectives.cpp): per phase its kAllReduce, kLogitsGather
+  // and kAllGather instructions, exchanged by the host before the phase runs; the megakernel's
+  // segments (the launches between them): segment k starts at phase seg_phase[k], and block b runs
   // queue_ids[seg_begin[k * W + b] .. seg_end[k * W + b]) in it.
   bool has_collectives = false;
   std::vector<std::vector<uint32_t>> phase_collectives;

@@ -13,7 +13,7 @@ MD_CUDA_BEGIN
 MD_DEV bool token_row_op(plan::Op op) {
   using plan::Op;
   return op == Op::kEmbed || op == Op::kFfnNorm || op == Op::kRouter || op == Op::kLatentNorm ||
-         op == Op::kCombine || op == Op::kAllReduce;
+         op == Op::kCombine || op == Op::kAllReduce || op == Op::kAllGather;
 }
 
 // The first weight rows a tile streams, which may stream in before the tile may start (its inputs
@@ -67,6 +67,7 @@ MD_DEV bool streams_weights(plan::Op op) {
     case Op::kDraftPick:
     case Op::kAllReduce:
     case Op::kLogitsGather:
+    case Op::kAllGather:
       return false;
     default:
       return true;
@@ -154,6 +155,7 @@ MD_DEV void run_tile_ops(const DevStep& s, plan::Instr in, Pipe& pipe) {
     case Op::kAllReduce:
       return all_reduce_tile(s, in, a);
     case Op::kLogitsGather:  // the host gathered every rank's block into the logits
+    case Op::kAllGather:     // the host gathered every rank's block in place
       return;
     case Op::kCount:
       break;
