@@ -160,8 +160,13 @@ StepStats decode_step_bytes(const Model& m, std::span<const int64_t> positions,
     } else {
       fixed += double(L.moe.router.bytes());
       if (L.moe.has_shared) fixed += double(L.moe.shared.bytes());
-      // K3's latent projections; an expert's bytes count MXFP4 at 4.25 bits (Mat::bytes).
-      fixed += double(L.moe.latent_down.bytes()) + double(L.moe.latent_up.bytes());
+      // K3's latent projections (a distributed rank's block of their rows); an expert's bytes
+      // count MXFP4 at 4.25 bits (Mat::bytes).
+      for (const Mat* x : {&L.moe.latent_down, &L.moe.latent_up})
+        if (x->rows > 0) {
+          const auto [r0, r1] = dist::vocab_block(x->rows, m.shard().world(), m.shard().rank);
+          fixed += double(x->bytes()) * double(r1 - r0) / double(x->rows);
+        }
       for (const FfnWeights& e : L.moe.experts)
         if (e.gate.data) {
           expert = double(e.bytes());
