@@ -66,8 +66,6 @@ ExecutorKind parse_executor_kind(std::string_view name) {
   fail("unknown executor '{}' (expected megakernel or opbyop)", name);
 }
 
-using namespace exec::cpu_runtime;  // NOLINT(google-build-using-namespace)
-
 struct CpuExecutor::Impl {
   Model& model;
   int max_batch;

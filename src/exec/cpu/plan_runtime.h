@@ -13,7 +13,10 @@
 #include "megadecode/plan/plan.h"
 #include "tiles.h"
 
-namespace md::exec::cpu_runtime {
+// An unnamed namespace, as when this lived in executor.cpp (its only includer): internal linkage
+// gives the same code.
+namespace md {
+namespace {  // NOLINT(google-build-namespaces)
 
 using plan::Instr;
 using plan::kNone;
@@ -131,4 +134,5 @@ struct PlanRuntime {
   }
 };
 
-}  // namespace md::exec::cpu_runtime
+}  // namespace
+}  // namespace md
