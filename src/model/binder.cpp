@@ -239,31 +239,26 @@ Mat Binder::packed_int(const std::string& module, int64_t rows, int64_t cols) {
   return m;
 }
 
-// Asymmetric int4 as int8: code q - z + 128 for q = c - 8 (c the packed 4-bit code) and z = zc - 8
-// (zc the zero point's 4-bit code), i.e. c - zc + 128, exact.
+// Asymmetric int4: the codes stay in place, and the zero points are unpacked into one signed byte
+// z = zc - 8 per row and group (zc the zero point's 4-bit code), which the int4 kernels' zero-point
+// terms read (kernels/cpu/int4.h): each weight is (c - zc) * scale, exactly.
 Mat Binder::with_zero_points(const Mat& m, const TensorInfo& z) {
   MD_CHECK(z.dtype == DType::I32, "tensor {} in {}: dtype {} (expected I32: packed zero points)",
            z.name, z.file, dtype_name(z.dtype));
-  MD_CHECK(!ck_->device_only(m.data), "{}: zero points need the weights in host memory", z.name);
-  const int64_t groups = m.cols / m.group, zcols = groups;
-  auto buf = std::make_shared<std::vector<uint8_t>>(size_t(m.rows) * size_t(m.cols));
-  const auto* packed = static_cast<const uint8_t*>(m.data);
+  MD_CHECK(!ck_->device_only(z.data), "{}: zero points need to be in host memory", z.name);
+  const int64_t groups = m.cols / m.group;
+  auto buf = std::make_shared<std::vector<uint8_t>>(size_t(m.rows) * size_t(groups));
   const auto* zp = static_cast<const uint8_t*>(z.data);
-  for (int64_t r = 0; r < m.rows; ++r) {
-    // Row r's zero point of group g: nibble r % 8 of int32 [r / 8, g] (little-endian bytes).
+  for (int64_t r = 0; r < m.rows; ++r)
     for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t zbyte = zp[(size_t(r / 8) * size_t(zcols) + size_t(g)) * 4 + size_t(r % 8) / 2];
+      // Row r's zero point of group g: nibble r % 8 of int32 [r / 8, g] (little-endian bytes).
+      const uint8_t zbyte =
+          zp[(size_t(r / 8) * size_t(groups) + size_t(g)) * 4 + size_t(r % 8) / 2];
       const int zc = r % 2 ? zbyte >> 4 : zbyte & 15;
-      for (int64_t k = g * m.group; k < (g + 1) * m.group; ++k) {
-        const uint8_t byte = packed[size_t(r) * size_t(m.cols / 2) + size_t(k / 2)];
-        const int c = k % 2 ? byte >> 4 : byte & 15;
-        (*buf)[size_t(r) * size_t(m.cols) + size_t(k)] = static_cast<uint8_t>(c - zc + 128);
-      }
+      (*buf)[size_t(r) * size_t(groups) + size_t(g)] = static_cast<uint8_t>(int8_t(zc - 8));
     }
-  }
   Mat q = m;
-  q.quant = WeightQuant::kInt8;
-  q.data = buf->data();
+  q.zero_points = reinterpret_cast<const int8_t*>(buf->data());
   owned_.push_back(std::move(buf));
   return q;
 }

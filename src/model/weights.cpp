@@ -199,11 +199,10 @@ ModelSizes model_sizes(const ModelConfig& c) {
     s.total_bytes += double(t.nbytes());
     bool routed = t.name.find(".experts.") != std::string::npos;
     bool embed = t.name == embed_name;
-    // Asymmetric int4 runs as int8 codes (model/binder.h): twice the packed bytes are read, and
-    // the zero points are not.
-    const double read = ends_with(t.name, ".weight_zero_point")                       ? 0.0
-                        : c.quant_asymmetric && ends_with(t.name, ".weight_packed") ? 2.0 * double(t.nbytes())
-                                                                                    : double(t.nbytes());
+    // Asymmetric int4's zero points are read unpacked, a byte a group (model/binder.h): twice
+    // their packed bytes.
+    const double read =
+        ends_with(t.name, ".weight_zero_point") ? 2.0 * double(t.nbytes()) : double(t.nbytes());
     if (!routed) {
       s.active_params += embed ? c.hidden_size : n;
       // An embedding lookup reads one row, not the table.
@@ -218,8 +217,9 @@ ModelSizes model_sizes(const ModelConfig& c) {
   const bool int_experts =
       (c.linear_quant == WeightQuant::kInt4 || c.linear_quant == WeightQuant::kInt8) &&
       !quant_ignored(c.quant_ignore, c.tensor_prefix + "model.layers.1.block_sparse_moe.experts.0.w1");
-  const double int_bpw = (c.linear_quant == WeightQuant::kInt8 || c.quant_asymmetric ? 1.0 : 0.5) +
-                         2.0 / double(c.quant_group > 0 ? c.quant_group : c.expert_dim());
+  const double per_group = (c.quant_asymmetric ? 3.0 : 2.0);  // a bf16 scale (+ a zero point byte)
+  const double int_bpw = (c.linear_quant == WeightQuant::kInt8 ? 1.0 : 0.5) +
+                         per_group / double(c.quant_group > 0 ? c.quant_group : c.expert_dim());
   const bool fp8_experts =
       c.linear_quant == WeightQuant::kFp8 &&
       !quant_ignored(c.quant_ignore, c.tensor_prefix + "model.layers.1.block_sparse_moe.experts.0.w1");

@@ -469,7 +469,7 @@ void register_run_commands(CLI::App& app) {
                                               : std::string("whole rows"))
             : cfg.quant_group ? fmt::format("bf16 scale per {} columns", cfg.quant_group)
                               : std::string("bf16 scale per row");
-        if (cfg.quant_asymmetric) scales += ", zero points (loaded as int8)";
+        if (cfg.quant_asymmetric) scales += ", zero points";
         std::printf("quantized      linears not in the ignore list (%zu entries): %s, %s\n",
                     cfg.quant_ignore.size(), format, scales.c_str());
       }

@@ -46,15 +46,15 @@ class Binder {
   //    [rows, cols/group] and `module`.weight_shape I32/I64 [2] = {rows, cols};
   //    With zero points (asymmetric int4: `module`.weight_zero_point I32 [ceil(rows/8), groups],
   //    pack_to_int32 along the rows: z + 8 of row 8i + k in bits 4k of int32 [i, g]) every weight
-  //    is (q - z) * scale with q - z in [-15, 15]: loaded exactly as an int8 matrix of codes
-  //    q - z + 128 with the same scales (memory the Binder owns: take_owned()), so the int8
-  //    kernels run it; twice int4's bytes, no rounding.
+  //    is (q - z) * scale: the codes stay in place and z is unpacked to one signed byte a row
+  //    and group (Mat::zero_points, memory the Binder owns: take_owned()), which the int4
+  //    kernels' zero-point terms read; int4's bytes plus one a group.
   //  * MXFP4 (mxfp4-pack-quantized) as mxfp4() reads it;
   //  * FP8, when `module`.weight is F8_E4M3: that tensor in place, and its scale tensor (F32 or
   //    BF16: [ceil(rows/br), ceil(cols/bc)] per block, [rows, 1] per channel, [1] for the tensor)
   //    expanded to fp32 per row and group of columns (memory the Binder owns).
   Mat linear(const std::string& module, int64_t rows, int64_t cols);
-  // Memory matrices point into instead of the mapping (asymmetric int4 converted at load): for
+  // Memory matrices point into instead of the mapping (asymmetric int4's zero points): for
   // ModelWeights::owned.
   std::vector<std::shared_ptr<const std::vector<uint8_t>>> take_owned() { return std::move(owned_); }
   // A linear layer megadecode reads as bf16 values (the router gate, MLA's kv_b): an md::Error

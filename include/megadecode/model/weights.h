@@ -36,6 +36,9 @@ struct Mat {
   // int4 / int8 / MXFP4: multiply by int8-quantized activations (kernels/cpu/qdot.h;
   // --act-quant int8).
   bool int8_activations = false;
+  // int4 with zero points (compressed-tensors `symmetric: false`, the AWQ layout): row 0 of
+  // z = zc - 8, int8 [rows, cols / group] (kernels/cpu/int4.h); null when symmetric.
+  const int8_t* zero_points = nullptr;
   bool mxfp4() const { return quant == WeightQuant::kMxfp4; }
   bool int4() const { return quant == WeightQuant::kInt4; }
   bool int8() const { return quant == WeightQuant::kInt8; }
@@ -58,7 +61,10 @@ struct Mat {
     return mxfp4() ? size_t(n) / 32 : size_t(n) / size_t(group) * 2;
   }
   size_t scale_row_bytes() const { return scale_bytes(cols); }
-  size_t bytes() const { return size_t(rows) * (code_row_bytes() + scale_row_bytes()); }
+  size_t zero_point_row_bytes() const { return zero_points ? size_t(cols / group) : 0; }
+  size_t bytes() const {
+    return size_t(rows) * (code_row_bytes() + scale_row_bytes() + zero_point_row_bytes());
+  }
   const void* row(int64_t r) const {
     return static_cast<const uint8_t*>(data) + size_t(r) * code_row_bytes();
   }

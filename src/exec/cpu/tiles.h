@@ -35,6 +35,7 @@ struct WeightView {
   WeightQuant quant = WeightQuant::kNone;  // Mat's meaning (model/weights.h)
   int32_t group = 0;
   bool int8_activations = false;  // Mat's meaning
+  const int8_t* zero_points = nullptr;  // Mat's meaning (asymmetric int4)
 };
 
 // Per (sequence, layer) state pointers, resolved before every step. With a row log (a step

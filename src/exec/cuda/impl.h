@@ -24,6 +24,7 @@
 #include "megadecode/dist/communicator.h"
 #include "megadecode/dist/shard.h"
 #include "megadecode/exec/cuda_executor.h"
+#include "megadecode/kernels/cpu/int4.h"
 
 namespace md {
 
@@ -110,6 +111,9 @@ struct DeviceWeights {
   std::unique_ptr<cuda::Device> dev;
   std::mutex mu;
   std::unordered_map<const void*, std::unique_ptr<DevBuf>> buffers;  // by host address
+  // Asymmetric int4 matrices as int8 codes (the CUDA tiles have no zero-point terms), by the
+  // host address of their int4 codes; the upload's source.
+  std::unordered_map<const void*, std::vector<uint8_t>> int8_codes;
 };
 
 // The weights of model m on target t, shared by its executors (created on first use).
@@ -238,13 +242,14 @@ struct CudaExecutor::Impl {
     weights->dev->sync();
   }
 
-  // Bytes of a weight's codes (or values) and of its scales, as model/weights.h Mat lays them out.
+  // Bytes of a weight's codes (or values) and of its scales, as model/weights.h Mat lays them out
+  // (asymmetric int4 goes up as int8 codes: place()).
   static Mat as_mat(const exec::WeightView& v) {
     Mat m;
     m.dtype = v.dtype;
     m.rows = v.rows;
     m.cols = v.cols;
-    m.quant = v.quant;
+    m.quant = v.zero_points ? WeightQuant::kInt8 : v.quant;
     m.group = v.group;
     return m;
   }
@@ -257,18 +262,30 @@ struct CudaExecutor::Impl {
 
   // A weight's codes (or values) and MXFP4 scales on the device (once; weights->mu held).
   void place(const exec::WeightView& v, std::vector<cuda::RandomJob>& jobs) {
+    if (v.zero_points && !weights->buffers.count(v.data)) {
+      // Asymmetric int4: int8 codes (c - zc + 128) with the same scales, exactly the same weights.
+      std::vector<uint8_t>& c = weights->int8_codes[v.data];
+      c.resize(weight_bytes(v));
+      cpu::int4_zero_points_to_int8_codes(static_cast<const uint8_t*>(v.data), v.zero_points,
+                                          v.rows, v.cols, v.group, c.data());
+      upload_one(v.data, c.size(), jobs, c.data());
+    }
     upload_one(v.data, weight_bytes(v), jobs);
     if (v.scales) upload_one(v.scales, scale_bytes(v), jobs);
   }
 
-  // One tensor's device copy, keyed by its host address: a copy of the host bytes, or the
-  // generator's jobs for a tensor whose bytes exist only as a recipe.
-  void upload_one(const void* host, size_t bytes, std::vector<cuda::RandomJob>& jobs) {
+  // One tensor's device copy, keyed by its host address: a copy of the host bytes (or of
+  // `source`'s, a converted copy), or the generator's jobs for a tensor whose bytes exist only as
+  // a recipe.
+  void upload_one(const void* host, size_t bytes, std::vector<cuda::RandomJob>& jobs,
+                  const void* source = nullptr) {
     if (!host || weights->buffers.count(host)) return;
     cuda::Device& wd = *weights->dev;
     auto b = std::make_unique<DevBuf>();
     b->reset(&wd, bytes);
-    if (const RandomInit* r = model.checkpoint().device_only(host)) {
+    if (source) {
+      wd.copy(b->p, source, bytes);
+    } else if (const RandomInit* r = model.checkpoint().device_only(host)) {
       MD_CHECK(r->kind != RandomInit::Kind::kLogUniform && r->numel * r->element_bytes() == bytes,
                "cuda executor: a random weight's recipe does not match its {} bytes", bytes);
       for (uint64_t c = 0; c < r->chunks(); ++c) jobs.push_back({*r, b->p, c});
@@ -301,8 +318,8 @@ struct CudaExecutor::Impl {
       case WeightQuant::kMxfp4:
         d.dtype = cuda::WDType::kMXFP4;
         break;
-      case WeightQuant::kInt4:
-        d.dtype = cuda::WDType::kInt4;
+      case WeightQuant::kInt4:  // (with zero points: uploaded as int8 codes, place())
+        d.dtype = v.zero_points ? cuda::WDType::kInt8 : cuda::WDType::kInt4;
         break;
       case WeightQuant::kInt8:
         d.dtype = cuda::WDType::kInt8;

@@ -35,6 +35,17 @@ void matmul_int4(const uint8_t* packed, const bf16* scales, int64_t K, int group
   detail::matmul_q4(int4_matrix(packed, scales, K, group), r0, r1, X, B, ldx, Y, ldy);
 }
 
+void int4_zero_points_to_int8_codes(const uint8_t* packed, const int8_t* z, int64_t rows, int64_t K,
+                                    int group, uint8_t* out) {
+  const int64_t G = K / group;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < K; ++k) {
+      const uint8_t byte = packed[r * (K / 2) + k / 2];
+      const int c = k % 2 ? byte >> 4 : byte & 15;
+      out[r * K + k] = static_cast<uint8_t>(c - 8 - z[r * G + k / group] + 128);
+    }
+}
+
 void dequantize_int4_row(const uint8_t* packed, const bf16* scales, int64_t K, int group,
                          float* out) {
   for (int64_t k = 0; k < K; ++k) {

@@ -25,6 +25,19 @@ size_t stored_row_bytes(WeightQuant quant, DType dtype, int64_t cols) {
   return size_t(cols) * dtype_size(dtype);
 }
 
+namespace {
+
+// Asymmetric int4: the zero points' terms after the symmetric product (int4.h). They use the
+// vectors as given (fp32), with int8 activations too: only the q * scale part is W4A8.
+void add_zero_point_terms(const LinearWeights& w, int64_t r0, int64_t r1, const float* X, int B,
+                          int64_t ldx, float* Y, int64_t ldy) {
+  if (!w.zero_points) return;
+  int4_zero_point_terms(reinterpret_cast<const bf16*>(w.scales), w.zero_points, w.cols, w.group, r0,
+                        r1, X, B, ldx, Y, ldy);
+}
+
+}  // namespace
+
 void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
                  float* Y, int64_t ldy, bool x_is_bf16) {
   const size_t rb = stored_row_bytes(w.quant, w.dtype, w.cols);
@@ -40,6 +53,7 @@ void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X,
       if (w.int8_activations) break;
       matmul_int4(static_cast<const uint8_t*>(w.data), reinterpret_cast<const bf16*>(w.scales),
                   w.cols, w.group, r0, r1, X, B, ldx, Y, ldy);
+      add_zero_point_terms(w, r0, r1, X, B, ldx, Y, ldy);
       return;
     case WeightQuant::kInt8:
       if (w.int8_activations) break;
@@ -63,6 +77,7 @@ void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X,
              : w.quant == WeightQuant::kInt8 ? QdotCodes::kInt8
                                              : QdotCodes::kMxfp4;
     matmul_qdot(q, r0, r1, X, B, ldx, Y, ldy);
+    add_zero_point_terms(w, r0, r1, X, B, ldx, Y, ldy);
     return;
   }
   if (w.dtype == DType::F32) {

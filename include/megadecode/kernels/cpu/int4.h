@@ -1,7 +1,8 @@
 // Matrix-vector / matrix-matrix products against int4 weights with group-wise bf16 scales (W4A16,
-// the compressed-tensors "pack-quantized" int4 format, symmetric), decoded on the fly from the
-// packed codes: no matrix is ever dequantised into memory. These share their kernels with MXFP4
-// (mxfp4.h; src/kernels/cpu/q4_kernels.h): only the code table and the scales differ.
+// the compressed-tensors "pack-quantized" int4 format, symmetric or with zero points), decoded on
+// the fly from the packed codes: no matrix is ever dequantised into memory. These share their
+// kernels with MXFP4 (mxfp4.h; src/kernels/cpu/q4_kernels.h): only the code table and the scales
+// differ.
 //
 // Format, for a weight of N rows and K columns and a group size g (a multiple of 32 dividing K):
 //  * packed uint8 [N, K/2]: two codes per byte, the low nibble is column 2j, the high nibble
@@ -26,6 +27,23 @@ namespace md::cpu {
 // within the fp32 accumulation bound.
 void matmul_int4(const uint8_t* packed, const bf16* scales, int64_t K, int group, int64_t r0,
                  int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy);
+
+// Asymmetric int4 (compressed-tensors `symmetric: false`, the AWQ layout): W[r][k] =
+// (c - zc) * scale = q * scale - z * scale with q = c - 8 as above and z = zc - 8 the group's zero
+// point offset, int8 [N, K/g] in [-8, 7]. matmul_int4 (or the W4A8 matmul_qdot) computes the
+// first term; this subtracts the second from Y for rows [r0, r1):
+//   Y[b * ldy + r] -= sum_g (scale[r][g] * z[r][g]) * xs[b][g],   xs[b][g] = sum_{k in g} X[b][k].
+// Each scale * z is exact in fp32 (8 + 4 significant bits); xs is summed in 16 lanes (lane k % 16)
+// and a fixed tree, then the groups' terms in 16 lanes (lane g % 16) and the same tree: a fixed
+// sequence per row and vector, so row splits and batches give the same bits. AVX-512 fuses each
+// lane's multiply-add (one rounding), the portable path rounds twice.
+void int4_zero_point_terms(const bf16* scales, const int8_t* z, int64_t K, int group, int64_t r0,
+                           int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy);
+
+// Asymmetric int4 as int8 codes (int8.h's format, the same scales): out[r][k] = (c - 8) - z + 128,
+// exactly (c - zc in [-15, 15]); for backends without the zero-point terms (the CUDA executors).
+void int4_zero_points_to_int8_codes(const uint8_t* packed, const int8_t* z, int64_t rows, int64_t K,
+                                    int group, uint8_t* out);
 
 // Row of K decoded values (tests and reference code only).
 void dequantize_int4_row(const uint8_t* packed, const bf16* scales, int64_t K, int group,

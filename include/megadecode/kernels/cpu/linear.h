@@ -17,6 +17,9 @@ struct LinearWeights {
   int64_t cols = 0;
   int32_t group = 0;  // int4 / int8 / FP8: columns per scale
   bool int8_activations = false;  // int4 / int8 / MXFP4: W4A8 / W8A8 (qdot.h)
+  // int4 with zero points (asymmetric): row 0 of z = zc - 8, int8 [rows, cols / group] (int4.h,
+  // int4_zero_point_terms).
+  const int8_t* zero_points = nullptr;
 };
 
 // Y[b * ldy + r] = sum_k W[r][k] * X[b * ldx + k]  for r in [r0, r1), b in [0, B), with each
