@@ -34,8 +34,9 @@ void run_matmuls(ThreadPool& pool, std::span<const MatJob> jobs, bool x_bf16) {
           int64_t r1 = std::min<int64_t>(int64_t(e) - base, j.w->rows);
           if (r0 < r1) {
             const Mat& m = *j.w;
-            const cpu::LinearWeights lw{m.data,  m.scales,           m.dtype,      m.quant, m.cols,
-                                        m.group, m.int8_activations, m.zero_points};
+            const cpu::LinearWeights lw{
+                m.data,  m.scales,           m.dtype,       m.quant,   m.cols,
+                m.group, m.int8_activations, m.zero_points, m.col_perm};
             cpu::linear_rows(lw, r0, r1, j.x, j.B, j.ldx, j.y, j.ldy, x_bf16);
           }
           base += j.w->rows;

@@ -205,7 +205,7 @@ QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const Q
       ++rep.drawn;
       continue;
     }
-    auto buf = std::make_shared<std::vector<uint8_t>>(size_t(m.rows) * (code_row + scale_row));
+    auto buf = weight_buffer(size_t(m.rows) * (code_row + scale_row));
     uint8_t* codes = buf->data();
     uint8_t* scales = codes + size_t(m.rows) * code_row;
     std::atomic<int64_t> bad_row{-1};

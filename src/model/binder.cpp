@@ -9,6 +9,7 @@
 
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/error.h"
+#include "megadecode/base/util.h"
 #include "megadecode/model/config.h"
 #include "megadecode/model/safetensors.h"
 
@@ -61,6 +62,7 @@ void Binder::set_quant(const ModelConfig& c) {
   quant_ = c.linear_quant;
   quant_group_ = c.quant_group;
   quant_asymmetric_ = c.quant_asymmetric;
+  quant_actorder_ = c.quant_actorder;
   quant_block_rows_ = c.quant_block_rows;
   quant_scale_name_ = c.quant_scale_name;
   quant_ignore_ = c.quant_ignore;
@@ -194,6 +196,9 @@ Mat Binder::packed_int(const std::string& module, int64_t rows, int64_t cols) {
       quant_asymmetric_
           ? lookup(module + ".weight_zero_point", {(rows + 7) / 8, groups}, DType::I32)
           : nullptr;
+  const TensorInfo* gi =
+      quant_actorder_ ? lookup(module + ".weight_g_idx", {cols}, DType::I32, /*read_at_load=*/true)
+                      : nullptr;
   if (!p) return m;
   MD_CHECK(p->dtype == DType::I32,
            "tensor {} in {}: dtype {} (expected I32: packed int{} codes)", p->name, p->file,
@@ -219,7 +224,7 @@ Mat Binder::packed_int(const std::string& module, int64_t rows, int64_t cols) {
   MD_CHECK(shape[0] == rows && shape[1] == cols,
            "tensor {} in {}: [{}, {}] does not match the config (expected [{}, {}])", sh->name,
            sh->file, shape[0], shape[1], rows, cols);
-  MD_CHECK(!ck_->find(module + ".weight_g_idx"),
+  MD_CHECK(gi || !ck_->find(module + ".weight_g_idx"),
            "checkpoint {}: {}.weight_g_idx is present, but the config says int{} without "
            "activation order",
            ck_->dir(), module, bits);
@@ -235,8 +240,61 @@ Mat Binder::packed_int(const std::string& module, int64_t rows, int64_t cols) {
                s->name, s->file, i, bf16_to_f32(sc[i]), bits);
   m.data = p->data;
   m.scales = static_cast<const uint8_t*>(s->data);
+  if (gi) m = with_activation_order(m, *gi);
   if (z) return with_zero_points(m, *z);
   return m;
+}
+
+// Activation-ordered groups: column k of the checkpoint belongs to group g_idx[k]. The codes are
+// copied with the columns sorted by group (stably: ascending k within a group), so that groups
+// are consecutive runs of `group` columns again and the scales (and zero points) keep their
+// group index; col_perm[j] is the checkpoint column now at j, which the kernels' entry gathers
+// the vectors by (kernels/cpu/linear.h). Every group must hold exactly `group` columns.
+Mat Binder::with_activation_order(const Mat& m, const TensorInfo& gi) {
+  MD_CHECK(gi.dtype == DType::I32, "tensor {} in {}: dtype {} (expected I32: group indices)",
+           gi.name, gi.file, dtype_name(gi.dtype));
+  MD_CHECK(!ck_->device_only(m.data), "{}: activation order needs the codes in host memory",
+           gi.name);
+  const int64_t K = m.cols, groups = K / m.group;
+  std::vector<int64_t> count(static_cast<size_t>(groups), 0);
+  std::vector<int32_t> g(static_cast<size_t>(K));
+  std::memcpy(g.data(), gi.data, size_t(K) * 4);
+  for (int64_t k = 0; k < K; ++k) {
+    MD_CHECK(g[size_t(k)] >= 0 && g[size_t(k)] < groups,
+             "tensor {} in {}: column {} is in group {}, outside the {} groups of {} columns",
+             gi.name, gi.file, k, g[size_t(k)], groups, m.group);
+    ++count[size_t(g[size_t(k)])];
+  }
+  for (int64_t j = 0; j < groups; ++j)
+    MD_CHECK(count[size_t(j)] == m.group,
+             "tensor {} in {}: group {} has {} columns (every group needs exactly {})", gi.name,
+             gi.file, j, count[size_t(j)], m.group);
+  auto perm = std::make_shared<std::vector<uint8_t>>(size_t(K) * 4);
+  auto* cp = reinterpret_cast<int32_t*>(perm->data());
+  std::vector<int64_t> next(static_cast<size_t>(groups));
+  for (int64_t j = 0; j < groups; ++j) next[size_t(j)] = j * m.group;
+  for (int64_t k = 0; k < K; ++k) cp[next[size_t(g[size_t(k)])]++] = int32_t(k);
+  const size_t rb = m.code_row_bytes();
+  auto codes = weight_buffer(size_t(m.rows) * rb);
+  const auto* src = static_cast<const uint8_t*>(m.data);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    const uint8_t* in = src + size_t(r) * rb;
+    uint8_t* out = codes->data() + size_t(r) * rb;
+    if (m.int8()) {
+      for (int64_t j = 0; j < K; ++j) out[j] = in[cp[j]];
+      continue;
+    }
+    for (int64_t j = 0; j < K; j += 2) {
+      auto nib = [&](int64_t k) { return k % 2 ? in[k / 2] >> 4 : in[k / 2] & 15; };
+      out[j / 2] = static_cast<uint8_t>(nib(cp[j]) | (nib(cp[j + 1]) << 4));
+    }
+  }
+  Mat q = m;
+  q.data = codes->data();
+  q.col_perm = cp;
+  owned_.push_back(std::move(codes));
+  owned_.push_back(std::move(perm));
+  return q;
 }
 
 // Asymmetric int4: the codes stay in place, and the zero points are unpacked into one signed byte

@@ -155,13 +155,23 @@ void parse_int_weights(const json& w, const std::string& wp, ModelConfig& c) {
            wp);
   MD_CHECK(!get_bool_or(w, wp, "dynamic", false),
            "config.json: field '{}dynamic' must be false (static weight scales)", wp);
-  if (auto a = w.find("actorder"); a != w.end() && !a->is_null())
-    MD_CHECK(a->is_string() && a->get<std::string>() == "static",
-             "config.json: field '{}actorder' is {}: activation-ordered groups (g_idx) are not "
-             "supported",
+  // compressed-tensors' ActivationOrdering: "weight" (alias "static") reorders only the GPTQ pass,
+  // the groups stay contiguous (the plain layout); "group" (alias "dynamic") stores a group index
+  // per column (weight_g_idx).
+  if (auto a = w.find("actorder"); a != w.end() && !a->is_null()) {
+    const std::string v = a->is_string() ? a->get<std::string>() : a->dump();
+    MD_CHECK(v == "static" || v == "weight" || v == "group" || v == "dynamic",
+             "config.json: field '{}actorder' is {}: expected null, \"weight\" (\"static\") or "
+             "\"group\" (\"dynamic\")",
              wp, a->dump());
+    c.quant_actorder = v == "group" || v == "dynamic";
+  }
   const std::string strategy = get_str_or(w, wp, "strategy", "group");
   if (strategy == "channel") {
+    MD_CHECK(!c.quant_actorder,
+             "config.json: field '{}actorder' is group with strategy channel (one scale a row has "
+             "no groups to order)",
+             wp);
     c.quant_group = 0;
     return;
   }

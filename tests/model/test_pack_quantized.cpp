@@ -19,58 +19,28 @@
 #include <vector>
 
 #include "megadecode/base/bf16.h"
-#include "megadecode/base/util.h"
 #include "megadecode/base/error.h"
-#include "megadecode/engine/model.h"
+#include "megadecode/base/util.h"
 #include "megadecode/dist/communicator.h"
 #include "megadecode/dist/shard.h"
+#include "megadecode/engine/model.h"
 #include "megadecode/exec/cpu_executor.h"
 #include "megadecode/exec/cuda_executor.h"
 #include "megadecode/kernels/cuda/sim.h"
 #include "megadecode/model/safetensors.h"
+#include "pack_quantized_util.h"
 #include "test_util.h"
 
 namespace md {
 namespace {
 
 namespace fs = std::filesystem;
+using test::golden_dir;
+using test::logits_of;
+using test::plain;
+using test::prompt_of;
+using test::write_quantized;
 using ::testing::HasSubstr;
-
-ModelOptions plain(Precision p) {
-  ModelOptions o;
-  o.precision = p;
-  o.threads = 1;
-  o.pin_threads = false;
-  return o;
-}
-
-std::string golden_dir(const std::string& name) {
-  return test::data_dir() + "/data/golden/" + name;
-}
-
-std::vector<int32_t> prompt_of(const std::string& dir) {
-  std::ifstream f(dir + "/golden.json");
-  const nlohmann::json g = nlohmann::json::parse(f);
-  std::vector<int32_t> ids;
-  for (auto& v : g["prompt_ids"]) ids.push_back(v.get<int32_t>());
-  return ids;
-}
-
-std::vector<float> logits_of(Model& m, const std::vector<int32_t>& prompt) {
-  std::vector<float> out(prompt.size() * size_t(m.config().vocab_size));
-  SequenceState s = m.new_sequence();
-  m.forward(s, prompt, out.data(), /*all_positions=*/true);
-  return out;
-}
-
-// `megadecode quantize` of a golden model into dir (group -1: the scheme's default).
-void write_quantized(const std::string& model, const std::string& dir, int group,
-                     const std::string& scheme = "int4") {
-  const auto r = test::run_cli("quantize --model " + model + " --out " + dir + " --scheme " +
-                               scheme + " --quant-group " + std::to_string(group));
-  ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("matrices in " + scheme));
-}
 
 TEST(PackQuantized, AWrittenCheckpointLoadsBackToTheSameBitsAsQuantizingAtLoad) {
   struct Case {
@@ -302,261 +272,6 @@ TEST(PackQuantized, Int8AndMxfp4CheckpointsAreTheFormat) {
   }
 }
 
-// A copy of the checkpoint in `src` at `dst` with config.json edited and its tensors rewritten:
-// each of src's tensors goes through `tensor` (which may add, replace or drop: it returns the
-// specs and fills them), every other file copied.
-void rewrite_checkpoint(
-    const std::string& src, const std::string& dst,
-    const std::function<void(nlohmann::json&)>& edit_config,
-    const std::function<void(const std::string&, const TensorInfo&, std::vector<TensorSpec>&,
-                             std::map<std::string, std::vector<uint8_t>>&)>& tensor) {
-  const Checkpoint ck(src);
-  std::vector<TensorSpec> specs;
-  std::map<std::string, std::vector<uint8_t>> data;
-  for (const auto& [name, t] : ck.tensors()) tensor(name, t, specs, data);
-  std::stable_sort(specs.begin(), specs.end(), [](const TensorSpec& a, const TensorSpec& b) {
-    return dtype_size(a.dtype) > dtype_size(b.dtype);
-  });
-  fs::create_directories(dst);
-  write_checkpoint(dst, specs, [&](const TensorSpec& sp, uint8_t* out) {
-    const std::vector<uint8_t>& v = data.at(sp.name);
-    std::memcpy(out, v.data(), v.size());
-  });
-  std::ifstream in(src + "/config.json");
-  nlohmann::json c = nlohmann::json::parse(in);
-  edit_config(c);
-  std::ofstream(dst + "/config.json") << c.dump(2);
-  for (const auto& e : fs::directory_iterator(src)) {
-    const std::string n = e.path().filename().string();
-    if (n != "config.json" && e.path().extension() != ".safetensors" &&
-        n != "model.safetensors.index.json")
-      fs::copy_file(e.path(), fs::path(dst) / n, fs::copy_options::overwrite_existing);
-  }
-}
-
-// Asymmetric int4 (compressed-tensors pack-quantized with `symmetric: false`, the AWQ layout):
-// weight_zero_point I32 [ceil(rows/8), groups] packed along the rows (pack_to_int32 with
-// packed_dim 0: z + 8 of row 8i + k in bits 4k of int32 [i, g]); each weight is (q - z) * scale.
-// The loader keeps the int4 codes in place and unpacks z (kernels/cpu/int4.h's zero-point
-// terms). Its twin is the same model with every such matrix replaced by its fp32 values
-// (c - zc) * scale, decoded in this test from the file's codes and the zero points it wrote: in
-// FP32 precision the two differ only in each matmul's fp32 summation order, bounded as in
-// test_quantize.cpp (|dlogit| <= 1e-4 rms). The plan executors are bit-identical to the
-// reference path on it, and the CUDA executors (on the simulation: they upload it as int8 codes
-// c - zc + 128) agree within the same bound.
-TEST(PackQuantized, AsymmetricInt4RunsAsInt4WithZeroPointsAndMatchesItsDequantizedTwin) {
-  test::TempDir d("pack_asym");
-  const std::string src = golden_dir("tiny"), sym = d / "sym", asym = d / "asym";
-  write_quantized(src, sym, 32);
-  Rng rng(17);
-  std::map<std::string, std::vector<uint8_t>> zcodes;  // module -> [rows, groups] codes 0..15
-  auto is_packed = [](const std::string& n) {
-    return n.size() > 14 && n.compare(n.size() - 14, 14, ".weight_packed") == 0;
-  };
-  auto copy = [](const std::string& name, const TensorInfo& t, std::vector<TensorSpec>& specs,
-                 std::map<std::string, std::vector<uint8_t>>& data) {
-    specs.push_back({name, t.dtype, t.shape});
-    const auto* p = static_cast<const uint8_t*>(t.data);
-    data[name].assign(p, p + t.nbytes);
-  };
-  rewrite_checkpoint(
-      sym, asym,
-      [](nlohmann::json& c) {
-        c["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = false;
-      },
-      [&](const std::string& name, const TensorInfo& t, std::vector<TensorSpec>& specs,
-          std::map<std::string, std::vector<uint8_t>>& data) {
-        copy(name, t, specs, data);
-        if (!is_packed(name)) return;
-        const std::string module = name.substr(0, name.size() - 14);
-        const int64_t rows = t.shape[0], groups = t.shape[1] * 8 / 32;
-        std::vector<uint8_t>& z = zcodes[module];
-        z.resize(size_t(rows * groups));
-        for (auto& v : z) v = uint8_t(rng.next() % 16);
-        const int64_t zr = (rows + 7) / 8;
-        std::vector<uint32_t> packed(size_t(zr * groups), 0);
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t g = 0; g < groups; ++g)
-            packed[size_t((r / 8) * groups + g)] |= uint32_t(z[size_t(r * groups + g)])
-                                                    << (4 * (r % 8));
-        const std::string zn = module + ".weight_zero_point";
-        specs.push_back({zn, DType::I32, {zr, groups}});
-        data[zn].resize(packed.size() * 4);
-        std::memcpy(data[zn].data(), packed.data(), packed.size() * 4);
-      });
-  Model a(asym, plain(Precision::FP32));
-  EXPECT_TRUE(a.config().quant_asymmetric);
-  EXPECT_EQ(a.config().linear_quant, WeightQuant::kInt4);
-  {
-    const std::string module = "model.layers.0.self_attn.q_proj";  // (tiny's layer 0 is KDA)
-    const Mat& q = a.weights().layers[0].kda.q;
-    EXPECT_TRUE(q.int4());
-    EXPECT_EQ(q.data, a.checkpoint().find(module + ".weight_packed")->data);  // in place
-    ASSERT_NE(q.zero_points, nullptr);
-    const std::vector<uint8_t>& z = zcodes.at(module);
-    for (size_t i = 0; i < z.size(); ++i) ASSERT_EQ(int(q.zero_points[i]), int(z[i]) - 8) << i;
-    // A zero point a group more than the symmetric matrix.
-    EXPECT_EQ(q.bytes(), size_t(q.rows) * size_t(q.cols / 2 + q.cols / 32 * 3));
-  }
-  // The dequantized twin: every asymmetric matrix replaced by its fp32 values (c - zc) * scale,
-  // decoded here from the file's codes and this test's zero points.
-  Model dq(asym, plain(Precision::FP32));
-  {
-    ModelWeights& w = dq.mutable_weights();
-    int n = 0;
-    auto fix = [&](Mat& m, const std::string& module) {
-      if (!m.zero_points) return;
-      const std::vector<uint8_t>& z = zcodes.at(module);
-      const int64_t G = m.cols / m.group;
-      auto buf = std::make_shared<std::vector<uint8_t>>(size_t(m.rows * m.cols) * 4);
-      auto* out = reinterpret_cast<float*>(buf->data());
-      const auto* sc = reinterpret_cast<const bf16*>(m.scales);
-      for (int64_t r = 0; r < m.rows; ++r)
-        for (int64_t k = 0; k < m.cols; ++k) {
-          const uint8_t byte = m.packed_data()[r * (m.cols / 2) + k / 2];
-          const int c = k % 2 ? byte >> 4 : byte & 15;
-          out[r * m.cols + k] =
-              float(c - int(z[size_t(r * G + k / m.group)])) * bf16_to_f32(sc[r * G + k / m.group]);
-        }
-      Mat f;
-      f.data = out;
-      f.dtype = DType::F32;
-      f.rows = m.rows;
-      f.cols = m.cols;
-      m = f;
-      w.owned.push_back(buf);
-      ++n;
-    };
-    // (tiny: KDA and MLA attention, a dense layer 0 FFN and MoE layers; the module names are
-    // the checkpoint's.)
-    for (size_t l = 0; l < w.layers.size(); ++l) {
-      LayerWeights& L = w.layers[l];
-      const std::string p = "model.layers." + std::to_string(l) + ".";
-      for (auto [m, name] : {std::pair{&L.kda.q, "self_attn.q_proj"},
-                             {&L.kda.k, "self_attn.k_proj"},
-                             {&L.kda.v, "self_attn.v_proj"},
-                             {&L.kda.o, "self_attn.o_proj"},
-                             {&L.kda.f_a, "self_attn.f_a_proj"},
-                             {&L.kda.f_b, "self_attn.f_b_proj"},
-                             {&L.kda.g_a, "self_attn.g_a_proj"},
-                             {&L.kda.g_b, "self_attn.g_b_proj"},
-                             {&L.kda.b, "self_attn.b_proj"},
-                             {&L.mla.q, "self_attn.q_proj"},
-                             {&L.mla.kv_a, "self_attn.kv_a_proj_with_mqa"},
-                             {&L.mla.o, "self_attn.o_proj"},
-                             {&L.dense.gate, "mlp.gate_proj"},
-                             {&L.dense.up, "mlp.up_proj"},
-                             {&L.dense.down, "mlp.down_proj"},
-                             {&L.moe.shared.gate, "block_sparse_moe.shared_experts.gate_proj"},
-                             {&L.moe.shared.up, "block_sparse_moe.shared_experts.up_proj"},
-                             {&L.moe.shared.down, "block_sparse_moe.shared_experts.down_proj"}})
-        fix(*m, p + name);
-      for (size_t e = 0; e < L.moe.experts.size(); ++e) {
-        const std::string ep = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
-        fix(L.moe.experts[e].gate, ep + "w1");
-        fix(L.moe.experts[e].down, ep + "w2");
-        fix(L.moe.experts[e].up, ep + "w3");
-      }
-    }
-    EXPECT_EQ(n, int(zcodes.size()));  // every asymmetric matrix
-  }
-  const std::vector<int32_t> prompt = prompt_of(src);
-  auto max_gap = [](const std::vector<float>& y, const std::vector<float>& ref) {
-    double ss = 0, d = 0;
-    for (size_t i = 0; i < y.size(); ++i) {
-      ss += double(ref[i]) * ref[i];
-      d = std::max(d, std::fabs(double(y[i]) - ref[i]));
-    }
-    return d / std::sqrt(ss / double(y.size()));  // in units of the reference's rms
-  };
-  const std::vector<float> ya = logits_of(a, prompt), yd = logits_of(dq, prompt);
-  ASSERT_EQ(ya.size(), yd.size());
-  EXPECT_LE(max_gap(ya, yd), 1e-4);
-  // The zero points matter: the symmetric checkpoint's logits differ by far more.
-  Model s(sym, plain(Precision::FP32));
-  EXPECT_GT(max_gap(logits_of(s, prompt), yd), 1e-2);
-
-  // Token by token through the reference path (Model::forward).
-  auto stepwise = [&](Model& m) {
-    std::vector<float> y(prompt.size() * size_t(m.config().vocab_size));
-    SequenceState st = m.new_sequence();
-    for (size_t i = 0; i < prompt.size(); ++i)
-      m.forward(st, std::span(prompt.data() + i, 1), y.data() + i * size_t(m.config().vocab_size),
-                false);
-    return y;
-  };
-  const int64_t V = a.config().vocab_size;
-  // The CUDA executors on the simulation (FP32: the same weights as int8 codes, another fp32
-  // summation order: test_cuda_quantized.cpp's 1e-4 of the logits' scale), bit for bit with each
-  // other.
-  {
-    const std::vector<float> want = stepwise(a);
-    cuda::sim::Config saved = cuda::sim::config();
-    cuda::sim::config().sm_count = 3;
-    std::vector<std::vector<float>> outs;
-    for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
-      CudaExecutor ex(a, 1, kind, CudaTarget::kSim);
-      SequenceState st = ex.new_sequence();
-      std::vector<float> got(prompt.size() * size_t(V));
-      for (size_t i = 0; i < prompt.size(); ++i) {
-        SequenceState* seqs[] = {&st};
-        ex.step(seqs, std::span(&prompt[i], 1), got.data() + i * size_t(V));
-        double scale = 0, err = 0;
-        for (int64_t j = 0; j < V; ++j) {
-          const size_t k = i * size_t(V) + size_t(j);
-          scale = std::max(scale, double(std::fabs(want[k])));
-          err = std::max(err, double(std::fabs(got[k] - want[k])));
-        }
-        EXPECT_LE(err, 1e-4 * scale)
-            << executor_name(kind) << " on the CUDA simulation, step " << i;
-      }
-      outs.push_back(std::move(got));
-    }
-    EXPECT_EQ(0, std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * 4));
-    cuda::sim::config() = saved;
-  }
-  // BF16: both CPU plan executors bit for bit with the reference path (batch 2).
-  Model b(asym, plain(Precision::BF16));
-  const std::vector<float> want = stepwise(b);
-  for (ExecutorKind kind : {ExecutorKind::kMegakernel, ExecutorKind::kOpByOp}) {
-    CpuExecutor ex(b, 2, 2, kind);
-    SequenceState s0 = ex.new_sequence(), s1 = ex.new_sequence();
-    std::vector<float> out(2 * size_t(V));
-    for (size_t i = 0; i < prompt.size(); ++i) {
-      std::vector<SequenceState*> seqs = {&s0, &s1};
-      std::vector<int32_t> toks = {prompt[i], prompt[(i + 3) % prompt.size()]};
-      ex.step(seqs, toks, out.data());
-      ASSERT_EQ(0, std::memcmp(out.data(), want.data() + i * size_t(V), size_t(V) * 4))
-          << executor_name(kind) << " step " << i;
-    }
-  }
-
-  // Errors: asymmetric 8-bit, a zero point tensor of the wrong shape, zero points in a symmetric
-  // checkpoint.
-  auto error_of = [](const std::string& dir) -> std::string {
-    try {
-      Model m(dir, plain(Precision::BF16));
-    } catch (const Error& err) {
-      return err.what();
-    }
-    return "(loaded)";
-  };
-  const std::string cfg = asym + "/config.json";
-  std::ifstream in(cfg);
-  const nlohmann::json good = nlohmann::json::parse(in);
-  nlohmann::json bad = good;
-  bad["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8;
-  std::ofstream(cfg) << bad.dump();
-  EXPECT_THAT(error_of(asym), HasSubstr("asymmetric 8-bit"));
-  bad = good;
-  bad["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = true;
-  std::ofstream(cfg) << bad.dump();
-  EXPECT_THAT(error_of(asym), HasSubstr("weight_zero_point is present, but the config says symmetric"));
-  std::ofstream(cfg) << good.dump();
-  EXPECT_EQ(error_of(asym), "(loaded)");
-  EXPECT_THAT(error_of(sym + "/../nonexistent"), HasSubstr("does not exist"));
-}
-
 TEST(PackQuantized, BadConfigsAndTensorsAreErrorsNamingTheProblem) {
   test::TempDir d("pack_bad");
   const std::string src = golden_dir("tiny"), out = d / "q";
@@ -592,8 +307,12 @@ TEST(PackQuantized, BadConfigsAndTensorsAreErrorsNamingTheProblem) {
               HasSubstr("weight_scale"));  // the tensors hold groups of 32
   EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["strategy"] = "tensor"; }),
               HasSubstr("strategy"));
+  EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["actorder"] = "columns"; }),
+              HasSubstr("actorder' is \"columns\""));
+  // Activation order without the group indices: the missing tensor is named
+  // (test_pack_quantized_layouts.cpp runs the layout).
   EXPECT_THAT(load_with([&](nlohmann::json& c) { weights(c)["actorder"] = "group"; }),
-              HasSubstr("activation-ordered"));
+              HasSubstr("missing tensor model.layers.0.self_attn.q_proj.weight_g_idx"));
   EXPECT_THAT(load_with([&](nlohmann::json& c) {
                 c["quantization_config"]["format"] = "naive-quantized";
               }),

@@ -470,6 +470,7 @@ void register_run_commands(CLI::App& app) {
             : cfg.quant_group ? fmt::format("bf16 scale per {} columns", cfg.quant_group)
                               : std::string("bf16 scale per row");
         if (cfg.quant_asymmetric) scales += ", zero points";
+        if (cfg.quant_actorder) scales += ", activation-ordered groups (g_idx)";
         std::printf("quantized      linears not in the ignore list (%zu entries): %s, %s\n",
                     cfg.quant_ignore.size(), format, scales.c_str());
       }

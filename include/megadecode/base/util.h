@@ -2,7 +2,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "megadecode/base/xoshiro.h"
 
@@ -27,5 +29,26 @@ class Rng : public Xoshiro256 {
 };
 
 std::string human_bytes(double bytes);
+
+// Zero-filled memory for weights the kernels stream that are not the checkpoint's mapping (a
+// load-time quantization, a column-sorted copy): an anonymous mapping aligned to 2 MiB and
+// advised onto 2 MiB pages before its first touch, as the mapping is (model/mapped_file.cpp), so
+// that streaming it does not take a TLB miss every 4 KiB (the column-sorted codes of an
+// activation-ordered checkpoint in std::vector memory decoded 12-15% slower: bench/RESULTS.md,
+// session 26). Freed with its last owner (ModelWeights::owned).
+class WeightBuffer {
+ public:
+  explicit WeightBuffer(size_t n);
+  ~WeightBuffer();
+  WeightBuffer(const WeightBuffer&) = delete;
+  WeightBuffer& operator=(const WeightBuffer&) = delete;
+  uint8_t* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  uint8_t* p_ = nullptr;
+  size_t n_ = 0, mapped_ = 0;
+};
+std::shared_ptr<WeightBuffer> weight_buffer(size_t n);
 
 }  // namespace md

@@ -49,6 +49,9 @@ class Binder {
   //    is (q - z) * scale: the codes stay in place and z is unpacked to one signed byte a row
   //    and group (Mat::zero_points, memory the Binder owns: take_owned()), which the int4
   //    kernels' zero-point terms read; int4's bytes plus one a group.
+  //    With activation-ordered groups (`actorder: "group"`: `module`.weight_g_idx I32 [cols],
+  //    each column's group): the codes copied with the columns sorted by group (memory the
+  //    Binder owns) and Mat::col_perm, by which the kernels' entry gathers the vectors.
   //  * MXFP4 (mxfp4-pack-quantized) as mxfp4() reads it;
   //  * FP8, when `module`.weight is F8_E4M3: that tensor in place, and its scale tensor (F32 or
   //    BF16: [ceil(rows/br), ceil(cols/bc)] per block, [rows, 1] per channel, [1] for the tensor)
@@ -56,7 +59,7 @@ class Binder {
   Mat linear(const std::string& module, int64_t rows, int64_t cols);
   // Memory matrices point into instead of the mapping (asymmetric int4's zero points): for
   // ModelWeights::owned.
-  std::vector<std::shared_ptr<const std::vector<uint8_t>>> take_owned() { return std::move(owned_); }
+  std::vector<std::shared_ptr<const void>> take_owned() { return std::move(owned_); }
   // A linear layer megadecode reads as bf16 values (the router gate, MLA's kv_b): an md::Error
   // naming it when the checkpoint quantizes it.
   Mat bf16_linear(const std::string& module, int64_t rows, int64_t cols, const char* why,
@@ -86,14 +89,16 @@ class Binder {
   WeightQuant quant_ = WeightQuant::kNone;
   int quant_group_ = 0;
   bool quant_asymmetric_ = false;
+  bool quant_actorder_ = false;
   int quant_block_rows_ = 0;
   std::string quant_scale_name_;
   Mat fp8(const std::string& module, const TensorInfo& w, int64_t rows, int64_t cols);
   std::vector<std::string> quant_ignore_;
-  std::vector<std::shared_ptr<const std::vector<uint8_t>>> owned_;
+  std::vector<std::shared_ptr<const void>> owned_;
   bool quantized_module(const std::string& module) const;
   Mat packed_int(const std::string& module, int64_t rows, int64_t cols);
   Mat with_zero_points(const Mat& m, const TensorInfo& z);
+  Mat with_activation_order(const Mat& m, const TensorInfo& gi);
 };
 
 // A gated MLP p+g / p+u / p+d (".weight" appended for bf16; MXFP4 pairs otherwise): gate and up

@@ -91,8 +91,11 @@ struct ModelConfig {
   WeightQuant linear_quant = WeightQuant::kNone;
   int quant_group = 0;
   // pack-quantized int4 with zero points (`symmetric: false`, the AWQ layout): weight_zero_point
-  // per row and group; loaded exactly as int8 codes q - z (model/binder.h).
+  // per row and group (model/binder.h).
   bool quant_asymmetric = false;
+  // pack-quantized with activation-ordered groups (`actorder: "group"`, GPTQ's desc_act):
+  // weight_g_idx [cols] names each column's group (model/binder.h).
+  bool quant_actorder = false;
   // kFp8 (quant_method "fp8", DeepSeek-style, or compressed-tensors float-quantized): the linears
   // whose `.weight` is F8_E4M3 (and `quant_ignore` does not name), with their scale tensor
   // `quant_scale_name` ("weight_scale_inv" / "weight_scale") per block of quant_block_rows rows

@@ -39,6 +39,10 @@ struct Mat {
   // int4 with zero points (compressed-tensors `symmetric: false`, the AWQ layout): row 0 of
   // z = zc - 8, int8 [rows, cols / group] (kernels/cpu/int4.h); null when symmetric.
   const int8_t* zero_points = nullptr;
+  // int4 / int8 with activation-ordered groups (compressed-tensors `actorder: "group"`): the
+  // columns are stored sorted by group, and stored column j multiplies the input's column
+  // col_perm[j] (int32 [cols]); null in the plain layout.
+  const int32_t* col_perm = nullptr;
   bool mxfp4() const { return quant == WeightQuant::kMxfp4; }
   bool int4() const { return quant == WeightQuant::kInt4; }
   bool int8() const { return quant == WeightQuant::kInt8; }
@@ -63,7 +67,8 @@ struct Mat {
   size_t scale_row_bytes() const { return scale_bytes(cols); }
   size_t zero_point_row_bytes() const { return zero_points ? size_t(cols / group) : 0; }
   size_t bytes() const {
-    return size_t(rows) * (code_row_bytes() + scale_row_bytes() + zero_point_row_bytes());
+    return size_t(rows) * (code_row_bytes() + scale_row_bytes() + zero_point_row_bytes()) +
+           (col_perm ? size_t(cols) * 4 : 0);
   }
   const void* row(int64_t r) const {
     return static_cast<const uint8_t*>(data) + size_t(r) * code_row_bytes();
@@ -136,7 +141,7 @@ struct ModelWeights {
   std::string note;
   // Memory some matrices point into instead of the mapping (a distributed rank's column slices,
   // dist/shard.h): shared, so that copies of these weights stay valid.
-  std::vector<std::shared_ptr<const std::vector<uint8_t>>> owned;
+  std::vector<std::shared_ptr<const void>> owned;
 };
 
 // Whether any matrix other than the routed experts' is quantized (a pack-quantized checkpoint, an

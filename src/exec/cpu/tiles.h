@@ -36,6 +36,7 @@ struct WeightView {
   int32_t group = 0;
   bool int8_activations = false;  // Mat's meaning
   const int8_t* zero_points = nullptr;  // Mat's meaning (asymmetric int4)
+  const int32_t* col_perm = nullptr;    // Mat's meaning (activation-ordered groups)
 };
 
 // Per (sequence, layer) state pointers, resolved before every step. With a row log (a step

@@ -262,6 +262,11 @@ struct CudaExecutor::Impl {
 
   // A weight's codes (or values) and MXFP4 scales on the device (once; weights->mu held).
   void place(const exec::WeightView& v, std::vector<cuda::RandomJob>& jobs) {
+    MD_CHECK(!v.col_perm,
+             "cuda executor: a [{}, {}] weight with activation-ordered groups (actorder group, "
+             "weight_g_idx): the CUDA tiles read groups of consecutive columns; run it on the CPU "
+             "executors",
+             v.rows, v.cols);
     if (v.zero_points && !weights->buffers.count(v.data)) {
       // Asymmetric int4: int8 codes (c - zc + 128) with the same scales, exactly the same weights.
       std::vector<uint8_t>& c = weights->int8_codes[v.data];

@@ -1,6 +1,8 @@
 // Format dispatch of linear_rows (linear.h).
 #include "megadecode/kernels/cpu/linear.h"
 
+#include <vector>
+
 #include "megadecode/kernels/cpu/fp8.h"
 #include "megadecode/kernels/cpu/int4.h"
 #include "megadecode/kernels/cpu/int8.h"
@@ -40,6 +42,17 @@ void add_zero_point_terms(const LinearWeights& w, int64_t r0, int64_t r1, const 
 
 void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
                  float* Y, int64_t ldy, bool x_is_bf16) {
+  if (w.col_perm) {
+    // Activation order: the vectors in the stored columns' order, then the plain layout's path.
+    thread_local std::vector<float> xp;
+    xp.resize(size_t(B) * size_t(w.cols));
+    for (int b = 0; b < B; ++b)
+      for (int64_t j = 0; j < w.cols; ++j)
+        xp[size_t(b) * size_t(w.cols) + size_t(j)] = X[b * ldx + w.col_perm[j]];
+    LinearWeights plain = w;
+    plain.col_perm = nullptr;
+    return linear_rows(plain, r0, r1, xp.data(), B, w.cols, Y, ldy, x_is_bf16);
+  }
   const size_t rb = stored_row_bytes(w.quant, w.dtype, w.cols);
   const char* base = static_cast<const char*>(w.data);
   const StreamCall call(base + size_t(r0) * rb, base + size_t(r1) * rb);

@@ -20,6 +20,9 @@ struct LinearWeights {
   // int4 with zero points (asymmetric): row 0 of z = zc - 8, int8 [rows, cols / group] (int4.h,
   // int4_zero_point_terms).
   const int8_t* zero_points = nullptr;
+  // Activation-ordered columns (model/weights.h Mat::col_perm): stored column j multiplies
+  // X[col_perm[j]]; the call gathers each vector in that order first.
+  const int32_t* col_perm = nullptr;
 };
 
 // Y[b * ldy + r] = sum_k W[r][k] * X[b * ldx + k]  for r in [r0, r1), b in [0, B), with each

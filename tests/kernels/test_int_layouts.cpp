@@ -1,13 +1,19 @@
-// Asymmetric int4 (zero points; kernels/cpu/int4.h int4_zero_point_terms) through the kernels'
-// one entry, cpu::linear_rows, at every ISA level: W4A16 and W4A8 against float64 references
-// written out from the format's definition (W[r][k] = (c - zc) * scale), exact on small
-// integers, and invariant to row splits and batches; the int8-codes conversion the CUDA
-// executors upload is the same weights.
+// The pack-quantized layouts beyond the plain symmetric one, through the kernels' one entry,
+// cpu::linear_rows, at every ISA level:
+//  * asymmetric int4 (zero points; kernels/cpu/int4.h int4_zero_point_terms): W4A16 and W4A8
+//    against float64 references written out from the format's definition (W[r][k] =
+//    (c - zc) * scale), exact on small integers, invariant to row splits and batches; the
+//    int8-codes conversion the CUDA executors upload is the same weights;
+//  * activation-ordered columns (LinearWeights::col_perm): the same bits as the plain layout
+//    on the vectors gathered by the permutation, int4 / int8, W16 and W8 activations, with and
+//    without zero points (model/binder.cpp builds the permutation from weight_g_idx; its
+//    semantics are tested on a whole checkpoint in tests/model/test_pack_quantized.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -201,6 +207,52 @@ TEST(Int4ZeroPoints, Int8CodesAreTheSameWeights) {
     for (int64_t k = 0; k < p.K; ++k)
       ASSERT_EQ(int(c8[size_t(r * p.K + k)]) - 128, code(p, r, k) - (zero(p, r, k) + 8))
           << r << " " << k;
+}
+
+// Stored column j multiplies X[perm[j]]: the call equals the plain layout's on the vectors
+// gathered in that order, bit for bit (the entry gathers, then runs the same kernels).
+TEST(ActOrder, EqualsThePlainLayoutOnGatheredVectors) {
+  IsaList isas;
+  Rng rng(59);
+  for (const auto& isa : isas.names) {
+    isas.use(isa);
+    for (WeightQuant q : {WeightQuant::kInt4, WeightQuant::kInt8})
+      for (bool a8 : {false, true})
+        for (bool zp : {false, true}) {
+          if (zp && q != WeightQuant::kInt4) continue;
+          const int64_t rows = 19, K = 384;
+          const int group = 64, B = 3;
+          Problem p = make_problem(rng, rows, K, group, B);
+          if (q == WeightQuant::kInt8) {
+            p.packed.resize(size_t(rows * K));
+            for (auto& v : p.packed) v = uint8_t(rng.next() & 255);
+          }
+          std::vector<int32_t> perm(static_cast<size_t>(K));
+          for (int64_t k = 0; k < K; ++k) perm[size_t(k)] = int32_t(k);
+          for (int64_t k = K - 1; k > 0; --k)
+            std::swap(perm[size_t(k)], perm[size_t(rng.next() % uint64_t(k + 1))]);
+          LinearWeights w;
+          w.data = p.packed.data();
+          w.scales = reinterpret_cast<const uint8_t*>(p.scales.data());
+          w.dtype = DType::U8;
+          w.quant = q;
+          w.cols = K;
+          w.group = group;
+          w.int8_activations = a8;
+          w.zero_points = zp ? p.z.data() : nullptr;
+          std::vector<float> xg(size_t(B * K));
+          for (int b = 0; b < B; ++b)
+            for (int64_t j = 0; j < K; ++j)
+              xg[size_t(b * K + j)] = p.x[size_t(b * p.ldx + perm[size_t(j)])];
+          std::vector<float> want(size_t(B * p.ldy), kSentinel), got(want);
+          linear_rows(w, 2, rows, xg.data(), B, K, want.data(), p.ldy, false);
+          w.col_perm = perm.data();
+          linear_rows(w, 2, rows, p.x.data(), B, p.ldx, got.data(), p.ldy, false);
+          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4))
+              << isa << (q == WeightQuant::kInt4 ? " int4" : " int8") << (a8 ? " A8" : "")
+              << (zp ? " zero points" : "");
+        }
+  }
 }
 
 }  // namespace
