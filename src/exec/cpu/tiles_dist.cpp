@@ -68,15 +68,12 @@ void all_reduce_tile(const StepCtx& s, const plan::Instr& in, const Args& a) {
   }
 }
 
-// [x]: every token row's columns [c0, c1) of x (this rank's block, dist::vocab_block of x's
-// width) to every rank, blocks ceil(width / world) wide (the last padded); afterwards every rank
-// holds all of x's columns. The values travel unchanged.
-void all_gather_tile(const StepCtx& s, const plan::Instr& in, const Args& a) {
-  using G = plan::arg::AllGather;
-  dist::Communicator& c = comm_of(s, in);
-  const int t0 = int(in.r0), n = int(in.r1) - t0, W = c.size();
-  if (n <= 0) return;
-  const int64_t C = a.a[G::x].count, per = (C + W - 1) / W;
+// Every rank's block of columns (dist::vocab_block of the width C) of n rows to every rank, in
+// place: blocks ceil(C / world) wide (the last padded) in one all-gather. row(t) is row t.
+template <class Row>
+void gather_column_blocks(dist::Communicator& c, int n, int64_t C, Row row) {
+  const int W = c.size();
+  const int64_t per = (C + W - 1) / W;
   const size_t block = size_t(n) * size_t(per);
   std::vector<float>& buf = message(block * size_t(W + 1));
   float* send = buf.data();
@@ -84,7 +81,7 @@ void all_gather_tile(const StepCtx& s, const plan::Instr& in, const Args& a) {
   const auto [c0, c1] = dist::vocab_block(C, W, c.rank());
   for (int t = 0; t < n; ++t) {
     float* dst = send + size_t(t) * size_t(per);
-    std::copy(a.f(G::x, t0 + t) + c0, a.f(G::x, t0 + t) + c1, dst);
+    std::copy(row(t) + c0, row(t) + c1, dst);
     std::fill(dst + (c1 - c0), dst + per, 0.0f);
   }
   c.all_gather(send, recv, block, dist::Elem::kF32);
@@ -92,9 +89,19 @@ void all_gather_tile(const StepCtx& s, const plan::Instr& in, const Args& a) {
     const auto [r0, r1] = dist::vocab_block(C, W, r);
     for (int t = 0; t < n; ++t) {
       const float* src = recv + size_t(r) * block + size_t(t) * size_t(per);
-      std::copy(src, src + (r1 - r0), a.f(G::x, t0 + t) + r0);
+      std::copy(src, src + (r1 - r0), row(t) + r0);
     }
   }
+}
+
+// [x]: every token row's columns [c0, c1) of x (this rank's block of its width) to every rank;
+// afterwards every rank holds all of x's columns. The values travel unchanged.
+void all_gather_tile(const StepCtx& s, const plan::Instr& in, const Args& a) {
+  using G = plan::arg::AllGather;
+  const int t0 = int(in.r0), n = int(in.r1) - t0;
+  if (n <= 0) return;
+  gather_column_blocks(comm_of(s, in), n, a.a[G::x].count,
+                       [&](int t) { return a.f(G::x, t0 + t); });
 }
 
 // The greedy exchange (StepCtx::greedy_exchange): each rank's (max, id) of its block per row, one
@@ -135,29 +142,11 @@ static void exchange_greedy_ids(const StepCtx& s, dist::Communicator& c) {
 void logits_gather_tile(const StepCtx& s, const plan::Instr& in, const Args& a) {
   (void)a;
   dist::Communicator& c = comm_of(s, in);
-  const int n = s.n_logits, W = c.size();
+  const int n = s.n_logits;
   if (n == 0) return;
   if (s.greedy_exchange) return exchange_greedy_ids(s, c);
-  const int64_t V = s.cfg->vocab_size, per = (V + W - 1) / W;
-  const size_t block = size_t(n) * size_t(per);
-  std::vector<float>& buf = message(block * size_t(W + 1));
-  float* send = buf.data();
-  float* recv = send + block;
-  const auto [v0, v1] = dist::vocab_block(V, W, c.rank());
-  for (int b = 0; b < n; ++b) {
-    float* dst = send + size_t(b) * size_t(per);
-    const float* row = s.logits + int64_t(b) * V;
-    std::copy(row + v0, row + v1, dst);
-    std::fill(dst + (v1 - v0), dst + per, 0.0f);
-  }
-  c.all_gather(send, recv, block, dist::Elem::kF32);
-  for (int r = 0; r < W; ++r) {
-    const auto [r0, r1] = dist::vocab_block(V, W, r);
-    for (int b = 0; b < n; ++b)
-      std::copy(recv + size_t(r) * block + size_t(b) * size_t(per),
-                recv + size_t(r) * block + size_t(b) * size_t(per) + (r1 - r0),
-                s.logits + int64_t(b) * V + r0);
-  }
+  const int64_t V = s.cfg->vocab_size;
+  gather_column_blocks(c, n, V, [&](int b) { return s.logits + int64_t(b) * V; });
 }
 
 }  // namespace md::exec::detail
