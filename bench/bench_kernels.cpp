@@ -354,10 +354,12 @@ namespace md::cpu {
 namespace {
 
 // Args: rows, K, threads, B, group, portable; Bits 4 or 8; kA8: the integer dot-product kernel
-// (qdot.h: activations quantized to int8, --act-quant int8) instead of W4A16 / W8A16. Slots of the MXFP4 pool hold codes
-// [rows, K * Bits / 8] then bf16 scales [rows, K/group] (the pool's bytes make finite scales).
-// Bytes are codes + scales.
-template <int Bits, bool kA8 = false>
+// (qdot.h: activations quantized to int8, --act-quant int8) instead of W4A16 / W8A16. Slots of the
+// MXFP4 pool hold codes [rows, K * Bits / 8] then bf16 scales [rows, K/group] (the pool's bytes
+// make finite scales). Bytes are codes + scales. kZp (int4): asymmetric, the zero points' terms
+// after the kernel (int4_zero_point_terms, as linear_rows runs them), zero points of the byte a
+// group they are stored as counted in the bytes.
+template <int Bits, bool kA8 = false, bool kZp = false>
 void BM_MatmulInt(benchmark::State& state) {
   const int64_t rows = state.range(0), K = state.range(1);
   const int threads = static_cast<int>(state.range(2)), B = static_cast<int>(state.range(3));
@@ -369,8 +371,11 @@ void BM_MatmulInt(benchmark::State& state) {
   // leave the packing out, as a worker's consecutive tiles of one op do.
   const bool hot = state.range(6) != 0;
   const size_t packed_bytes = static_cast<size_t>(rows * K * Bits / 8);
-  const size_t bytes = packed_bytes + static_cast<size_t>(rows * (K / group) * 2);
+  const size_t bytes =
+      packed_bytes + static_cast<size_t>(rows * (K / group) * (kZp ? 3 : 2));  // (+ zero points)
   const auto x = make_x(B, K);
+  std::vector<int8_t> zp(kZp ? static_cast<size_t>(rows * (K / group)) : 0);
+  for (size_t i = 0; i < zp.size(); ++i) zp[i] = static_cast<int8_t>(int(i * 7 % 16) - 8);
   std::vector<float> y(static_cast<size_t>(B * rows));
   uint8_t* wp = mxfp4_pool();
   ThreadPool& tp = pool(threads);
@@ -387,6 +392,8 @@ void BM_MatmulInt(benchmark::State& state) {
       } else {
         matmul_int8(P, S, K, group, r0, r1, x.data(), B, K, y.data(), rows);
       }
+      if constexpr (kZp)
+        int4_zero_point_terms(S, zp.data(), K, group, r0, r1, x.data(), B, K, y.data(), rows);
     });
     benchmark::DoNotOptimize(y.data());
   });
@@ -421,6 +428,22 @@ BENCHMARK(BM_MatmulInt<4>)->Name("Kl48DenseInt4")->Apply(kl48_int4_args)->UseRea
 BENCHMARK(BM_MatmulInt<8>)->Name("Kl48DenseInt8")->Apply(kl48_int4_args)->UseRealTime();
 BENCHMARK(BM_MatmulInt<4, true>)->Name("Kl48DenseInt4A8")->Apply(kl48_int4_args)->UseRealTime();
 BENCHMARK(BM_MatmulInt<8, true>)->Name("Kl48DenseInt8A8")->Apply(kl48_int4_args)->UseRealTime();
+// Asymmetric int4 (zero points): the same shapes against the symmetric cases above.
+void kl48_zp_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "K", "thr", "B", "group", "port", "hot"});
+  for (int threads : {1, 2})
+    for (auto [rows, K] : {std::pair{9216, 2304}, {2304, 9216}})
+      b->Args({rows, K, threads, 1, 128, 0, 0});
+  b->Args({256, 2304, 1, 1, 128, 0, 1});
+}
+BENCHMARK(BM_MatmulInt<4, false, true>)
+    ->Name("Kl48DenseInt4Zp")
+    ->Apply(kl48_zp_args)
+    ->UseRealTime();
+BENCHMARK(BM_MatmulInt<4, true, true>)
+    ->Name("Kl48DenseInt4A8Zp")
+    ->Apply(kl48_zp_args)
+    ->UseRealTime();
 
 // FP8 e4m3 with fp32 scales per row and group (the loader's expanded block scales): values from the
 // MXFP4 pool with NaN bytes cleared once, scales 1.0 in their own buffer (pool bytes read as fp32
