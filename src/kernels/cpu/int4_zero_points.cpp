@@ -1,5 +1,6 @@
 // Asymmetric int4's zero-point terms (int4.h, int4_zero_point_terms): the portable path and the
-// run-time dispatch. The AVX-512 path (int4_zero_points_avx512.cpp) keeps the same lanes and tree.
+// run-time dispatch. The AVX-512 and AVX2 paths (int4_zero_points_avx512.cpp, _avx2.cpp) keep the
+// same lanes and tree.
 #include <cstring>
 #include <vector>
 
@@ -59,6 +60,11 @@ void int4_zero_point_terms(const bf16* scales, const int8_t* z, int64_t K, int g
   if (active_isa() >= Isa::kAvx512) {
     detail::int4_group_sums_avx512(X, B, ldx, K, group, xs.data());
     detail::int4_zero_point_terms_avx512(s, z, G, r0, r1, xs.data(), B, Y, ldy);
+    return;
+  }
+  if (active_isa() == Isa::kAvx2) {
+    detail::int4_group_sums_avx2(X, B, ldx, K, group, xs.data());
+    detail::int4_zero_point_terms_avx2(s, z, G, r0, r1, xs.data(), B, Y, ldy);
     return;
   }
   group_sums_portable(X, B, ldx, K, group, xs.data());

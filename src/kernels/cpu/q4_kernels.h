@@ -45,10 +45,14 @@ void matmul_q4_portable(const Q4Matrix& w, int64_t r0, int64_t r1, const float* 
 
 // Asymmetric int4's zero-point terms (int4.h, int4_zero_point_terms): the group sums of the
 // vectors (xs [B][K/group]), then per row and vector the subtracted term. int4_zero_points.cpp
-// holds the portable path and the dispatch; int4_zero_points_avx512.cpp the AVX-512 one.
+// holds the portable path and the dispatch; int4_zero_points_avx512.cpp and _avx2.cpp the
+// vector ones.
 void int4_zero_point_terms_avx512(const uint8_t* scales, const int8_t* z, int64_t G, int64_t r0,
                                   int64_t r1, const float* xs, int B, float* Y, int64_t ldy);
 void int4_group_sums_avx512(const float* X, int B, int64_t ldx, int64_t K, int group, float* xs);
+void int4_zero_point_terms_avx2(const uint8_t* scales, const int8_t* z, int64_t G, int64_t r0,
+                                int64_t r1, const float* xs, int B, float* Y, int64_t ldy);
+void int4_group_sums_avx2(const float* X, int B, int64_t ldx, int64_t K, int group, float* xs);
 
 // The code tables, shared by every path and by the reference decoders.
 extern const float kE2m1Values[16];  // e2m1: bit 3 the sign, -0 for code 8

@@ -35,8 +35,8 @@ void matmul_int4(const uint8_t* packed, const bf16* scales, int64_t K, int group
 //   Y[b * ldy + r] -= sum_g (scale[r][g] * z[r][g]) * xs[b][g],   xs[b][g] = sum_{k in g} X[b][k].
 // Each scale * z is exact in fp32 (8 + 4 significant bits); xs is summed in 16 lanes (lane k % 16)
 // and a fixed tree, then the groups' terms in 16 lanes (lane g % 16) and the same tree: a fixed
-// sequence per row and vector, so row splits and batches give the same bits. AVX-512 fuses each
-// lane's multiply-add (one rounding), the portable path rounds twice.
+// sequence per row and vector, so row splits and batches give the same bits. AVX-512 and AVX2
+// fuse each lane's multiply-add (one rounding), the portable path rounds twice.
 void int4_zero_point_terms(const bf16* scales, const int8_t* z, int64_t K, int group, int64_t r0,
                            int64_t r1, const float* X, int B, int64_t ldx, float* Y, int64_t ldy);
 
