@@ -353,14 +353,16 @@ BENCHMARK(BM_MlaDecode)
 namespace md::cpu {
 namespace {
 
-// Args: rows, K, threads, B, group, portable; Bits 4 or 8; kA8: the integer dot-product kernel
-// (qdot.h: activations quantized to int8, --act-quant int8) instead of W4A16 / W8A16. Slots of the
+// Args: rows, K, threads, B, group, portable; Bits 4 or 8; kAct 8 or 16: the integer dot-product
+// kernel (qdot.h: activations quantized to int8 or int16, --act-quant int8|int16) instead of
+// W4A16 / W8A16 (kAct 0). Slots of the
 // MXFP4 pool hold codes [rows, K * Bits / 8] then bf16 scales [rows, K/group] (the pool's bytes
 // make finite scales). Bytes are codes + scales. kZp (int4): asymmetric, the zero points' terms
 // after the kernel (int4_zero_point_terms, as linear_rows runs them), zero points of the byte a
 // group they are stored as counted in the bytes.
-template <int Bits, bool kA8 = false, bool kZp = false>
+template <int Bits, int kAct = 0, bool kZp = false>
 void BM_MatmulInt(benchmark::State& state) {
+  constexpr bool kA8 = kAct != 0;  // (any integer activations)
   const int64_t rows = state.range(0), K = state.range(1);
   const int threads = static_cast<int>(state.range(2)), B = static_cast<int>(state.range(3));
   const int group = static_cast<int>(state.range(4));
@@ -385,7 +387,8 @@ void BM_MatmulInt(benchmark::State& state) {
     split_rows(tp, rows, [&](int64_t r0, int64_t r1) {
       if constexpr (kA8) {
         matmul_qdot(QdotWeights{P, reinterpret_cast<const uint8_t*>(S), K, group,
-                                Bits == 4 ? QdotCodes::kInt4 : QdotCodes::kInt8},
+                                Bits == 4 ? QdotCodes::kInt4 : QdotCodes::kInt8,
+                                kAct == 16 ? QdotActs::kInt16 : QdotActs::kInt8},
                     r0, r1, x.data(), B, K, y.data(), rows);
       } else if constexpr (Bits == 4) {
         matmul_int4(P, S, K, group, r0, r1, x.data(), B, K, y.data(), rows);
@@ -426,8 +429,10 @@ void kl48_bf16_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_MatmulInt<4>)->Name("Kl48DenseInt4")->Apply(kl48_int4_args)->UseRealTime();
 BENCHMARK(BM_MatmulInt<8>)->Name("Kl48DenseInt8")->Apply(kl48_int4_args)->UseRealTime();
-BENCHMARK(BM_MatmulInt<4, true>)->Name("Kl48DenseInt4A8")->Apply(kl48_int4_args)->UseRealTime();
-BENCHMARK(BM_MatmulInt<8, true>)->Name("Kl48DenseInt8A8")->Apply(kl48_int4_args)->UseRealTime();
+BENCHMARK(BM_MatmulInt<4, 8>)->Name("Kl48DenseInt4A8")->Apply(kl48_int4_args)->UseRealTime();
+BENCHMARK(BM_MatmulInt<8, 8>)->Name("Kl48DenseInt8A8")->Apply(kl48_int4_args)->UseRealTime();
+BENCHMARK(BM_MatmulInt<4, 16>)->Name("Kl48DenseInt4A16i")->Apply(kl48_int4_args)->UseRealTime();
+BENCHMARK(BM_MatmulInt<8, 16>)->Name("Kl48DenseInt8A16i")->Apply(kl48_int4_args)->UseRealTime();
 // Asymmetric int4 (zero points): the same shapes against the symmetric cases above.
 void kl48_zp_args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"rows", "K", "thr", "B", "group", "port", "hot"});
@@ -436,14 +441,8 @@ void kl48_zp_args(benchmark::internal::Benchmark* b) {
       b->Args({rows, K, threads, 1, 128, 0, 0});
   b->Args({256, 2304, 1, 1, 128, 0, 1});
 }
-BENCHMARK(BM_MatmulInt<4, false, true>)
-    ->Name("Kl48DenseInt4Zp")
-    ->Apply(kl48_zp_args)
-    ->UseRealTime();
-BENCHMARK(BM_MatmulInt<4, true, true>)
-    ->Name("Kl48DenseInt4A8Zp")
-    ->Apply(kl48_zp_args)
-    ->UseRealTime();
+BENCHMARK(BM_MatmulInt<4, 0, true>)->Name("Kl48DenseInt4Zp")->Apply(kl48_zp_args)->UseRealTime();
+BENCHMARK(BM_MatmulInt<4, 8, true>)->Name("Kl48DenseInt4A8Zp")->Apply(kl48_zp_args)->UseRealTime();
 
 // FP8 e4m3 with fp32 scales per row and group (the loader's expanded block scales): values from the
 // MXFP4 pool with NaN bytes cleared once, scales 1.0 in their own buffer (pool bytes read as fp32

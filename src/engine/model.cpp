@@ -34,9 +34,8 @@ void run_matmuls(ThreadPool& pool, std::span<const MatJob> jobs, bool x_bf16) {
           int64_t r1 = std::min<int64_t>(int64_t(e) - base, j.w->rows);
           if (r0 < r1) {
             const Mat& m = *j.w;
-            const cpu::LinearWeights lw{
-                m.data,  m.scales,           m.dtype,       m.quant,   m.cols,
-                m.group, m.int8_activations, m.zero_points, m.col_perm};
+            const cpu::LinearWeights lw{m.data,  m.scales,       m.dtype,       m.quant,   m.cols,
+                                        m.group, m.int_act_bits, m.zero_points, m.col_perm};
             cpu::linear_rows(lw, r0, r1, j.x, j.B, j.ldx, j.y, j.ldy, x_bf16);
           }
           base += j.w->rows;
@@ -245,9 +244,9 @@ void Model::init() {
     ThreadPool qpool(opt.threads, opt.pin_threads);
     quant_ = quantize_weights(cfg_, w_, opt.quantize, qpool, ckpt_.get());
   }
-  if (opt.quantize.int8_activations) {
-    require_host_weights("--act-quant int8");
-    quant_.int8_activation_matrices = use_int8_activations(w_);
+  if (opt.quantize.int_act_bits) {
+    require_host_weights("--act-quant");
+    quant_.int_activation_matrices = use_int_activations(w_, opt.quantize.int_act_bits);
   }
   num_ = numerics_of(cfg_, opt);
   if (num_.round_a_log) {  // Numerics::round_a_log

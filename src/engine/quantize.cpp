@@ -27,6 +27,7 @@ namespace md {
 std::optional<QuantScheme> parse_quant_scheme(std::string_view name) {
   if (name == "none") return QuantScheme::kNone;
   if (name == "int4") return QuantScheme::kInt4;
+  if (name == "int4-asym") return QuantScheme::kInt4Asym;
   if (name == "int8") return QuantScheme::kInt8;
   if (name == "mxfp4") return QuantScheme::kMxfp4;
   return std::nullopt;
@@ -36,6 +37,8 @@ std::string_view quant_scheme_name(QuantScheme s) {
   switch (s) {
     case QuantScheme::kInt4:
       return "int4";
+    case QuantScheme::kInt4Asym:
+      return "int4-asym";
     case QuantScheme::kInt8:
       return "int8";
     case QuantScheme::kMxfp4:
@@ -49,6 +52,7 @@ std::string_view quant_scheme_name(QuantScheme s) {
 WeightQuant quant_format(QuantScheme s) {
   switch (s) {
     case QuantScheme::kInt4:
+    case QuantScheme::kInt4Asym:
       return WeightQuant::kInt4;
     case QuantScheme::kInt8:
       return WeightQuant::kInt8;
@@ -137,18 +141,20 @@ std::vector<Target> targets(ModelWeights& w, bool lm_head) {
 
 }  // namespace
 
-int use_int8_activations(ModelWeights& w) {
+int use_int_activations(ModelWeights& w, int bits) {
+  MD_CHECK(bits == 8 || bits == 16, "--act-quant: int8 or int16 (got {} bits)", bits);
   int n = 0;
   for_each_linear(w, [&](Mat& m, const std::string&) {
     if (m.data && (m.quant == WeightQuant::kInt4 || m.quant == WeightQuant::kInt8 ||
                    m.quant == WeightQuant::kMxfp4)) {
-      m.int8_activations = true;
+      m.int_act_bits = static_cast<uint8_t>(bits);
       ++n;
     }
   });
   MD_CHECK(n > 0,
-           "--act-quant int8: the model has no int4, int8 or MXFP4 linear layers to run with int8 "
-           "activations (load a quantized checkpoint, or add --quantize int4|int8|mxfp4)");
+           "--act-quant int{}: the model has no int4, int8 or MXFP4 linear layers to run with "
+           "integer activations (load a quantized checkpoint, or add --quantize int4|int8|mxfp4)",
+           bits);
   return n;
 }
 
@@ -192,7 +198,14 @@ QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const Q
     q.quant = quant_format(opt.scheme);
     q.group = group;
     const size_t code_row = q.code_row_bytes(), scale_row = q.scale_row_bytes();
+    const bool zero_points = opt.scheme == QuantScheme::kInt4Asym;
+    const size_t zp_row = zero_points ? size_t(m.cols / group) : 0;
     if (const RandomInit* src = ck ? ck->device_only(m.data) : nullptr) {
+      MD_CHECK(!zero_points,
+               "--quantize int4-asym: {} exists only as a recipe for the device (random weights "
+               "generated on the GPU), which is drawn in a format, not quantized: use --quantize "
+               "int4",
+               t.name);
       // Random weights that exist only as a recipe for the device: drawn in the format.
       const QuantRecipes r = random_quantized_init(q.quant, m.rows, m.cols, group,
                                                    random_init_rms(*src), src->seed);
@@ -205,9 +218,10 @@ QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const Q
       ++rep.drawn;
       continue;
     }
-    auto buf = weight_buffer(size_t(m.rows) * (code_row + scale_row));
+    auto buf = weight_buffer(size_t(m.rows) * (code_row + scale_row + zp_row));
     uint8_t* codes = buf->data();
     uint8_t* scales = codes + size_t(m.rows) * code_row;
+    auto* zps = reinterpret_cast<int8_t*>(scales + size_t(m.rows) * scale_row);
     std::atomic<int64_t> bad_row{-1};
     pool.parallel_for(size_t(m.rows), [&](size_t r0, size_t r1) {
       for (size_t r = r0; r < r1; ++r) {
@@ -222,7 +236,8 @@ QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const Q
         uint8_t* sc = scales + r * scale_row;
         switch (q.quant) {
           case WeightQuant::kInt4:
-            cpu::quantize_int4_row(src, m.cols, group, c, reinterpret_cast<bf16*>(sc));
+            cpu::quantize_int4_row(src, m.cols, group, c, reinterpret_cast<bf16*>(sc),
+                                   zero_points ? zps + r * zp_row : nullptr);
             break;
           case WeightQuant::kInt8:
             cpu::quantize_int8_row(src, m.cols, group, c, reinterpret_cast<bf16*>(sc));
@@ -237,6 +252,7 @@ QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const Q
              scheme, t.name, bad_row.load());
     q.data = codes;
     q.scales = scales;
+    if (zero_points) q.zero_points = zps;
     rep.bytes_before += double(m.bytes());
     rep.bytes_after += double(q.bytes());
     if (m.data != w.embed.data) release_mapped(m.data, m.bytes());  // (tied lm_head: still read)

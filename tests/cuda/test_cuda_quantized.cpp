@@ -104,13 +104,13 @@ SIM_AND_GPU_TEST(QuantizedBf16ExecutorsAgree, 3, quantized_bf16_executors_agree)
 // Integer activations (--act-quant int8) are CPU kernels only: a clear error naming the way out.
 TEST(CudaSim, IntegerActivationsAreRefusedNamingTheCpuDevice) {
   ModelOptions o = quantized(Precision::BF16, QuantScheme::kInt4, 32);
-  o.quantize.int8_activations = true;
+  o.quantize.int_act_bits = 8;
   Model m(test::shared_checkpoint("tiny", 31), o);
   try {
     CudaExecutor ex(m, 1, ExecutorKind::kMegakernel, CudaTarget::kSim);
     FAIL() << "a model with int8 activations ran on the CUDA simulation";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("--act-quant int8 runs with --device cpu"));
+    EXPECT_THAT(e.what(), HasSubstr("int8 / int16 runs with --device cpu"));
   }
 }
 

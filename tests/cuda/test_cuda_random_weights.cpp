@@ -185,6 +185,21 @@ TEST(CudaRandomWeights, QuantizedDeviceWeightsAreDrawnInTheFormat) {
   }
 }
 
+// int4-asym quantizes values; device-generated weights have none on the host, and drawing them
+// symmetric would silently give another scheme: an error naming the matrix and the way out.
+TEST(CudaRandomWeights, AsymmetricInt4OfDeviceWeightsIsAnError) {
+  ModelOptions o = opts(Precision::BF16);
+  o.quantize.scheme = QuantScheme::kInt4Asym;
+  o.quantize.group = 32;
+  try {
+    Model m(preset_config("tiny"), 43, o);
+    ADD_FAILURE() << "int4-asym of device-generated weights loaded";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("model.layers.0."));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("use --quantize int4"));
+  }
+}
+
 }  // namespace
 }  // namespace md
 

@@ -47,7 +47,8 @@ int dequantize_all(ModelWeights& w, WeightQuant format) {
       const uint8_t* codes = m.packed_data() + r * m.code_row_bytes();
       float* o = out + r * m.cols;
       if (m.int4())
-        cpu::dequantize_int4_row(codes, scales + r * (m.cols / m.group), m.cols, m.group, o);
+        cpu::dequantize_int4_row(codes, scales + r * (m.cols / m.group), m.cols, m.group, o,
+                                 m.zero_points ? m.zero_points + r * (m.cols / m.group) : nullptr);
       else if (m.int8())
         cpu::dequantize_int8_row(codes, scales + r * (m.cols / m.group), m.cols, m.group, o);
       else
@@ -137,8 +138,9 @@ TEST_P(QuantizeTest, LogitsMatchTheDequantizedFp32Model) {
     double max_ratio;  // bytes after / before: bits / 16 plus the scales, with margin
   };
   for (const Case& c : {Case{QuantScheme::kInt4, 32, 0.35}, Case{QuantScheme::kInt4, 0, 0.3},
-                        Case{QuantScheme::kInt8, 32, 0.6}, Case{QuantScheme::kInt8, 0, 0.55},
-                        Case{QuantScheme::kMxfp4, -1, 0.3}}) {
+                        Case{QuantScheme::kInt4Asym, 32, 0.35},
+                        Case{QuantScheme::kInt4Asym, 0, 0.3}, Case{QuantScheme::kInt8, 32, 0.6},
+                        Case{QuantScheme::kInt8, 0, 0.55}, Case{QuantScheme::kMxfp4, -1, 0.3}}) {
     const std::string what =
         std::string(GetParam()) + " " + std::string(quant_scheme_name(c.scheme)) + " group " +
         std::to_string(c.group);
@@ -173,26 +175,30 @@ TEST_P(QuantizeTest, LogitsMatchTheDequantizedFp32Model) {
 // The plan executors run quantized matrices through the same kernel entry as the reference path,
 // so they stay bit-identical to it (BF16 precision, batches of 2), in every format.
 TEST_P(QuantizeTest, ExecutorsAreBitIdenticalToTheReferencePath) {
-  for (QuantScheme scheme : {QuantScheme::kInt4, QuantScheme::kInt8, QuantScheme::kMxfp4}) {
+  for (QuantScheme scheme :
+       {QuantScheme::kInt4, QuantScheme::kInt4Asym, QuantScheme::kInt8, QuantScheme::kMxfp4}) {
     Model m(dir(), opts(Precision::BF16, scheme == QuantScheme::kMxfp4 ? -1 : 32, scheme));
     expect_executors_match_reference(
         m, std::string(GetParam()) + " " + std::string(quant_scheme_name(scheme)));
   }
 }
 
-// --act-quant int8 (QuantizeOptions::int8_activations): the int4 / int8 linears run as integer
-// dot products (kernels/cpu/qdot.h, tested there against float64) on every CPU path, so the
-// plan executors stay bit-identical to the reference path (BF16 precision, batches of 2).
+// --act-quant int8 / int16 (QuantizeOptions::int_act_bits): the int4 / int8 linears run as
+// integer dot products (kernels/cpu/qdot.h, tested there against float64) on every CPU path, so
+// the plan executors stay bit-identical to the reference path (BF16 precision, batches of 2).
 TEST_P(QuantizeTest, Int8ActivationsExecutorsAreBitIdenticalToTheReferencePath) {
-  for (QuantScheme scheme : {QuantScheme::kInt4, QuantScheme::kInt8, QuantScheme::kMxfp4}) {
-    ModelOptions o = opts(Precision::BF16, scheme == QuantScheme::kMxfp4 ? -1 : 32, scheme);
-    o.quantize.int8_activations = true;
-    Model m(dir(), o);
-    // (K3's MXFP4 experts are marked as well: at least the quantized matrices.)
-    ASSERT_GE(m.quantize_report().int8_activation_matrices, m.quantize_report().matrices);
-    expect_executors_match_reference(
-        m, std::string(GetParam()) + " " + std::string(quant_scheme_name(scheme)) + " a8");
-  }
+  for (int bits : {8, 16})
+    for (QuantScheme scheme :
+         {QuantScheme::kInt4, QuantScheme::kInt4Asym, QuantScheme::kInt8, QuantScheme::kMxfp4}) {
+      ModelOptions o = opts(Precision::BF16, scheme == QuantScheme::kMxfp4 ? -1 : 32, scheme);
+      o.quantize.int_act_bits = static_cast<uint8_t>(bits);
+      Model m(dir(), o);
+      // (K3's MXFP4 experts are marked as well: at least the quantized matrices.)
+      ASSERT_GE(m.quantize_report().int_activation_matrices, m.quantize_report().matrices);
+      expect_executors_match_reference(m, std::string(GetParam()) + " " +
+                                              std::string(quant_scheme_name(scheme)) + " a" +
+                                              std::to_string(bits));
+    }
 }
 
 // What the activations' rounding costs, against what the weights' rounding costs (rms logit gaps,
@@ -216,7 +222,7 @@ TEST_P(QuantizeTest, Int8ActivationsCostLessThanTheWeightsRounding) {
     Model bf(dir(), opts(Precision::FP32, 32, QuantScheme::kNone));
     Model w(dir(), opts(Precision::FP32, 32, c.scheme));
     ModelOptions o = opts(Precision::FP32, 32, c.scheme);
-    o.quantize.int8_activations = true;
+    o.quantize.int_act_bits = 8;
     Model wa(dir(), o);
     const std::vector<int32_t> ids = ids_for(w, 12);
     const auto yb = run(bf, ids), yw = run(w, ids), ya = run(wa, ids);
@@ -264,14 +270,14 @@ TEST(Quantize, WhatIsQuantized) {
 // too), not bf16 matrices; without any it is an error saying what to do.
 TEST(Quantize, Int8ActivationsMarkTheIntegerLinearsOnly) {
   ModelOptions o = opts(Precision::BF16, 32);
-  o.quantize.int8_activations = true;
+  o.quantize.int_act_bits = 8;
   o.quantize.lm_head = true;
   Model m(test::shared_checkpoint("k3-tiny", 5), o);
   int marked = 0, mxfp4 = 0;
   auto check = [&](const Mat& x) {
     if (!x.data) return;
-    EXPECT_EQ(x.int8_activations, x.int4() || x.int8() || x.mxfp4());
-    marked += x.int8_activations;
+    EXPECT_EQ(x.int_act_bits, x.int4() || x.int8() || x.mxfp4() ? 8 : 0);
+    marked += x.int_act_bits != 0;
     mxfp4 += x.mxfp4();
   };
   const ModelWeights& w = m.weights();
@@ -280,26 +286,26 @@ TEST(Quantize, Int8ActivationsMarkTheIntegerLinearsOnly) {
     for (const FfnWeights& e : L.moe.experts) check(e.gate), check(e.down);
   }
   check(w.lm_head);
-  EXPECT_TRUE(w.lm_head.int8_activations);
+  EXPECT_TRUE(w.lm_head.int_act_bits);
   EXPECT_GT(marked, 0);
   EXPECT_GT(mxfp4, 0);  // K3's routed experts as loaded
-  EXPECT_GT(m.quantize_report().int8_activation_matrices, m.quantize_report().matrices);
+  EXPECT_GT(m.quantize_report().int_activation_matrices, m.quantize_report().matrices);
   // K3's MXFP4 experts alone, without --quantize.
   ModelOptions experts = opts(Precision::BF16, 32, QuantScheme::kNone);
-  experts.quantize.int8_activations = true;
+  experts.quantize.int_act_bits = 8;
   Model k(test::shared_checkpoint("k3-tiny", 5), experts);
-  EXPECT_GT(k.quantize_report().int8_activation_matrices, 0);
+  EXPECT_GT(k.quantize_report().int_activation_matrices, 0);
   EXPECT_TRUE(k.weights().layers.back().moe.experts.empty() ||
-              k.weights().layers.back().moe.experts[0].gate.int8_activations);
+              k.weights().layers.back().moe.experts[0].gate.int_act_bits);
   // The CUDA executors (here on the host simulation) refuse it rather than run without it.
   try {
     CudaExecutor cx(k, 1, ExecutorKind::kMegakernel, CudaTarget::kSim);
     ADD_FAILURE() << "a CUDA executor took a model with --act-quant int8";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("--act-quant int8 runs with --device cpu"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("int8 / int16 runs with --device cpu"));
   }
   ModelOptions none = opts(Precision::BF16, 32, QuantScheme::kNone);
-  none.quantize.int8_activations = true;
+  none.quantize.int_act_bits = 8;
   try {
     Model x(test::shared_checkpoint("tiny", 5), none);
     ADD_FAILURE() << "--act-quant int8 on a bf16 model loaded";
@@ -330,6 +336,9 @@ TEST(Quantize, BadGroupsAreErrorsNamingTheProblem) {
   EXPECT_NE(m.quantize_report().first_kept.find("columns"), std::string::npos);
   EXPECT_EQ(parse_quant_scheme("int4"), QuantScheme::kInt4);
   EXPECT_EQ(parse_quant_scheme("int8"), QuantScheme::kInt8);
+  EXPECT_EQ(parse_quant_scheme("int4-asym"), QuantScheme::kInt4Asym);
+  EXPECT_EQ(quant_scheme_name(QuantScheme::kInt4Asym), "int4-asym");
+  EXPECT_EQ(quant_format(QuantScheme::kInt4Asym), WeightQuant::kInt4);
   EXPECT_EQ(parse_quant_scheme("mxfp4"), QuantScheme::kMxfp4);
   EXPECT_FALSE(parse_quant_scheme("int3").has_value());
   // MXFP4's group is the format's.
@@ -375,11 +384,18 @@ TEST(QuantEval, MeasuresKlAndTopOneAgainstTheModelAsLoaded) {
   r = test::run_cli("quant-eval --model " + dir +
                     " --quantize int4 --act-quant int8 --positions 24 --json " + (d / "a8.json"));
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_THAT(r.err, ::testing::HasSubstr("int8 activations (W4A8 / W8A8"));
+  EXPECT_THAT(r.err, ::testing::HasSubstr("int8 activations (integer dot products"));
   std::ifstream f2(d / "a8.json");
   const nlohmann::json a8 = nlohmann::json::parse(f2);
   EXPECT_EQ(a8["act_quant"], "int8");
   EXPECT_GT(a8["kl_mean"].get<double>(), 0.0);
+  r = test::run_cli("quant-eval --model " + dir +
+                    " --quantize int4 --act-quant int16 --positions 24 --json " + (d / "a16.json"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.err, ::testing::HasSubstr("int16 activations (integer dot products"));
+  EXPECT_THAT(r.out, ::testing::HasSubstr("int4 + int16 activations"));
+  std::ifstream f3(d / "a16.json");
+  EXPECT_EQ(nlohmann::json::parse(f3)["act_quant"], "int16");
   r = test::run_cli("quant-eval --model " + dir + " --quantize int4 --act-quant int4");
   EXPECT_NE(r.status, 0);
   EXPECT_THAT(r.err, ::testing::HasSubstr("--act-quant"));

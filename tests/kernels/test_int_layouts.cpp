@@ -71,7 +71,7 @@ std::vector<float> run(const Problem& p, int64_t r0, int64_t r1, bool a8) {
   w.quant = WeightQuant::kInt4;
   w.cols = p.K;
   w.group = p.group;
-  w.int8_activations = a8;
+  w.int_act_bits = a8 ? 8 : 0;
   w.zero_points = p.z.data();
   linear_rows(w, r0, r1, p.x.data(), p.B, p.ldx, y.data(), p.ldy, false);
   return y;
@@ -185,7 +185,7 @@ TEST(Int4ZeroPoints, SplitBatchAndThreadInvariance) {
         w.quant = WeightQuant::kInt4;
         w.cols = K;
         w.group = g;
-        w.int8_activations = a8;
+        w.int_act_bits = a8 ? 8 : 0;
         w.zero_points = p.z.data();
         test::expect_split_batch_thread_invariance(
             p.rows, B, p.ldy,
@@ -238,7 +238,7 @@ TEST(ActOrder, EqualsThePlainLayoutOnGatheredVectors) {
           w.quant = q;
           w.cols = K;
           w.group = group;
-          w.int8_activations = a8;
+          w.int_act_bits = a8 ? 8 : 0;
           w.zero_points = zp ? p.z.data() : nullptr;
           std::vector<float> xg(size_t(B * K));
           for (int b = 0; b < B; ++b)

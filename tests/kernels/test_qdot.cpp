@@ -1,8 +1,8 @@
-// Integer dot-product kernels (qdot.h: int4 / int8 weights x int8 activations) against float64
-// references written out independently of the kernels: the activation quantizer against its
-// definition, the products against the exact sum of the quantized operands, the W4A8/W8A8 result
-// against W4A16/W8A16 within the activations' rounding, every ISA level, ragged shapes, split /
-// batch / thread invariance.
+// Integer dot-product kernels (qdot.h: int4 / int8 / MXFP4 weights x int8 or int16 activations)
+// against float64 references written out independently of the kernels: the activation quantizer
+// against its definition, the products against the exact sum of the quantized operands, the
+// W4A8/W8A8 result against W4A16/W8A16 within the activations' rounding, every ISA level, ragged
+// shapes, split / batch / thread invariance.
 #include "megadecode/kernels/cpu/qdot.h"
 
 #include <gtest/gtest.h>
@@ -31,19 +31,29 @@ using test::IsaList;
 
 constexpr QdotCodes kKinds[] = {QdotCodes::kInt4, QdotCodes::kInt8, QdotCodes::kMxfp4};
 
+constexpr QdotActs kActs[] = {QdotActs::kInt8, QdotActs::kInt16};
+
 std::string kind_name(QdotCodes k) {
   return k == QdotCodes::kInt4 ? "int4" : k == QdotCodes::kInt8 ? "int8" : "mxfp4";
+}
+std::string acts_name(QdotActs a) {
+  return a == QdotActs::kInt16 ? "a16" : "a8";
+}
+// The activations' largest code T (qdot.h).
+float top_code(QdotActs a) {
+  return a == QdotActs::kInt16 ? 32385.0f : 127.0f;
 }
 
 struct Problem {
   QdotCodes kind = QdotCodes::kInt4;
+  QdotActs acts = QdotActs::kInt8;
   int64_t rows = 0, K = 0;
   int group = 0, B = 0;
   int64_t ldx = 0, ldy = 0;
   std::vector<uint8_t> codes;
   std::vector<uint8_t> scales;  // bf16 [rows, K/group] as bytes, or E8M0 [rows, K/32]
   std::vector<float> x;
-  QdotWeights weights() const { return {codes.data(), scales.data(), K, group, kind}; }
+  QdotWeights weights() const { return {codes.data(), scales.data(), K, group, kind, acts}; }
   int64_t row_bytes() const { return weights().code_row_bytes(); }
   int64_t scale_bytes() const { return weights().scale_row_bytes(); }
   // Sets scale i of row r: a bf16 value, or (MXFP4) the E8M0 byte of 2^e.
@@ -58,9 +68,11 @@ struct Problem {
 };
 
 // MXFP4's group is the format's 32 whatever `group` says.
-Problem make_problem(Rng& rng, QdotCodes kind, int64_t rows, int64_t K, int group, int B) {
+Problem make_problem(Rng& rng, QdotCodes kind, int64_t rows, int64_t K, int group, int B,
+                     QdotActs acts = QdotActs::kInt8) {
   Problem p;
   p.kind = kind;
+  p.acts = acts;
   p.rows = rows;
   p.K = K;
   p.group = kind == QdotCodes::kMxfp4 ? 32 : group;
@@ -107,17 +119,19 @@ double weight_scale(const Problem& p, int64_t r, int64_t k) {
 }
 
 // The activation quantization written out from qdot.h's definition, in fp32 as defined.
-void quantize_by_definition(const float* x, int64_t K, std::vector<int>& t, std::vector<float>& d) {
+void quantize_by_definition(const float* x, int64_t K, std::vector<int>& t, std::vector<float>& d,
+                            QdotActs acts = QdotActs::kInt8) {
+  const float top = top_code(acts);
   t.assign(static_cast<size_t>(K), 0);
   d.assign(static_cast<size_t>(K / 32), 0.0f);
   for (int64_t j = 0; j < K / 32; ++j) {
     float amax = 0.0f;
     for (int64_t k = 32 * j; k < 32 * j + 32; ++k) amax = std::max(amax, std::fabs(x[k]));
-    d[j] = amax / 127.0f;
+    d[j] = amax / top;
     if (amax == 0.0f) continue;
     for (int64_t k = 32 * j; k < 32 * j + 32; ++k) {
       const float q = x[k] / d[j];  // one fp32 division, then round half to even
-      t[k] = static_cast<int>(std::clamp(std::nearbyint(q), -127.0f, 127.0f));
+      t[k] = static_cast<int>(std::clamp(std::nearbyint(q), -top, top));
     }
   }
 }
@@ -127,7 +141,7 @@ void quantize_by_definition(const float* x, int64_t K, std::vector<int>& t, std:
 void reference(const Problem& p, int64_t r, int b, double* y, double* abs_sum) {
   std::vector<int> t;
   std::vector<float> d;
-  quantize_by_definition(p.x.data() + b * p.ldx, p.K, t, d);
+  quantize_by_definition(p.x.data() + b * p.ldx, p.K, t, d, p.acts);
   double s = 0, a = 0;
   for (int64_t k = 0; k < p.K; ++k) {
     const double v = code_value(p, r, k) * weight_scale(p, r, k) * t[k] * double(d[k / 32]);
@@ -139,8 +153,9 @@ void reference(const Problem& p, int64_t r, int b, double* y, double* abs_sum) {
 }
 
 // Per lane, each term is an exact int32 partial sum times d (one rounding), added times s with an
-// fma (one rounding; the portable path a multiply and an add: two) in one of at most G = K/32
-// accumulation steps, then a tree of depth <= 4: every term passes through at most G + 7
+// fma (one rounding; the portable path a multiply and an add: two, and for int8 weights with
+// int16 activations the sub-group's int32 sum may round once on conversion) in one of at most
+// G = K/32 accumulation steps, then a tree of depth <= 4: every term passes through at most G + 8
 // roundings, so |y - exact| <= (G + 9) u sum |terms|.
 double error_bound(int64_t K, double abs_sum) {
   return static_cast<double>(K / 32 + 9) * 0x1p-24 * abs_sum;
@@ -180,6 +195,20 @@ TEST(Qdot, ActivationQuantizerFollowsDefinition) {
   }
   EXPECT_EQ(d[1], 0.0f);
   EXPECT_EQ(t[70], -127);
+  // int16: the same definition with T = 32385, and a rounding 255 times finer.
+  std::vector<int16_t> t16(K, 99);
+  quantize_activations_int16(x.data(), K, t16.data(), d.data());
+  quantize_by_definition(x.data(), K, want_t, want_d, QdotActs::kInt16);
+  for (int64_t j = 0; j < K / 32; ++j) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(d[j]), std::bit_cast<uint32_t>(want_d[j])) << j;
+    for (int64_t k = 32 * j; k < 32 * j + 32; ++k) {
+      ASSERT_EQ(int(t16[k]), want_t[k]) << k;
+      ASSERT_LE(std::fabs(double(x[k]) - t16[k] * double(d[j])), double(d[j]) * 0.5000001 + 1e-45)
+          << k;
+    }
+  }
+  EXPECT_EQ(t16[70], -32385);
+  EXPECT_EQ(kQdotInt16Max, 127 * 255);
 }
 
 TEST(Qdot, MatchesFloat64Reference) {
@@ -195,27 +224,28 @@ TEST(Qdot, MatchesFloat64Reference) {
                           {17, 224, 224, 9},  {40, 128, 128, 4}, {9, 2304, 128, 1},
                           {6, 2304, 2304, 2}, {11, 640, 160, 3}, {70, 512, 256, 70},
                           {4, 1536, 96, 1},   {19, 160, 32, 8}};
-  for (const QdotCodes kind : kKinds) {
-    for (const auto& isa : isas.names) {
-      isas.use(isa);
-      for (const auto& s : shapes) {
-        const Problem p = make_problem(rng, kind, s.rows, s.K, s.group, s.B);
-        const int64_t r0 = s.rows > 2 ? 1 : 0;
-        const auto y = run(p, r0, s.rows);
-        const std::string what = isa + " " + kind_name(kind) + " rows=" + std::to_string(s.rows) +
-                                 " K=" + std::to_string(s.K) + " g=" + std::to_string(s.group) +
-                                 " B=" + std::to_string(s.B);
-        test::expect_rows_match(
-            y, p.B, p.ldy, r0, s.rows,
-            [&](int64_t r, int b, double* want, double* bound) {
-              double abs_sum;
-              reference(p, r, b, want, &abs_sum);
-              *bound = error_bound(p.K, abs_sum);
-            },
-            what);
+  for (const QdotActs acts : kActs)
+    for (const QdotCodes kind : kKinds) {
+      for (const auto& isa : isas.names) {
+        isas.use(isa);
+        for (const auto& s : shapes) {
+          const Problem p = make_problem(rng, kind, s.rows, s.K, s.group, s.B, acts);
+          const int64_t r0 = s.rows > 2 ? 1 : 0;
+          const auto y = run(p, r0, s.rows);
+          const std::string what = isa + " " + kind_name(kind) + " " + acts_name(acts) +
+                                   " rows=" + std::to_string(s.rows) + " K=" + std::to_string(s.K) +
+                                   " g=" + std::to_string(s.group) + " B=" + std::to_string(s.B);
+          test::expect_rows_match(
+              y, p.B, p.ldy, r0, s.rows,
+              [&](int64_t r, int b, double* want, double* bound) {
+                double abs_sum;
+                reference(p, r, b, want, &abs_sum);
+                *bound = error_bound(p.K, abs_sum);
+              },
+              what);
+        }
       }
     }
-  }
 }
 
 // Activations that quantize exactly (every sub-group holds +-127 and integers: d = 1, t = x) and
@@ -262,46 +292,93 @@ TEST(Qdot, ExactOnSmallIntegers) {
   }
 }
 
-// The W·A8 result differs from the W·A16 kernel (int4.h / int8.h / mxfp4.h) only by the
-// activations' rounding: |x - t d| <= d / 2 per column, so |y_a8 - y_a16| <= sum_k |w_k| d_k / 2
-// plus both kernels' fp32 bounds.
+// int16 activations that quantize exactly (every sub-group holds +-32385 and integers whose split
+// t = 255 h + l exercises both bytes' signs: d = 1, t = x) with small weight codes and scales 2^-1
+// .. 2^1, so that every product and partial sum is an integer below 2^24: every path equals the
+// reference exactly. A wrong split, plane, lane combination or correction shows here.
+TEST(Qdot, Int16ExactOnSmallIntegers) {
+  IsaList isas;
+  Rng rng(27);
+  for (const QdotCodes kind : kKinds) {
+    for (const auto& isa : isas.names) {
+      isas.use(isa);
+      for (auto [B, K, g] :
+           {std::tuple{1, 256, 32}, {3, 256, 128}, {2, 96, 32}, {5, 192, 96}, {1, 64, 64}}) {
+        Problem p = make_problem(rng, kind, 13, K, g, B, QdotActs::kInt16);
+        if (kind == QdotCodes::kInt8)
+          for (auto& v : p.codes) v = static_cast<uint8_t>(120 + rng.next() % 17);
+        for (int64_t r = 0; r < p.rows; ++r)
+          for (int64_t i = 0; i < K / p.group; ++i) {
+            const int e = static_cast<int>(rng.next() % 3) - 1;
+            p.set_scale(r, i, std::ldexp(1.0f, e), e);
+          }
+        for (int b = 0; b < B; ++b)
+          for (int64_t k = 0; k < K; ++k)
+            p.x[b * p.ldx + k] = k % 32 == 7   ? (k % 64 == 7 ? 32385.0f : -32385.0f)
+                                 : k % 32 == 9 ? -32385.0f + float(rng.next() % 300)
+                                               : static_cast<float>(int(rng.next() % 6001) - 3000);
+        const auto y = run(p, 0, p.rows);
+        for (int b = 0; b < B; ++b)
+          for (int64_t r = 0; r < p.rows; ++r) {
+            double want = 0;
+            for (int64_t k = 0; k < K; ++k)
+              want += code_value(p, r, k) * weight_scale(p, r, k) * p.x[b * p.ldx + k];
+            ASSERT_EQ(static_cast<double>(y[static_cast<size_t>(b * p.ldy + r)]), want)
+                << isa << " " << kind_name(kind) << " K=" << K << " g=" << g << " b=" << b
+                << " r=" << r;
+          }
+      }
+    }
+  }
+}
+
+// The W·A8 (W·A16 integer) result differs from the fp32-activation kernel (int4.h / int8.h /
+// mxfp4.h) only by the activations' rounding: |x - t d| <= d / 2 per column, so
+// |y_int - y_fp32| <= sum_k |w_k| d_k / 2 plus both kernels' fp32 bounds. With int16 activations
+// d is 255 times smaller, and so is the gap (checked: below 1/100 of the int8 gap's).
 TEST(Qdot, WithinActivationRoundingOfWeightOnlyKernel) {
   Rng rng(24);
   for (const QdotCodes kind : kKinds) {
-    const Problem p = make_problem(rng, kind, 33, 2304, 128, 3);
-    const auto y8 = run(p, 0, p.rows);
-    std::vector<float> y16(y8.size(), kSentinel);
-    const auto* bf16_scales = reinterpret_cast<const bf16*>(p.scales.data());
-    if (kind == QdotCodes::kInt4) {
-      matmul_int4(p.codes.data(), bf16_scales, p.K, p.group, 0, p.rows, p.x.data(), p.B, p.ldx,
-                  y16.data(), p.ldy);
-    } else if (kind == QdotCodes::kInt8) {
-      matmul_int8(p.codes.data(), bf16_scales, p.K, p.group, 0, p.rows, p.x.data(), p.B, p.ldx,
-                  y16.data(), p.ldy);
-    } else {
-      matmul_mxfp4(p.codes.data(), p.scales.data(), p.K, 0, p.rows, p.x.data(), p.B, p.ldx,
-                   y16.data(), p.ldy, /*x_is_bf16=*/false);
-    }
-    double worst = 0;
-    for (int b = 0; b < p.B; ++b) {
-      std::vector<int> t;
-      std::vector<float> d;
-      quantize_by_definition(p.x.data() + b * p.ldx, p.K, t, d);
-      for (int64_t r = 0; r < p.rows; ++r) {
-        double rounding = 0, abs_sum = 0;
-        for (int64_t k = 0; k < p.K; ++k) {
-          const double w = code_value(p, r, k) * weight_scale(p, r, k);
-          rounding += std::fabs(w) * d[k / 32] * 0.5;
-          abs_sum += std::fabs(w * p.x[b * p.ldx + k]);
-        }
-        const double diff = std::fabs(double(y8[b * p.ldy + r]) - double(y16[b * p.ldy + r]));
-        ASSERT_LE(diff, rounding + 2 * error_bound(p.K, abs_sum)) << kind_name(kind) << " r " << r;
-        worst = std::max(worst, diff / rounding);
+    double gap[2] = {0, 0};
+    for (const QdotActs acts : kActs) {
+      const Problem p = make_problem(rng, kind, 33, 2304, 128, 3, acts);
+      const auto y8 = run(p, 0, p.rows);
+      std::vector<float> y16(y8.size(), kSentinel);
+      const auto* bf16_scales = reinterpret_cast<const bf16*>(p.scales.data());
+      if (kind == QdotCodes::kInt4) {
+        matmul_int4(p.codes.data(), bf16_scales, p.K, p.group, 0, p.rows, p.x.data(), p.B, p.ldx,
+                    y16.data(), p.ldy);
+      } else if (kind == QdotCodes::kInt8) {
+        matmul_int8(p.codes.data(), bf16_scales, p.K, p.group, 0, p.rows, p.x.data(), p.B, p.ldx,
+                    y16.data(), p.ldy);
+      } else {
+        matmul_mxfp4(p.codes.data(), p.scales.data(), p.K, 0, p.rows, p.x.data(), p.B, p.ldx,
+                     y16.data(), p.ldy, /*x_is_bf16=*/false);
       }
+      double worst = 0;
+      for (int b = 0; b < p.B; ++b) {
+        std::vector<int> t;
+        std::vector<float> d;
+        quantize_by_definition(p.x.data() + b * p.ldx, p.K, t, d, acts);
+        for (int64_t r = 0; r < p.rows; ++r) {
+          double rounding = 0, abs_sum = 0;
+          for (int64_t k = 0; k < p.K; ++k) {
+            const double w = code_value(p, r, k) * weight_scale(p, r, k);
+            rounding += std::fabs(w) * d[k / 32] * 0.5;
+            abs_sum += std::fabs(w * p.x[b * p.ldx + k]);
+          }
+          const double diff = std::fabs(double(y8[b * p.ldy + r]) - double(y16[b * p.ldy + r]));
+          ASSERT_LE(diff, rounding + 2 * error_bound(p.K, abs_sum))
+              << kind_name(kind) << " " << acts_name(acts) << " r " << r;
+          worst = std::max(worst, diff / rounding);
+          gap[acts == QdotActs::kInt16] += diff;
+        }
+      }
+      // The bound is not vacuous: the activations' rounding does show (random signs make the
+      // typical error far below the worst case, but not zero).
+      EXPECT_GT(worst, 0.0) << kind_name(kind) << " " << acts_name(acts);
     }
-    // The bound is not vacuous: the activations' rounding does show (random signs make the
-    // typical error far below the worst case, but not zero).
-    EXPECT_GT(worst, 0.0) << kind_name(kind);
+    EXPECT_LT(gap[1], gap[0] / 100) << kind_name(kind);
   }
 }
 
@@ -310,21 +387,24 @@ TEST(Qdot, WithinActivationRoundingOfWeightOnlyKernel) {
 TEST(Qdot, SplitBatchAndThreadInvariance) {
   IsaList isas;
   Rng rng(25);
-  for (const QdotCodes kind : kKinds) {
-    for (const auto& isa : isas.names) {
-      isas.use(isa);
-      for (auto [K, g] : {std::pair<int64_t, int>{32, 32}, {416, 32}, {3072, 128}, {2304, 2304}}) {
-        const int B = 70;
-        const Problem p = make_problem(rng, kind, 45, K, g, B);
-        test::expect_split_batch_thread_invariance(
-            p.rows, B, p.ldy,
-            [&](int64_t r0, int64_t r1, int b0, int nb, float* y) {
-              matmul_qdot(p.weights(), r0, r1, p.x.data() + b0 * p.ldx, nb, p.ldx, y, p.ldy);
-            },
-            isa + " " + kind_name(kind) + " K=" + std::to_string(K) + " g=" + std::to_string(g));
+  for (const QdotActs acts : kActs)
+    for (const QdotCodes kind : kKinds) {
+      for (const auto& isa : isas.names) {
+        isas.use(isa);
+        for (auto [K, g] :
+             {std::pair<int64_t, int>{32, 32}, {416, 32}, {3072, 128}, {2304, 2304}}) {
+          const int B = 70;
+          const Problem p = make_problem(rng, kind, 45, K, g, B, acts);
+          test::expect_split_batch_thread_invariance(
+              p.rows, B, p.ldy,
+              [&](int64_t r0, int64_t r1, int b0, int nb, float* y) {
+                matmul_qdot(p.weights(), r0, r1, p.x.data() + b0 * p.ldx, nb, p.ldx, y, p.ldy);
+              },
+              isa + " " + kind_name(kind) + " " + acts_name(acts) + " K=" + std::to_string(K) +
+                  " g=" + std::to_string(g));
+        }
       }
     }
-  }
 }
 
 // A kernel may keep the packed activations of its last call and use them again when the next
@@ -358,6 +438,17 @@ TEST(Qdot, ReusedPackingFollowsTheVectors) {
       // Another format with other vectors, then back.
       EXPECT_EQ(run(b8, 0, b8.rows), fresh(b8)) << where << ": int8";
       EXPECT_EQ(run(a, 0, a.rows), want) << where << ": int4 again";
+      // The same vectors with the other activation format: packed anew (not the int8 packing),
+      // then back.
+      Problem a16 = a;
+      a16.acts = QdotActs::kInt16;
+      a16.x = a.x;
+      const std::vector<float> want16 = fresh(a16);
+      EXPECT_NE(want16, want) << where;  // (the activations' rounding differs)
+      std::vector<float> y16(static_cast<size_t>(B * a.ldy), kSentinel);
+      matmul_qdot(a16.weights(), 0, a.rows, a.x.data(), B, a.ldx, y16.data(), a.ldy);
+      EXPECT_EQ(y16, want16) << where << ": int16 activations of the same vectors";
+      EXPECT_EQ(run(a, 0, a.rows), want) << where << ": int8 activations again";
       // Fewer vectors from the same start (a prefix of the batch).
       if (B > 1) {
         Problem one = a;

@@ -8,12 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
-#include <functional>
-#include <map>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -48,10 +49,12 @@ TEST(PackQuantized, AWrittenCheckpointLoadsBackToTheSameBitsAsQuantizingAtLoad) 
     QuantScheme scheme;
     int group;
   };
-  for (const Case& c : {Case{"tiny", QuantScheme::kInt4, 32}, Case{"tiny", QuantScheme::kInt4, 0},
-                        Case{"tiny", QuantScheme::kInt8, 64}, Case{"tiny", QuantScheme::kMxfp4, -1},
-                        Case{"small", QuantScheme::kInt4, 32}, Case{"small", QuantScheme::kInt8, 0},
-                        Case{"small", QuantScheme::kMxfp4, -1}}) {
+  for (const Case& c :
+       {Case{"tiny", QuantScheme::kInt4, 32}, Case{"tiny", QuantScheme::kInt4, 0},
+        Case{"tiny", QuantScheme::kInt8, 64}, Case{"tiny", QuantScheme::kMxfp4, -1},
+        Case{"small", QuantScheme::kInt4, 32}, Case{"small", QuantScheme::kInt8, 0},
+        Case{"small", QuantScheme::kMxfp4, -1}, Case{"tiny", QuantScheme::kInt4Asym, 32},
+        Case{"small", QuantScheme::kInt4Asym, 0}}) {
     {
       const std::string name = c.model, scheme(quant_scheme_name(c.scheme));
       SCOPED_TRACE(name + " " + scheme + " group " + std::to_string(c.group));
@@ -150,6 +153,68 @@ TEST(PackQuantized, TheCheckpointIsCompressedTensorsFormat) {
         }
         ASSERT_EQ(uint32_t(pv[r * (cols / 8) + j]), want) << "row " << r << " int32 " << j;
       }
+  }
+  EXPECT_GT(modules, 50);
+}
+
+// int4-asym: `symmetric: false`, and each module's weight_zero_point I32 [ceil(rows / 8), groups]
+// packed along the rows (code z + 8 of row 8i + j in bits 4j.. of int32 [i, g]), as vLLM's
+// compressed-tensors WNA16 loader reads it. Every zero point and code against the min-max
+// observer's definition applied here to the original bf16 weights in float64: lo / hi the group's
+// min / max widened to hold 0, s = bf16((hi - lo) / 15) (checked against the written scale),
+// z = clamp(round(-8 - lo / s), -8, 7), q = round(clamp(w / s + z, -8, 7)).
+TEST(PackQuantized, AsymmetricInt4WritesPackedZeroPoints) {
+  test::TempDir d("pack_asym");
+  const std::string src = golden_dir("tiny"), out = d / "q";
+  write_quantized(src, out, 32, "int4-asym");
+  std::ifstream f(out + "/config.json");
+  const nlohmann::json c = nlohmann::json::parse(f);
+  const nlohmann::json& w = c["quantization_config"]["config_groups"]["group_0"]["weights"];
+  EXPECT_EQ(w["symmetric"], false);
+  EXPECT_EQ(w["num_bits"], 4);
+  EXPECT_EQ(w["group_size"], 32);
+  const Checkpoint orig(src), packed(out);
+  int modules = 0;
+  for (const auto& [name, t] : packed.tensors()) {
+    const size_t at = name.rfind(".weight_zero_point");
+    if (at == std::string::npos || at + 18 != name.size()) continue;
+    const std::string module = name.substr(0, at);
+    SCOPED_TRACE(module);
+    ++modules;
+    const TensorInfo& wt = orig.get(module + ".weight");
+    const int64_t rows = wt.shape[0], cols = wt.shape[1], groups = cols / 32;
+    ASSERT_EQ(t.dtype, DType::I32);
+    ASSERT_EQ(t.shape, (std::vector<int64_t>{(rows + 7) / 8, groups}));
+    const auto* wv = static_cast<const bf16*>(wt.data);
+    const auto* sv = static_cast<const bf16*>(packed.get(module + ".weight_scale").data);
+    const auto* pv = static_cast<const uint32_t*>(packed.get(module + ".weight_packed").data);
+    const auto* zv = static_cast<const uint32_t*>(t.data);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t g = 0; g < groups; ++g) {
+        double lo = 0, hi = 0;
+        for (int64_t k = 32 * g; k < 32 * (g + 1); ++k) {
+          lo = std::min(lo, double(bf16_to_f32(wv[r * cols + k])));
+          hi = std::max(hi, double(bf16_to_f32(wv[r * cols + k])));
+        }
+        double s = round_bf16(float((hi - lo) / 15));
+        if (s < FLT_EPSILON) s = FLT_EPSILON;
+        ASSERT_EQ(double(bf16_to_f32(sv[r * groups + g])), s) << "row " << r << " group " << g;
+        const double z = std::clamp(std::nearbyint(-8 - lo / s), -8.0, 7.0);
+        ASSERT_EQ((zv[(r / 8) * groups + g] >> (4 * (r % 8))) & 15, uint32_t(z + 8))
+            << "row " << r << " group " << g;
+        for (int64_t k = 32 * g; k < 32 * (g + 1); ++k) {
+          const double x = double(bf16_to_f32(wv[r * cols + k])) / s + z;
+          if (std::fabs(x - std::floor(x) - 0.5) < 1e-6) continue;  // (a tie fp32 may break)
+          const uint32_t want = uint32_t(std::nearbyint(std::clamp(x, -8.0, 7.0)) + 8);
+          ASSERT_EQ((pv[r * (cols / 8) + k / 8] >> (4 * (k % 8))) & 15, want)
+              << "row " << r << " col " << k;
+        }
+      }
+    // A partial last int32 of zero points (rows not a multiple of 8) is padded with zeros.
+    if (rows % 8) {
+      for (int64_t g = 0; g < groups; ++g)
+        EXPECT_EQ(zv[(rows / 8) * groups + g] >> (4 * (rows % 8)), 0u);
+    }
   }
   EXPECT_GT(modules, 50);
 }

@@ -162,9 +162,9 @@ void register_quant_eval(CLI::App& app) {
         "{} ({}): {} positions; KL({} || {} {}) mean {:.6f} median {:.6f} p99 {:.6f} max {:.6f}; "
         "top-1 agreement {:.2f}%\n",
         o->f.model, after_what, n, plain.precision, o->f.precision,
-        o->f.quantize + (o->f.act_quant == "int8" ? " + int8 activations" : ""), mean,
-        percentile(kl, 50), percentile(kl, 99),
-        percentile(kl, 100), 100.0 * double(agree) / double(n));
+        o->f.quantize + (o->f.act_quant != "none" ? " + " + o->f.act_quant + " activations" : ""),
+        mean, percentile(kl, 50), percentile(kl, 99), percentile(kl, 100),
+        100.0 * double(agree) / double(n));
     if (!o->json.empty()) {
       std::ofstream out(o->json);
       MD_CHECK(out.good(), "quant-eval: cannot write --json {}", o->json);

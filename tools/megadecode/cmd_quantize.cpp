@@ -1,4 +1,5 @@
-// `megadecode quantize --model DIR --out DIR2 [--scheme int4|int8|mxfp4] [--quant-group 128]
+// `megadecode quantize --model DIR --out DIR2 [--scheme int4|int4-asym|int8|mxfp4] [--quant-group
+// 128]
 // [--quantize-lm-head]`: writes a bf16 checkpoint's quantization (the load-time quantizer's,
 // engine/quantize.h) as a compressed-tensors checkpoint, which loads back to the same bits as
 // `--quantize SCHEME` on the original (docs/quantization.md "Writing").
@@ -7,7 +8,10 @@
 //  * int4 / int8, `pack-quantized` (PackedQuantizationCompressor): MODULE.weight_packed I32
 //    [rows, cols * bits / 32] (pack_to_int32: code q + 2^(bits-1) of column (32/bits) j + i in
 //    bits i*bits.. of int32 j, so the little-endian bytes are the kernels' layout),
-//    MODULE.weight_scale [rows, cols/group] in the model's dtype (bf16) and MODULE.weight_shape [2];
+//    MODULE.weight_scale [rows, cols/group] in the model's dtype (bf16) and MODULE.weight_shape
+//    [2]; int4-asym (`symmetric: false`) adds MODULE.weight_zero_point I32 [ceil(rows/8),
+//    cols/group], packed along the rows (pack_to_int32 with packed_dim 0: code z + 8 of row 8i + j
+//    in bits 4j.. of int32 [i, g]), as vLLM's compressed-tensors WNA16 loader reads it;
 //  * MXFP4, `mxfp4-pack-quantized`: MODULE.weight_packed U8 [rows, cols/2] (two e2m1 codes a
 //    byte, low nibble first) and MODULE.weight_scale U8 [rows, cols/32] (E8M0), as Kimi K3's
 //    release stores its experts.
@@ -40,7 +44,7 @@ nlohmann::json quantization_config(QuantScheme scheme, int group,
   const char* format = mx ? "mxfp4-pack-quantized" : "pack-quantized";
   nlohmann::json w = {{"num_bits", scheme == QuantScheme::kInt8 ? 8 : 4},
                       {"type", mx ? "float" : "int"},
-                      {"symmetric", true},
+                      {"symmetric", scheme != QuantScheme::kInt4Asym},
                       {"strategy", group ? "group" : "channel"},
                       {"group_size", group ? nlohmann::json(group) : nlohmann::json(nullptr)},
                       {"dynamic", false},
@@ -63,6 +67,20 @@ nlohmann::json quantization_config(QuantScheme scheme, int group,
           {"kv_cache_scheme", nullptr}};
 }
 
+// Mat::zero_points (z = zc - 8, int8 [rows][groups]) as compressed-tensors packs them: codes
+// zc = z + 8 along the rows, eight to an int32 from the least significant nibble (a partial last
+// int32 padded with zero nibbles).
+void pack_zero_points(const Mat& q, uint8_t* out) {
+  const int64_t groups = q.cols / q.group;
+  std::memset(out, 0, size_t((q.rows + 7) / 8 * groups) * 4);
+  for (int64_t r = 0; r < q.rows; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const int zc = q.zero_points[r * groups + g] + 8;
+      uint8_t& byte = out[(size_t(r / 8) * size_t(groups) + size_t(g)) * 4 + size_t(r % 8) / 2];
+      byte = static_cast<uint8_t>(byte | (r % 2 ? zc << 4 : zc));
+    }
+}
+
 }  // namespace
 
 void register_quantize(CLI::App& app) {
@@ -78,8 +96,9 @@ void register_quantize(CLI::App& app) {
   c->add_option("--out", o->out, "the directory to write")->required();
   c->add_option("--scheme", o->scheme,
                 "int4 or int8 (pack-quantized, W4A16 / W8A16, bf16 scale per --quant-group "
-                "columns) or mxfp4 (mxfp4-pack-quantized, E8M0 scale per 32)")
-      ->check(CLI::IsMember({"int4", "int8", "mxfp4"}));
+                "columns), int4-asym (the same with a zero point per group) or mxfp4 "
+                "(mxfp4-pack-quantized, E8M0 scale per 32)")
+      ->check(CLI::IsMember({"int4", "int4-asym", "int8", "mxfp4"}));
   c->add_flag("--force", o->force, "overwrite an existing checkpoint in --out");
   c->callback([o] {
     MD_CHECK(o->f.quantize == "none" || o->f.quantize == o->scheme,
@@ -129,6 +148,9 @@ void register_quantize(CLI::App& app) {
               {module + ".weight_packed", DType::I32, {q.rows, q.cols * q.code_bits() / 32}});
           specs.push_back({module + ".weight_scale", DType::BF16, {q.rows, q.cols / q.group}});
           specs.push_back({module + ".weight_shape", DType::I64, {2}});
+          if (q.zero_points)
+            specs.push_back(
+                {module + ".weight_zero_point", DType::I32, {(q.rows + 7) / 8, q.cols / q.group}});
         }
         packed[module] = &q;
         ++matched;
@@ -164,6 +186,8 @@ void register_quantize(CLI::App& app) {
         std::memcpy(out, q.data, size_t(q.rows) * q.code_row_bytes());
       } else if (part == "weight_scale") {
         std::memcpy(out, q.scales, size_t(q.rows) * q.scale_row_bytes());
+      } else if (part == "weight_zero_point") {
+        pack_zero_points(q, out);
       } else {
         const int64_t shape[2] = {q.rows, q.cols};
         std::memcpy(out, shape, sizeof shape);

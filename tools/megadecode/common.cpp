@@ -62,9 +62,9 @@ void RunFlags::add(CLI::App* app, bool model_required) {
       ->check(CLI::IsMember({"cpu", "cuda", "cuda-sim"}));
   app->add_option("--quantize", quantize,
                   "quantize the bf16 projections and experts at load: none, int4 or int8 (W4A16 "
-                  "/ W8A16, symmetric, group-wise bf16 scales) or mxfp4 (e2m1 codes, E8M0 scale "
-                  "per 32; docs/quantization.md)")
-      ->check(CLI::IsMember({"none", "int4", "int8", "mxfp4"}));
+                  "/ W8A16, symmetric, group-wise bf16 scales), int4-asym (int4 with a zero point "
+                  "per group) or mxfp4 (e2m1 codes, E8M0 scale per 32; docs/quantization.md)")
+      ->check(CLI::IsMember({"none", "int4", "int4-asym", "int8", "mxfp4"}));
   app->add_option("--quant-group", quant_group,
                   "--quantize int4/int8: columns per scale, a multiple of 32 (default 128; 0: one "
                   "scale per row); MXFP4's is 32")
@@ -72,10 +72,12 @@ void RunFlags::add(CLI::App* app, bool model_required) {
   app->add_flag("--quantize-lm-head", quant_lm_head, "--quantize: the output head too");
   app->add_option(
          "--act-quant", act_quant,
-         "none, or int8: the int4 / int8 / MXFP4 linears take their activations quantized to int8 "
-         "per 32 columns and run as integer dot products (W4A8 / W8A8, as llama.cpp's CPU "
-         "kernels do; AVX-512 VNNI; adds the activations' rounding, docs/quantization.md)")
-      ->check(CLI::IsMember({"none", "int8"}));
+         "none, int8 or int16: the int4 / int8 / MXFP4 linears take their activations quantized "
+         "to int8 (W4A8 / W8A8, as llama.cpp's CPU kernels do) or int16 per 32 columns and run "
+         "as integer dot products (AVX-512 VNNI or AVX2): faster than the fp32 kernels; int8 "
+         "adds the activations' rounding, int16 a 1/64770 of each 32 columns' largest value "
+         "(docs/quantization.md)")
+      ->check(CLI::IsMember({"none", "int8", "int16"}));
   app->add_flag("--no-mmap", no_mmap,
                 "copy the weights into memory on 2 MiB pages instead of mapping the files (as "
                 "llama.cpp's flag): faster decode where the page cache holds the files in 4 KiB "
@@ -100,7 +102,7 @@ ModelOptions RunFlags::options() const {
   o.quantize.group = quant_group;
   o.quantize.lm_head = quant_lm_head;
   o.quantize.progress = true;
-  o.quantize.int8_activations = act_quant == "int8";
+  o.quantize.int_act_bits = act_quant == "int8" ? 8 : act_quant == "int16" ? 16 : 0;
   o.load.mode = no_mmap ? WeightLoad::kCopy : WeightLoad::kMap;
   return o;
 }
@@ -130,10 +132,12 @@ void print_quantize_report(const Model& m) {
       std::fprintf(stderr, "kept %d matrices as loaded (the group does not divide their columns, "
                    "e.g. %s)\n", q.kept, q.first_kept.c_str());
   }
-  if (q.int8_activation_matrices > 0)
+  if (q.int_activation_matrices > 0)
     std::fprintf(stderr,
-                 "int8 activations (W4A8 / W8A8, %s kernel) for %d int4 / int8 / MXFP4 matrices\n",
-                 cpu::matmul_qdot_isa(), q.int8_activation_matrices);
+                 "int%d activations (integer dot products, %s kernel) for %d int4 / int8 / MXFP4 "
+                 "matrices\n",
+                 int(m.options().quantize.int_act_bits), cpu::matmul_qdot_isa(),
+                 q.int_activation_matrices);
 }
 
 LoadedModel load_model(const RunFlags& f, bool with_tokenizer) {

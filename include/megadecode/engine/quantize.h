@@ -1,7 +1,7 @@
-// Load-time quantization of a bf16 checkpoint's matrices (--quantize int4|int8|mxfp4): done once,
-// after the weights are bound (and, on a distributed rank, sliced), into memory the weights own;
-// the quantized matrices then run through their format's kernels (kernels/cpu/int4.h, int8.h,
-// mxfp4.h) on every CPU path.
+// Load-time quantization of a bf16 checkpoint's matrices (--quantize int4|int4-asym|int8|mxfp4):
+// done once, after the weights are bound (and, on a distributed rank, sliced), into memory the
+// weights own; the quantized matrices then run through their format's kernels
+// (kernels/cpu/int4.h, int8.h, mxfp4.h) on every CPU path.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -17,7 +17,9 @@ class Checkpoint;
 class ThreadPool;
 struct ModelConfig;
 
-enum class QuantScheme : uint8_t { kNone, kInt4, kInt8, kMxfp4 };
+// kInt4Asym: int4 with a zero point per group (compressed-tensors `symmetric: false`, the AWQ
+// layout; kernels/cpu/int4.h), the same codes and scales plus one signed byte a row and group.
+enum class QuantScheme : uint8_t { kNone, kInt4, kInt4Asym, kInt8, kMxfp4 };
 
 struct QuantizeOptions {
   QuantScheme scheme = QuantScheme::kNone;
@@ -28,13 +30,14 @@ struct QuantizeOptions {
   bool lm_head = false;   // quantize the output head too (off by default, as llm-compressor's
                           // recipes leave lm_head out)
   bool progress = false;  // a progress line on stderr while it runs
-  // --act-quant int8: the int4 / int8 / MXFP4 linears (quantized here or loaded so) take their
-  // activations quantized to int8 per 32 columns and run as integer dot products (W4A8 / W8A8,
+  // --act-quant int8 / int16 (8 / 16; 0: off): the int4 / int8 / MXFP4 linears (quantized here
+  // or loaded so) take their activations quantized to int8 or int16 per 32 columns and run as
+  // integer dot products (W4A8 / W8A8, or the same kernels with 16-bit activations:
   // kernels/cpu/qdot.h). Not FP8.
-  bool int8_activations = false;
+  uint8_t int_act_bits = 0;
 };
 
-// "none" / "int4" / "int8" / "mxfp4"; nullopt for anything else.
+// "none" / "int4" / "int4-asym" / "int8" / "mxfp4"; nullopt for anything else.
 std::optional<QuantScheme> parse_quant_scheme(std::string_view name);
 std::string_view quant_scheme_name(QuantScheme s);
 
@@ -60,7 +63,7 @@ struct QuantizeReport {
     Mat quantized;
   };
   std::vector<Done> done;
-  int int8_activation_matrices = 0;  // use_int8_activations's count (--act-quant int8)
+  int int_activation_matrices = 0;  // use_int_activations's count (--act-quant int8 / int16)
   // Matrices of random weights generated on a CUDA device (no values in host memory): drawn in
   // the format instead of quantized (random_quantized_init), as device recipes of `ck`.
   int drawn = 0;
@@ -79,9 +82,9 @@ struct QuantizeReport {
 QuantizeReport quantize_weights(const ModelConfig& cfg, ModelWeights& w, const QuantizeOptions& opt,
                                 ThreadPool& pool, Checkpoint* ck = nullptr);
 
-// Marks every int4 / int8 / MXFP4 linear of those matrices (Mat::int8_activations) to run with int8
-// activations, K3's MXFP4 routed experts included; returns how many. An md::Error when there is
-// none (the flag would do nothing).
-int use_int8_activations(ModelWeights& w);
+// Marks every int4 / int8 / MXFP4 linear of those matrices (Mat::int_act_bits = bits, 8 or 16) to
+// run with integer activations, K3's MXFP4 routed experts included; returns how many. An
+// md::Error when there is none (the flag would do nothing).
+int use_int_activations(ModelWeights& w, int bits);
 
 }  // namespace md

@@ -33,9 +33,9 @@ struct Mat {
   const uint8_t* scales = nullptr;  // quantized formats only
   WeightQuant quant = WeightQuant::kNone;
   int32_t group = 0;  // quantized formats: columns per scale
-  // int4 / int8 / MXFP4: multiply by int8-quantized activations (kernels/cpu/qdot.h;
-  // --act-quant int8).
-  bool int8_activations = false;
+  // int4 / int8 / MXFP4: multiply by activations quantized to this many bits, 8 or 16
+  // (kernels/cpu/qdot.h; --act-quant int8 / int16); 0: the format's fp32 kernels.
+  uint8_t int_act_bits = 0;
   // int4 with zero points (compressed-tensors `symmetric: false`, the AWQ layout): row 0 of
   // z = zc - 8, int8 [rows, cols / group] (kernels/cpu/int4.h); null when symmetric.
   const int8_t* zero_points = nullptr;

@@ -9,9 +9,8 @@ namespace exec {
 WeightView bind_weight(const ModelWeights& w, const plan::WeightRef& r) {
   using plan::WeightKind;
   auto mat = [](const Mat& m) {
-    return WeightView{m.data,        m.dtype,   m.rows,  m.cols,
-                      m.scales,      m.quant,   m.group, m.int8_activations,
-                      m.zero_points, m.col_perm};
+    return WeightView{m.data,  m.dtype, m.rows,         m.cols,        m.scales,
+                      m.quant, m.group, m.int_act_bits, m.zero_points, m.col_perm};
   };
   auto vec = [](const std::vector<float>& v) {
     return WeightView{v.data(), DType::F32, 1, int64_t(v.size()), nullptr};

@@ -37,8 +37,8 @@ namespace detail {
 void gemv_rows(const WeightView& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
                float* Y, int64_t ldy, bool x_bf16) {
   // Y holds the outputs of rows r0..: the kernel writes Y[b * ldy + r] for r in [r0, r1).
-  const cpu::LinearWeights lw{w.data,  w.scales,           w.dtype,       w.quant,   w.cols,
-                              w.group, w.int8_activations, w.zero_points, w.col_perm};
+  const cpu::LinearWeights lw{w.data,  w.scales,       w.dtype,       w.quant,   w.cols,
+                              w.group, w.int_act_bits, w.zero_points, w.col_perm};
   cpu::linear_rows(lw, r0, r1, X, B, ldx, Y - r0, ldy, x_bf16);
 }
 

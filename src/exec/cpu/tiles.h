@@ -34,7 +34,7 @@ struct WeightView {
   const uint8_t* scales = nullptr;
   WeightQuant quant = WeightQuant::kNone;  // Mat's meaning (model/weights.h)
   int32_t group = 0;
-  bool int8_activations = false;  // Mat's meaning
+  uint8_t int_act_bits = 0;             // Mat's meaning
   const int8_t* zero_points = nullptr;  // Mat's meaning (asymmetric int4)
   const int32_t* col_perm = nullptr;    // Mat's meaning (activation-ordered groups)
 };

@@ -206,8 +206,7 @@ size_t draft_scratch_ints(const plan::Plan& p) {
 WeightView bind_draft_weight(const DraftWeights& w, const plan::WeightRef& r) {
   using plan::WeightKind;
   auto mat = [](const Mat& m) {
-    return WeightView{m.data,   m.dtype, m.rows,  m.cols,
-                      m.scales, m.quant, m.group, m.int8_activations};
+    return WeightView{m.data, m.dtype, m.rows, m.cols, m.scales, m.quant, m.group, m.int_act_bits};
   };
   auto vec = [](const std::vector<float>& v) {
     return WeightView{v.data(), DType::F32, 1, int64_t(v.size()), nullptr};

@@ -42,9 +42,9 @@ CudaExecutor::CudaExecutor(Model& model, int max_batch, ExecutorKind kind, CudaT
     : impl_([&] {
         // int4 / int8 / FP8 / MXFP4 weights run through the GEMV's quantized units (gemv.cuh);
         // W4A8 / W8A8 integer dot products are CPU kernels only.
-        MD_CHECK(model.quantize_report().int8_activation_matrices == 0,
-                 "the CUDA executors have no integer dot-product kernels yet; --act-quant int8 "
-                 "runs with --device cpu");
+        MD_CHECK(model.quantize_report().int_activation_matrices == 0,
+                 "the CUDA executors have no integer dot-product kernels yet; --act-quant "
+                 "int8 / int16 runs with --device cpu");
         return std::make_unique<Impl>(model, max_batch, kind, target, opt);
       }()) {}
 CudaExecutor::~CudaExecutor() = default;

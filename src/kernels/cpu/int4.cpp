@@ -47,25 +47,41 @@ void int4_zero_points_to_int8_codes(const uint8_t* packed, const int8_t* z, int6
 }
 
 void dequantize_int4_row(const uint8_t* packed, const bf16* scales, int64_t K, int group,
-                         float* out) {
+                         float* out, const int8_t* zero_points) {
   for (int64_t k = 0; k < K; ++k) {
     const uint8_t byte = packed[k / 2];
     const int code = k % 2 ? byte >> 4 : byte & 15;
-    out[k] = detail::kInt4Values[code] * bf16_to_f32(scales[k / group]);
+    const int z = zero_points ? zero_points[k / group] : 0;
+    out[k] = float(code - 8 - z) * bf16_to_f32(scales[k / group]);
   }
 }
 
-void quantize_int4_row(const bf16* w, int64_t K, int group, uint8_t* packed, bf16* scales) {
+void quantize_int4_row(const bf16* w, int64_t K, int group, uint8_t* packed, bf16* scales,
+                       int8_t* zero_points) {
   for (int64_t g0 = 0; g0 < K; g0 += group) {
-    float amax = 0.0f;
-    for (int64_t k = g0; k < g0 + group; ++k) amax = std::max(amax, std::fabs(bf16_to_f32(w[k])));
-    float s = round_bf16(amax / 7.5f);
+    // The group's range, widened to hold 0 (compressed-tensors' calculate_qparams: zero must be
+    // representable).
+    float lo = 0.0f, hi = 0.0f;
+    for (int64_t k = g0; k < g0 + group; ++k) {
+      lo = std::min(lo, bf16_to_f32(w[k]));
+      hi = std::max(hi, bf16_to_f32(w[k]));
+    }
+    // Symmetric: max|w| over the half range 7.5; asymmetric: the whole range over 15 steps.
+    float s = round_bf16(zero_points ? (hi - lo) / 15.0f : std::max(-lo, hi) / 7.5f);
     if (!(s >= FLT_EPSILON))
       s = round_bf16(FLT_EPSILON);  // all-zero group (or a NaN: rejected
                                     // by the caller before this)
     scales[g0 / group] = f32_to_bf16(s);
+    // The zero point puts lo at the bottom code: z = round(-8 - lo / s), within [-8, 7] since
+    // lo <= 0 <= hi (up to the scale's bf16 rounding, hence the clamp).
+    float z = 0.0f;
+    if (zero_points) {
+      z = std::clamp(std::nearbyint(-8.0f - lo / s), -8.0f, 7.0f);
+      zero_points[g0 / group] = static_cast<int8_t>(z);
+    }
     for (int64_t k = g0; k < g0 + group; ++k) {
-      const float q = std::clamp(std::nearbyint(bf16_to_f32(w[k]) / s), -8.0f, 7.0f);
+      // compressed-tensors' order: divide, add the zero point, clamp, round half to even.
+      const float q = std::nearbyint(std::clamp(bf16_to_f32(w[k]) / s + z, -8.0f, 7.0f));
       const auto code = static_cast<uint8_t>(static_cast<int>(q) + 8);
       uint8_t& byte = packed[k / 2];
       byte = k % 2 ? static_cast<uint8_t>((byte & 0x0F) | (code << 4))

@@ -58,18 +58,18 @@ void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X,
   const StreamCall call(base + size_t(r0) * rb, base + size_t(r1) * rb);
   switch (w.quant) {
     case WeightQuant::kMxfp4:
-      if (w.int8_activations) break;
+      if (w.int_act_bits) break;
       matmul_mxfp4(static_cast<const uint8_t*>(w.data), w.scales, w.cols, r0, r1, X, B, ldx, Y, ldy,
                    x_is_bf16);
       return;
     case WeightQuant::kInt4:
-      if (w.int8_activations) break;
+      if (w.int_act_bits) break;
       matmul_int4(static_cast<const uint8_t*>(w.data), reinterpret_cast<const bf16*>(w.scales),
                   w.cols, w.group, r0, r1, X, B, ldx, Y, ldy);
       add_zero_point_terms(w, r0, r1, X, B, ldx, Y, ldy);
       return;
     case WeightQuant::kInt8:
-      if (w.int8_activations) break;
+      if (w.int_act_bits) break;
       matmul_int8(static_cast<const uint8_t*>(w.data), reinterpret_cast<const bf16*>(w.scales),
                   w.cols, w.group, r0, r1, X, B, ldx, Y, ldy);
       return;
@@ -80,7 +80,7 @@ void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X,
     case WeightQuant::kNone:
       break;
   }
-  if (w.int8_activations) {
+  if (w.int_act_bits) {
     QdotWeights q;
     q.codes = static_cast<const uint8_t*>(w.data);
     q.scales = w.scales;
@@ -89,6 +89,7 @@ void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X,
     q.kind = w.quant == WeightQuant::kInt4   ? QdotCodes::kInt4
              : w.quant == WeightQuant::kInt8 ? QdotCodes::kInt8
                                              : QdotCodes::kMxfp4;
+    q.acts = w.int_act_bits == 16 ? QdotActs::kInt16 : QdotActs::kInt8;
     matmul_qdot(q, r0, r1, X, B, ldx, Y, ldy);
     add_zero_point_terms(w, r0, r1, X, B, ldx, Y, ldy);
     return;

@@ -13,18 +13,32 @@
 
 namespace md::cpu {
 
-void quantize_activations_int8(const float* x, int64_t K, int8_t* t, float* d) {
+namespace {
+
+// qdot.h's activation quantization with the largest code T.
+template <class T>
+void quantize_activations(const float* x, int64_t K, float top, T* t, float* d) {
   for (int64_t j = 0; j < K / 32; ++j) {
     const float* xj = x + 32 * j;
     float amax = 0.0f;
     for (int k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(xj[k]));
-    const float dj = amax / 127.0f;
+    const float dj = amax / top;
     d[j] = dj;
     for (int k = 0; k < 32; ++k) {
-      const float q = amax > 0.0f ? std::clamp(std::nearbyint(xj[k] / dj), -127.0f, 127.0f) : 0.0f;
-      t[32 * j + k] = static_cast<int8_t>(q);
+      const float q = amax > 0.0f ? std::clamp(std::nearbyint(xj[k] / dj), -top, top) : 0.0f;
+      t[32 * j + k] = static_cast<T>(q);
     }
   }
+}
+
+}  // namespace
+
+void quantize_activations_int8(const float* x, int64_t K, int8_t* t, float* d) {
+  quantize_activations(x, K, 127.0f, t, d);
+}
+
+void quantize_activations_int16(const float* x, int64_t K, int16_t* t, float* d) {
+  quantize_activations(x, K, static_cast<float>(kQdotInt16Max), t, d);
 }
 
 namespace detail {
@@ -36,17 +50,25 @@ void matmul_qdot_portable(const QdotWeights& w, int64_t r0, int64_t r1, const fl
                           int64_t ldx, float* Y, int64_t ldy) {
   const int64_t K = w.K, G = K / 32;
   const int per = w.group / 32;
-  thread_local std::vector<int8_t> t;
+  thread_local std::vector<int16_t> t;
+  thread_local std::vector<int8_t> t8;
   thread_local std::vector<float> d;
   t.resize(static_cast<size_t>(B * K));
   d.resize(static_cast<size_t>(B * G));
-  for (int b = 0; b < B; ++b)
-    quantize_activations_int8(X + b * ldx, K, t.data() + b * K, d.data() + b * G);
+  for (int b = 0; b < B; ++b) {
+    if (w.acts == QdotActs::kInt16) {
+      quantize_activations_int16(X + b * ldx, K, t.data() + b * K, d.data() + b * G);
+    } else {
+      t8.resize(static_cast<size_t>(K));
+      quantize_activations_int8(X + b * ldx, K, t8.data(), d.data() + b * G);
+      std::copy(t8.begin(), t8.end(), t.begin() + b * K);
+    }
+  }
   int16_t q[32];
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* srow = w.scales + r * w.scale_row_bytes();
     for (int b = 0; b < B; ++b) {
-      const int8_t* tb = t.data() + b * K;
+      const int16_t* tb = t.data() + b * K;
       float acc = 0.0f;
       for (int64_t j = 0; j < G; ++j) {
         float s;  // the weights' scale of the sub-group (MXFP4: halved, q = 2v)

@@ -21,6 +21,9 @@
 //    as the even columns' bytes and the odd columns' bytes. Lane l sums columns 8l..8l+7: sub-group
 //    l / 4 of the chunk.
 //  * int8: 32 columns, one sub-group; lane l sums columns 4l..4l+3.
+// int16 activations (qdot.h: t = 255 h + l, both in [-127, 127], so the saturation bounds above
+// hold for each) are packed as a second set of byte arrays, h's after l's; the lane sums L (with
+// the correction -o sum t) and H combine exactly as L + (H << 8) - H.
 // Then, per chunk, row and vector, qdot.h's sequence: the int32 lanes to fp32 (exact), times the
 // lanes' activation scales d, an fma by the lanes' weight scales into one ymm per output, which
 // ends in hsum's fixed tree. Tiles of rows x vectors only share loads and decodes between these
@@ -65,24 +68,34 @@ inline constexpr int kSubPerChunk = kNibbles<C> ? 2 : 1;  // 32-column sub-group
 
 // The packed activations of one vector, per chunk: 32 bytes of t (int4 / MXFP4: the even
 // columns'), 32 more (int4 / MXFP4: the odd columns'; unused for int8), 8 int32 corrections and 8
-// fp32 scales (lane l: d of the lane's sub-group).
+// fp32 scales (lane l: d of the lane's sub-group). int16 activations: l's bytes in x0 / x1 and h's
+// in h0 / h1 (qdot.h's split).
 struct XPack {
   const int8_t* x0;
   const int8_t* x1;
+  const int8_t* h0;
+  const int8_t* h1;
   const int32_t* corr;
   const float* scale;
 };
 
 struct XLayout {
-  int64_t chunks, stride;
-  XLayout(int64_t K, int sub_per_chunk) {
+  int64_t chunks, stride, planes;
+  XLayout(int64_t K, int sub_per_chunk, int act_bits) {
     chunks = (K / 32 + sub_per_chunk - 1) / sub_per_chunk;
-    stride = chunks * (32 + 32 + 32 + 32);
+    planes = act_bits / 8;
+    stride = chunks * (64 * planes + 32 + 32);
   }
   XPack at(const uint8_t* base) const {
     const auto* c = reinterpret_cast<const int8_t*>(base);
-    return {c, c + 32 * chunks, reinterpret_cast<const int32_t*>(base + 64 * chunks),
-            reinterpret_cast<const float*>(base + 96 * chunks)};
+    const int8_t* h = c + 64 * chunks * (planes - 1);
+    const uint8_t* tail = base + 64 * chunks * planes;
+    return {c,
+            c + 32 * chunks,
+            h,
+            h + 32 * chunks,
+            reinterpret_cast<const int32_t*>(tail),
+            reinterpret_cast<const float*>(tail + 32 * chunks)};
   }
 };
 
@@ -94,16 +107,17 @@ inline float hmax(__m256 v) {
 }
 
 // Quantizes x (qdot.h's definition: the same IEEE division and round-half-even as the portable
-// quantize_activations_int8) and writes it in the layout above. Bytes past K stay zero.
-template <QdotCodes C>
+// quantize_activations_int8 / _int16) and writes it in the layout above. Bytes past K stay zero.
+template <QdotCodes C, int A>
 void pack_x(const float* x, int64_t K, const XLayout& L, uint8_t* out) {
+  constexpr int kTop = A == 16 ? kQdotInt16Max : 127;
   std::memset(out, 0, static_cast<size_t>(L.stride));
   const XPack p = L.at(out);
-  auto* x0 = const_cast<int8_t*>(p.x0);
-  auto* x1 = const_cast<int8_t*>(p.x1);
+  int8_t* const planes[2][2] = {{const_cast<int8_t*>(p.x0), const_cast<int8_t*>(p.x1)},
+                                {const_cast<int8_t*>(p.h0), const_cast<int8_t*>(p.h1)}};
   auto* scale = const_cast<float*>(p.scale);
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  const __m256i lo = _mm256_set1_epi32(-kTop), hi = _mm256_set1_epi32(kTop);
   // Bytes of a sub-group's 32 int32 codes (4 x 8, clamped: no saturation) in column order:
   // packs interleave the 128-bit lanes, the permute puts the 4-byte runs back in order.
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
@@ -117,7 +131,7 @@ void pack_x(const float* x, int64_t K, const XLayout& L, uint8_t* out) {
       m = _mm256_max_ps(m, _mm256_and_ps(v[i], absmask));
     }
     const float amax = hmax(m);
-    const float d = amax / 127.0f;
+    const float d = amax / float(kTop);
     const __m256 dv = _mm256_set1_ps(d);
     __m256i t[4];
     for (int i = 0; i < 4; ++i) {
@@ -125,32 +139,63 @@ void pack_x(const float* x, int64_t K, const XLayout& L, uint8_t* out) {
           amax > 0.0f ? _mm256_cvtps_epi32(_mm256_div_ps(v[i], dv)) : _mm256_setzero_si256();
       t[i] = _mm256_min_epi32(_mm256_max_epi32(q, lo), hi);
     }
-    const __m256i b = _mm256_permutevar8x32_epi32(
-        _mm256_packs_epi16(_mm256_packs_epi32(t[0], t[1]), _mm256_packs_epi32(t[2], t[3])), order);
-    if constexpr (kNibbles<C>) {
-      const int64_t c = j / 2, h = j % 2;  // chunk, and which half of its columns
-      // [even 0-15, odd 0-15 | even 16-31, odd 16-31] -> [evens | odds] (8-byte units 0, 2, 1, 3)
-      const __m256i eo = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(b, evens), 0xD8);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(x0 + 32 * c + 16 * h),
-                       _mm256_castsi256_si128(eo));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(x1 + 32 * c + 16 * h),
-                       _mm256_extracti128_si256(eo, 1));
-      _mm_storeu_ps(scale + 8 * c + 4 * h, _mm_set1_ps(d));
+    // The sub-group's 32 byte values u[0..3] (each in [-127, 127]) into plane `pl`.
+    auto store = [&](const __m256i(&u)[4], int pl) {
+      const __m256i b = _mm256_permutevar8x32_epi32(
+          _mm256_packs_epi16(_mm256_packs_epi32(u[0], u[1]), _mm256_packs_epi32(u[2], u[3])),
+          order);
+      int8_t* a0 = planes[pl][0];
+      int8_t* a1 = planes[pl][1];
+      if constexpr (kNibbles<C>) {
+        const int64_t c = j / 2, h = j % 2;  // chunk, and which half of its columns
+        // [even 0-15, odd 0-15 | even 16-31, odd 16-31] -> [evens | odds] (8-byte units 0, 2, 1, 3)
+        const __m256i eo = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(b, evens), 0xD8);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(a0 + 32 * c + 16 * h),
+                         _mm256_castsi256_si128(eo));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(a1 + 32 * c + 16 * h),
+                         _mm256_extracti128_si256(eo, 1));
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a0 + 32 * j), b);
+      }
+    };
+    if constexpr (A == 16) {
+      // t = 255 h + l (qdot.h): h = round(t / 255) in fp32 (t / 255 is never within 1/510 of a
+      // half), l = t - 255 h.
+      __m256i hv[4], lv[4];
+      for (int i = 0; i < 4; ++i) {
+        hv[i] = _mm256_cvtps_epi32(
+            _mm256_mul_ps(_mm256_cvtepi32_ps(t[i]), _mm256_set1_ps(1.0f / 255.0f)));
+        lv[i] = _mm256_sub_epi32(t[i], _mm256_mullo_epi32(hv[i], _mm256_set1_epi32(255)));
+      }
+      store(lv, 0);
+      store(hv, 1);
     } else {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(x0 + 32 * j), b);
+      store(t, 0);
+    }
+    if constexpr (kNibbles<C>) {
+      _mm_storeu_ps(scale + 8 * (j / 2) + 4 * (j % 2), _mm_set1_ps(d));
+    } else {
       _mm256_storeu_ps(scale + 8 * j, dv);
     }
   }
   if constexpr (kNibbles<C>) {
-    // Corrections: -o times each lane's sum of t (|sum| <= 8 x 127).
+    // Corrections: -o times each lane's sum of t (|sum| <= 8 x 127; int16 activations: the sum of
+    // l plus 255 times the sum of h).
     auto* corr = const_cast<int32_t*>(p.corr);
     const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-    for (int64_t c = 0; c < L.chunks; ++c) {
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + 32 * c));
-      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1 + 32 * c));
+    auto lane_sums = [&](int pl, int64_t c) {
+      const __m256i a =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(planes[pl][0] + 32 * c));
+      const __m256i b =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(planes[pl][1] + 32 * c));
       const __m256i s16 =
           _mm256_add_epi16(_mm256_maddubs_epi16(ones8, a), _mm256_maddubs_epi16(ones8, b));
-      const __m256i s = _mm256_madd_epi16(s16, ones16);
+      return _mm256_madd_epi16(s16, ones16);
+    };
+    for (int64_t c = 0; c < L.chunks; ++c) {
+      __m256i s = lane_sums(0, c);
+      if constexpr (A == 16)
+        s = _mm256_add_epi32(s, _mm256_mullo_epi32(lane_sums(1, c), _mm256_set1_epi32(255)));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(corr + 8 * c),
                           _mm256_mullo_epi32(s, _mm256_set1_epi32(-kOffset<C>)));
     }
@@ -262,35 +307,53 @@ inline Decoded decode(__m256i p) {
   }
 }
 
-// One chunk of a packed vector in registers.
+// One chunk of a packed vector in registers (h0 / h1: int16 activations only).
 struct XChunk {
-  __m256i x0, x1, corr;
+  __m256i x0, x1, h0, h1, corr;
   __m256 scale;
-  template <QdotCodes C>
+  template <QdotCodes C, int A>
   static XChunk load(const XPack& x, int64_t ci) {
     XChunk r;
-    r.x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.x0 + 32 * ci));
+    auto ld = [ci](const int8_t* p) {
+      return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 * ci));
+    };
+    r.x0 = ld(x.x0);
+    r.h0 = A == 16 ? ld(x.h0) : _mm256_setzero_si256();
     if constexpr (kNibbles<C>) {
-      r.x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.x1 + 32 * ci));
+      r.x1 = ld(x.x1);
+      r.h1 = A == 16 ? ld(x.h1) : _mm256_setzero_si256();
       r.corr = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.corr + 8 * ci));
     } else {
-      r.x1 = r.corr = _mm256_setzero_si256();
+      r.x1 = r.h1 = r.corr = _mm256_setzero_si256();
     }
     r.scale = _mm256_loadu_ps(x.scale + 8 * ci);
     return r;
   }
 };
 
+// The exact int32 lane sums of one byte plane (a0 / a1: its arrays in registers).
 template <QdotCodes C>
-inline __m256i dot(const Decoded& w, const XChunk& x) {
+inline __m256i plane_dot(const Decoded& w, __m256i a0, __m256i a1) {
   const __m256i ones16 = _mm256_set1_epi16(1);
   if constexpr (kNibbles<C>) {
     const __m256i s16 =
-        _mm256_add_epi16(_mm256_maddubs_epi16(w.a, x.x0), _mm256_maddubs_epi16(w.b, x.x1));
-    return _mm256_add_epi32(_mm256_madd_epi16(s16, ones16), x.corr);
+        _mm256_add_epi16(_mm256_maddubs_epi16(w.a, a0), _mm256_maddubs_epi16(w.b, a1));
+    return _mm256_madd_epi16(s16, ones16);
   } else {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(w.a, _mm256_sign_epi8(x.x0, w.b)), ones16);
+    (void)a1;
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w.a, _mm256_sign_epi8(a0, w.b)), ones16);
   }
+}
+
+template <QdotCodes C, int A>
+inline __m256i dot(const Decoded& w, const XChunk& x) {
+  __m256i a = plane_dot<C>(w, x.x0, x.x1);
+  if constexpr (kNibbles<C>) a = _mm256_add_epi32(a, x.corr);
+  if constexpr (A == 16) {
+    const __m256i h = plane_dot<C>(w, x.h0, x.h1);
+    a = _mm256_add_epi32(a, _mm256_sub_epi32(_mm256_slli_epi32(h, 8), h));  // + 255 H
+  }
+  return a;
 }
 
 struct MatQ {
@@ -308,7 +371,7 @@ struct MatQ {
 // The weight scales reach the fma from memory (ws1 or ws, written per tile or block), not from a
 // register per row: with 16 ymm registers, a scale vector per row made the compiler keep an
 // accumulator of a 4-row tile on the stack.
-template <QdotCodes C, int NR, int NB, bool kPrefetch>
+template <QdotCodes C, int A, int NR, int NB, bool kPrefetch>
 void tile(const MatQ& m, int64_t r, const XPack* xv, float* y, int64_t ldy) {
   using Sc = std::conditional_t<C == QdotCodes::kMxfp4, HalfE8m0Scales, GroupScales>;
   constexpr int kSub = kSubPerChunk<C>;
@@ -330,7 +393,7 @@ void tile(const MatQ& m, int64_t r, const XPack* xv, float* y, int64_t ldy) {
     if constexpr (kPrefetch) pf.step(ci);
     XChunk xc[NB];
 #pragma GCC unroll 4
-    for (int j = 0; j < NB; ++j) xc[j] = XChunk::load<C>(xv[j], ci);
+    for (int j = 0; j < NB; ++j) xc[j] = XChunk::load<C, A>(xv[j], ci);
 #pragma GCC unroll 8
     for (int i = 0; i < NR; ++i) {
       const uint8_t* wr = w + ci * 32 + i * m.rb;
@@ -341,7 +404,7 @@ void tile(const MatQ& m, int64_t r, const XPack* xv, float* y, int64_t ldy) {
       const __m256 sc = wsc(i);
 #pragma GCC unroll 4
       for (int j = 0; j < NB; ++j) {
-        const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(dot<C>(dw, xc[j])), xc[j].scale);
+        const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(dot<C, A>(dw, xc[j])), xc[j].scale);
         acc[i][j] = _mm256_fmadd_ps(f, sc, acc[i][j]);
       }
     }
@@ -401,49 +464,49 @@ void tile(const MatQ& m, int64_t r, const XPack* xv, float* y, int64_t ldy) {
 }
 
 // Rows [r, r1): tiles of NR rows, then the rest in tiles of NR/2, .., 1.
-template <QdotCodes C, int NB, bool kPrefetch, int NR>
+template <QdotCodes C, int A, int NB, bool kPrefetch, int NR>
 void row_tiles(const MatQ& m, int64_t r, int64_t r1, const XPack* xv, float* y, int64_t ldy) {
-  for (; r + NR <= r1; r += NR) tile<C, NR, NB, kPrefetch>(m, r, xv, y, ldy);
-  if constexpr (NR > 1) row_tiles<C, NB, kPrefetch, NR / 2>(m, r, r1, xv, y, ldy);
+  for (; r + NR <= r1; r += NR) tile<C, A, NR, NB, kPrefetch>(m, r, xv, y, ldy);
+  if constexpr (NR > 1) row_tiles<C, A, NB, kPrefetch, NR / 2>(m, r, r1, xv, y, ldy);
 }
 
 // nv <= kTileVecs vectors over rows [r0, r1); kTall: the pass that streams the rows from DRAM.
-template <QdotCodes C, bool kTall>
+template <QdotCodes C, int A, bool kTall>
 void batch_tile(int nv, const MatQ& m, int64_t r0, int64_t r1, const XPack* xv, float* y,
                 int64_t ldy) {
   switch (nv) {
     case 1:
-      row_tiles<C, 1, kTall, 4>(m, r0, r1, xv, y, ldy);
+      row_tiles<C, A, 1, kTall, 4>(m, r0, r1, xv, y, ldy);
       break;
     case 2:
-      row_tiles<C, 2, kTall, 2>(m, r0, r1, xv, y, ldy);
+      row_tiles<C, A, 2, kTall, 2>(m, r0, r1, xv, y, ldy);
       break;
     case 3:
-      row_tiles<C, 3, kTall, 2>(m, r0, r1, xv, y, ldy);
+      row_tiles<C, A, 3, kTall, 2>(m, r0, r1, xv, y, ldy);
       break;
     default:
-      row_tiles<C, 4, kTall, 2>(m, r0, r1, xv, y, ldy);
+      row_tiles<C, A, 4, kTall, 2>(m, r0, r1, xv, y, ldy);
       break;
   }
 }
 
-template <QdotCodes C>
+template <QdotCodes C, int A>
 void matmul(const MatQ& m, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx, float* Y,
             int64_t ldy) {
-  const XLayout L(m.K, kSubPerChunk<C>);
+  const XLayout L(m.K, kSubPerChunk<C>, A);
   const int64_t chunk_rows = std::max<int64_t>(4, kRowChunkBytes / (m.rb + m.sb) / 4 * 4);
   XPack xv[kBatchBlock];
   for (int bs = 0; bs < B; bs += kBatchBlock) {
     const int nb = std::min(kBatchBlock, B - bs);
-    uint8_t* xb = packed_activations(t_packed_from, t_xscratch, X + bs * ldx, nb, B, ldx, m.K, C,
-                                     L.stride, [&](const float* x, uint8_t* out) {
-                                       pack_x<C>(x, m.K, L, out);
-                                     });
+    const PackKey key{C, A == 16 ? QdotActs::kInt16 : QdotActs::kInt8};
+    uint8_t* xb =
+        packed_activations(t_packed_from, t_xscratch, X + bs * ldx, nb, B, ldx, m.K, key, L.stride,
+                           [&](const float* x, uint8_t* out) { pack_x<C, A>(x, m.K, L, out); });
     for (int j = 0; j < nb; ++j) xv[j] = L.at(xb + j * L.stride);
     float* yb = Y + bs * ldy;
     walk_batch<kTileVecs>(
         nb, r0, r1, chunk_rows, [&](auto tall, int j, int nv, int64_t rc, int64_t rce) {
-          batch_tile<C, decltype(tall)::value>(nv, m, rc, rce, xv + j, yb + j * ldy, ldy);
+          batch_tile<C, A, decltype(tall)::value>(nv, m, rc, rce, xv + j, yb + j * ldy, ldy);
         });
   }
 }
@@ -463,15 +526,19 @@ void matmul_qdot_avx2(const QdotWeights& w, int64_t r0, int64_t r1, const float*
       t_wsscratch.get(static_cast<size_t>(kMaxTileRows * (groups + 8)) * sizeof(float)));
   const MatQ m{w.codes, w.scales, w.code_row_bytes(), w.scale_row_bytes(), map, w.K, groups,
                uniform, ws1};
+  const bool a16 = w.acts == QdotActs::kInt16;
   switch (w.kind) {
     case QdotCodes::kInt4:
-      matmul<QdotCodes::kInt4>(m, r0, r1, X, B, ldx, Y, ldy);
+      (a16 ? matmul<QdotCodes::kInt4, 16> : matmul<QdotCodes::kInt4, 8>)(m, r0, r1, X, B, ldx, Y,
+                                                                         ldy);
       return;
     case QdotCodes::kInt8:
-      matmul<QdotCodes::kInt8>(m, r0, r1, X, B, ldx, Y, ldy);
+      (a16 ? matmul<QdotCodes::kInt8, 16> : matmul<QdotCodes::kInt8, 8>)(m, r0, r1, X, B, ldx, Y,
+                                                                         ldy);
       return;
     case QdotCodes::kMxfp4:
-      matmul<QdotCodes::kMxfp4>(m, r0, r1, X, B, ldx, Y, ldy);
+      (a16 ? matmul<QdotCodes::kMxfp4, 16> : matmul<QdotCodes::kMxfp4, 8>)(m, r0, r1, X, B, ldx, Y,
+                                                                           ldy);
       return;
   }
 }

@@ -21,20 +21,28 @@ namespace {
 // packing them is cheap beside it, while copying and comparing them would not be.
 constexpr int kReuseVecs = 8;
 
+// The packing's format: the weights' code kind (its layout of the activations) and the
+// activations' integer format.
+struct PackKey {
+  QdotCodes kind;
+  QdotActs acts;
+  bool operator==(const PackKey&) const = default;
+};
+
 struct PackedFrom {
   std::vector<float> x;  // [nb][K]
   int64_t K = 0;
   int nb = 0;
-  QdotCodes kind = QdotCodes::kInt4;
+  PackKey kind{QdotCodes::kInt4, QdotActs::kInt8};
   bool valid = false;
-  bool same(const float* X, int nb_, int64_t ldx, int64_t K_, QdotCodes kind_) const {
-    if (!valid || nb != nb_ || K != K_ || kind != kind_) return false;
+  bool same(const float* X, int nb_, int64_t ldx, int64_t K_, PackKey kind_) const {
+    if (!valid || nb != nb_ || K != K_ || !(kind == kind_)) return false;
     for (int j = 0; j < nb_; ++j)
       if (std::memcmp(x.data() + j * K_, X + j * ldx, static_cast<size_t>(K_) * sizeof(float)))
         return false;
     return true;
   }
-  void record(const float* X, int nb_, int64_t ldx, int64_t K_, QdotCodes kind_) {
+  void record(const float* X, int nb_, int64_t ldx, int64_t K_, PackKey kind_) {
     x.resize(static_cast<size_t>(nb_ * K_));
     for (int j = 0; j < nb_; ++j)
       std::memcpy(x.data() + j * K_, X + j * ldx, static_cast<size_t>(K_) * sizeof(float));
@@ -46,7 +54,7 @@ struct PackedFrom {
 // returns the packed bytes (stride bytes a vector).
 template <class Scratch, class Pack>
 uint8_t* packed_activations(PackedFrom& from, Scratch& scratch, const float* X, int nb, int B,
-                            int64_t ldx, int64_t K, QdotCodes kind, int64_t stride, Pack&& pack) {
+                            int64_t ldx, int64_t K, PackKey kind, int64_t stride, Pack&& pack) {
   const bool keep = B <= kReuseVecs;
   if (keep && from.same(X, nb, ldx, K, kind))
     return static_cast<uint8_t*>(scratch.get(static_cast<size_t>(nb * stride)));

@@ -45,15 +45,21 @@ void int4_zero_point_terms(const bf16* scales, const int8_t* z, int64_t K, int g
 void int4_zero_points_to_int8_codes(const uint8_t* packed, const int8_t* z, int64_t rows, int64_t K,
                                     int group, uint8_t* out);
 
-// Row of K decoded values (tests and reference code only).
+// Row of K decoded values (tests and reference code only): (c - 8 - z) * scale, with z the
+// row's zero points (int8 [K/group], as Mat::zero_points holds them) or 0 when null.
 void dequantize_int4_row(const uint8_t* packed, const bf16* scales, int64_t K, int group,
-                         float* out);
+                         float* out, const int8_t* zero_points = nullptr);
 
-// Quantizes one row of K bf16 weights the way compressed-tensors' min-max observer does for
-// symmetric int4 (num_bits 4, strategy group): per group, scale = max|w| / 7.5 (the half range of
-// [-8, 7]) rounded to bf16 and at least fp32 epsilon, then q = clamp(round-half-even(w / scale),
-// -8, 7). Writes K/2 packed bytes and K/group scales.
-void quantize_int4_row(const bf16* w, int64_t K, int group, uint8_t* packed, bf16* scales);
+// Quantizes one row of K bf16 weights the way compressed-tensors' min-max observer does
+// (num_bits 4, strategy group; calculate_qparams), per group with lo = min(w, 0), hi = max(w, 0):
+//  * symmetric (zero_points null): scale = max(-lo, hi) / 7.5 (the half range of [-8, 7]);
+//  * asymmetric: scale = (hi - lo) / 15, and the group's zero point
+//    z = clamp(round-half-even(-8 - lo / scale), -8, 7), written to zero_points[K/group];
+// the scale rounded to bf16 and at least fp32 epsilon, then
+// q = round-half-even(clamp(w / scale + z, -8, 7)) (z = 0 when symmetric), so w ~ (q - z) * scale.
+// Writes K/2 packed bytes (code q + 8) and K/group scales.
+void quantize_int4_row(const bf16* w, int64_t K, int group, uint8_t* packed, bf16* scales,
+                       int8_t* zero_points = nullptr);
 
 // Which implementation matmul_int4 uses at the active ISA level (the MXFP4 one: "avx512",
 // "avx2" or "portable").

@@ -16,7 +16,7 @@ struct LinearWeights {
   WeightQuant quant = WeightQuant::kNone;
   int64_t cols = 0;
   int32_t group = 0;  // int4 / int8 / FP8: columns per scale
-  bool int8_activations = false;  // int4 / int8 / MXFP4: W4A8 / W8A8 (qdot.h)
+  uint8_t int_act_bits = 0;  // int4 / int8 / MXFP4: 8 (W4A8 / W8A8) or 16 (qdot.h); 0: off
   // int4 with zero points (asymmetric): row 0 of z = zc - 8, int8 [rows, cols / group] (int4.h,
   // int4_zero_point_terms).
   const int8_t* zero_points = nullptr;
@@ -27,7 +27,7 @@ struct LinearWeights {
 
 // Y[b * ldy + r] = sum_k W[r][k] * X[b * ldx + k]  for r in [r0, r1), b in [0, B), with each
 // format's numerics (one fixed fp32 sequence per output: row splits and batches do not change
-// results), int4 / int8 / MXFP4 with int8_activations those of qdot.h. x_is_bf16 as in matmul_bf16.
+// results), int4 / int8 / MXFP4 with int_act_bits those of qdot.h. x_is_bf16 as in matmul_bf16.
 // Every call is a StreamCall (stream_hint.h) over its rows' stored bytes.
 void linear_rows(const LinearWeights& w, int64_t r0, int64_t r1, const float* X, int B, int64_t ldx,
                  float* Y, int64_t ldy, bool x_is_bf16);
