@@ -179,34 +179,30 @@ TEST(Qdot, ActivationQuantizerFollowsDefinition) {
   for (int k = 32; k < 64; ++k) x[k] = 0.0f;  // an all-zero sub-group: d = 0, t = 0
   x[70] = -1e30f;                             // a huge negative maximum
   for (int k = 96; k < 128; ++k) x[k] = 1e-39f * float(k - 100);  // subnormal inputs
+  // Each quantizer's codes and scales against the definition (with its T), within d / 2.
+  auto check = [&](const auto& t, const std::vector<float>& d, QdotActs acts) {
+    std::vector<int> want_t;
+    std::vector<float> want_d;
+    quantize_by_definition(x.data(), K, want_t, want_d, acts);
+    for (int64_t j = 0; j < K / 32; ++j) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(d[j]), std::bit_cast<uint32_t>(want_d[j])) << j;
+      for (int64_t k = 32 * j; k < 32 * j + 32; ++k) {
+        ASSERT_EQ(int(t[k]), want_t[k]) << k;
+        ASSERT_LE(std::fabs(double(x[k]) - t[k] * double(d[j])), double(d[j]) * 0.5000001 + 1e-45)
+            << k;
+      }
+    }
+  };
   std::vector<int8_t> t(K, 99);
   std::vector<float> d(K / 32, -1.0f);
   quantize_activations_int8(x.data(), K, t.data(), d.data());
-  std::vector<int> want_t;
-  std::vector<float> want_d;
-  quantize_by_definition(x.data(), K, want_t, want_d);
-  for (int64_t j = 0; j < K / 32; ++j) {
-    ASSERT_EQ(std::bit_cast<uint32_t>(d[j]), std::bit_cast<uint32_t>(want_d[j])) << j;
-    for (int64_t k = 32 * j; k < 32 * j + 32; ++k) {
-      ASSERT_EQ(int(t[k]), want_t[k]) << k;
-      ASSERT_LE(std::fabs(double(x[k]) - t[k] * double(d[j])), double(d[j]) * 0.5000001 + 1e-45)
-          << k;
-    }
-  }
+  check(t, d, QdotActs::kInt8);
   EXPECT_EQ(d[1], 0.0f);
   EXPECT_EQ(t[70], -127);
   // int16: the same definition with T = 32385, and a rounding 255 times finer.
   std::vector<int16_t> t16(K, 99);
   quantize_activations_int16(x.data(), K, t16.data(), d.data());
-  quantize_by_definition(x.data(), K, want_t, want_d, QdotActs::kInt16);
-  for (int64_t j = 0; j < K / 32; ++j) {
-    ASSERT_EQ(std::bit_cast<uint32_t>(d[j]), std::bit_cast<uint32_t>(want_d[j])) << j;
-    for (int64_t k = 32 * j; k < 32 * j + 32; ++k) {
-      ASSERT_EQ(int(t16[k]), want_t[k]) << k;
-      ASSERT_LE(std::fabs(double(x[k]) - t16[k] * double(d[j])), double(d[j]) * 0.5000001 + 1e-45)
-          << k;
-    }
-  }
+  check(t16, d, QdotActs::kInt16);
   EXPECT_EQ(t16[70], -32385);
   EXPECT_EQ(kQdotInt16Max, 127 * 255);
 }
@@ -248,6 +244,20 @@ TEST(Qdot, MatchesFloat64Reference) {
     }
 }
 
+// Every output of p's kernel equal to the exact sum of code x scale x activation (activations that
+// quantize to themselves, values whose sums fp32 holds exactly).
+void expect_exact(const Problem& p, const std::string& where) {
+  const auto y = run(p, 0, p.rows);
+  for (int b = 0; b < p.B; ++b)
+    for (int64_t r = 0; r < p.rows; ++r) {
+      double want = 0;
+      for (int64_t k = 0; k < p.K; ++k)
+        want += code_value(p, r, k) * weight_scale(p, r, k) * p.x[b * p.ldx + k];
+      ASSERT_EQ(static_cast<double>(y[static_cast<size_t>(b * p.ldy + r)]), want)
+          << where << " b=" << b << " r=" << r;
+    }
+}
+
 // Activations that quantize exactly (every sub-group holds +-127 and integers: d = 1, t = x) and
 // power-of-two weight scales: every product and sum is exact, so every path equals the reference
 // exactly; a nibble-order, offset, correction, scale-index or stride mistake shows here.
@@ -276,17 +286,8 @@ TEST(Qdot, ExactOnSmallIntegers) {
           for (int64_t k = 0; k < K; ++k)
             p.x[b * p.ldx + k] =
                 k % 32 == 5 ? 127.0f : static_cast<float>(static_cast<int>(rng.next() % 21) - 10);
-        const auto y = run(p, 0, p.rows);
-        for (int b = 0; b < B; ++b) {
-          for (int64_t r = 0; r < p.rows; ++r) {
-            double want = 0;
-            for (int64_t k = 0; k < K; ++k)
-              want += code_value(p, r, k) * weight_scale(p, r, k) * p.x[b * p.ldx + k];
-            ASSERT_EQ(static_cast<double>(y[static_cast<size_t>(b * p.ldy + r)]), want)
-                << isa << " " << kind_name(kind) << " K=" << K << " g=" << g << " b=" << b
-                << " r=" << r;
-          }
-        }
+        expect_exact(
+            p, isa + " " + kind_name(kind) + " K=" + std::to_string(K) + " g=" + std::to_string(g));
       }
     }
   }
@@ -317,16 +318,8 @@ TEST(Qdot, Int16ExactOnSmallIntegers) {
             p.x[b * p.ldx + k] = k % 32 == 7   ? (k % 64 == 7 ? 32385.0f : -32385.0f)
                                  : k % 32 == 9 ? -32385.0f + float(rng.next() % 300)
                                                : static_cast<float>(int(rng.next() % 6001) - 3000);
-        const auto y = run(p, 0, p.rows);
-        for (int b = 0; b < B; ++b)
-          for (int64_t r = 0; r < p.rows; ++r) {
-            double want = 0;
-            for (int64_t k = 0; k < K; ++k)
-              want += code_value(p, r, k) * weight_scale(p, r, k) * p.x[b * p.ldx + k];
-            ASSERT_EQ(static_cast<double>(y[static_cast<size_t>(b * p.ldy + r)]), want)
-                << isa << " " << kind_name(kind) << " K=" << K << " g=" << g << " b=" << b
-                << " r=" << r;
-          }
+        expect_exact(p, isa + " " + kind_name(kind) + " a16 K=" + std::to_string(K) +
+                            " g=" + std::to_string(g));
       }
     }
   }
