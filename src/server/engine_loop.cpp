@@ -117,6 +117,9 @@ struct EngineLoop::Slot {
   bool constrained() const {
     return constraint && !constraint->finished() && !constraint->broken();
   }
+  // The token is drawn on the host from the step's logit row: a constraint that still decides,
+  // or a logit bias (plain steps, never speculative, while this holds).
+  bool host_draw() const { return constrained() || !spec.logit_bias.empty(); }
 };
 
 namespace {
@@ -367,8 +370,8 @@ void EngineLoop::step() {
   for (auto& s : slots_)
     room = room &&
            int64_t(s->history.size()) + opt_.speculative.num_draft_tokens <= opt_.max_model_len;
-  // A constrained choice draws on the host from its masked logits: plain steps while it lasts.
-  for (auto& s : slots_) room = room && !s->constrained();
+  // A constrained or biased choice draws on the host from its logits: plain steps while it lasts.
+  for (auto& s : slots_) room = room && !s->host_draw();
   // Speculation goes on while prompts are fed: their chunks ride in the verify step, at most
   // kMaxChainedRows (and the row log's) rows a step, since that step keeps every row for a
   // commit; with nothing decoding, prompts feed whole chunks in plain steps.
@@ -395,7 +398,7 @@ void EngineLoop::step() {
   bool want_logits = false;
   for (const Part& p : parts)
     want_logits = want_logits || p.slot->top_logprobs >= 0 || p.slot->prompt_logprobs ||
-                  (p.samples && p.slot->constrained());
+                  (p.samples && p.slot->host_draw());
   if (want_logits && logits_.size() < size_t(logit_rows) * V)
     logits_.resize(size_t(logit_rows) * V);
   const std::vector<float>& logits = logits_;
@@ -522,7 +525,7 @@ void EngineLoop::after_part(const Part& p, const float* logits, const int32_t* n
     }
     const int last = p.first_logit + p.logit_rows - 1;
     int32_t id = next_ids[size_t(last)];
-    if (s.constrained()) id = constrained_draw(s, row(p.logit_rows - 1), rows[size_t(last)], id);
+    if (s.host_draw()) id = host_draw(s, row(p.logit_rows - 1), rows[size_t(last)], id);
     if (size_t(s.generated) < opt_.test_forced_tokens.size())
       id = opt_.test_forced_tokens[size_t(s.generated)];
     if (s.constraint) s.constraint->accept(id);
@@ -657,18 +660,28 @@ void EngineLoop::speculative_step(bool prefilling) {
   yield_to_readers();
 }
 
-// The slot's token drawn again from its logit row with the ids its constraint refuses at -inf,
-// by the same SampleRow (its uniform included) the step drew `drawn` with. The step's own draw
-// stands when it is allowed and greedy (the argmax of the allowed ids is then the same id).
-int32_t EngineLoop::constrained_draw(Slot& s, std::span<const float> logits, const SampleRow& row,
-                                     int32_t drawn) {
+// The slot's token drawn again from its logit row with its logit bias added and the ids its
+// constraint refuses at -inf, by the same SampleRow (its uniform included) the step drew `drawn`
+// with. Without a bias, the step's own draw stands when it is allowed and greedy (the argmax of
+// the allowed ids is then the same id).
+int32_t EngineLoop::host_draw(Slot& s, std::span<const float> logits, const SampleRow& row,
+                              int32_t drawn) {
   const size_t V = logits.size();
-  mask_.resize(V);
-  if (s.constraint->allowed(mask_) == 0) return drawn;  // broken: nothing to enforce
-  if (row.greedy() && drawn >= 0 && size_t(drawn) < V && mask_[size_t(drawn)]) return drawn;
+  const auto& bias = s.spec.logit_bias;
+  const bool masked = s.constrained();
+  if (masked) {
+    mask_.resize(V);
+    if (s.constraint->allowed(mask_) == 0 && bias.empty())
+      return drawn;  // broken: nothing to enforce
+    if (bias.empty() && row.greedy() && drawn >= 0 && size_t(drawn) < V && mask_[size_t(drawn)])
+      return drawn;
+  }
   masked_.assign(logits.begin(), logits.end());
-  for (size_t i = 0; i < V; ++i)
-    if (!mask_[i]) masked_[i] = -std::numeric_limits<float>::infinity();
+  for (const auto& [id, b] : bias)
+    if (size_t(id) < V) masked_[size_t(id)] += b;
+  if (masked && !s.constraint->broken())
+    for (size_t i = 0; i < V; ++i)
+      if (!mask_[i]) masked_[i] = -std::numeric_limits<float>::infinity();
   return sample_row(row, masked_, scratch_);
 }
 

@@ -229,7 +229,7 @@ struct HttpServer::Impl {
     EngineRequest er;
     for (const auto& p : r.prompts)
       for (int j = 0; j < r.n; ++j) {
-        ChoiceSpec c{p, r.sampling, r.constraint};
+        ChoiceSpec c{p, r.sampling, r.constraint, r.logit_bias};
         c.sampling.seed = r.sampling.seed + uint64_t(j);  // n choices of one seed differ
         er.choices.push_back(std::move(c));
       }

@@ -101,6 +101,7 @@ inline std::vector<int32_t> as_ids(const json& v, const std::string& param, int6
 
 // Shared by the completions and chat parsers (request.cpp).
 void parse_common(const json& j, const ParseContext& ctx, CompletionRequest& r);
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& lb, const ParseContext& ctx);
 void parse_length(const json& j, const ParseContext& ctx, CompletionRequest& r, int def);
 void final_check(CompletionRequest& r);
 

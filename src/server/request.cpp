@@ -3,6 +3,7 @@
 // field is treated as absent, as the OpenAI clients send it. Unknown fields are ignored.
 #include "megadecode/server/request.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <limits>
@@ -141,9 +142,45 @@ void parse_common(const json& j, const ParseContext& ctx, CompletionRequest& r) 
     if (as_int(*b, "best_of", 1, ctx.max_choices) != r.n)
       throw invalid_field("best_of", "'best_of' different from 'n' is not supported",
                           "unsupported_parameter");
-  if (const json* lb = field(j, "logit_bias"))
-    if (!lb->is_object() || !lb->empty())
-      throw invalid_field("logit_bias", "'logit_bias' is not supported", "unsupported_parameter");
+  if (const json* lb = field(j, "logit_bias")) r.logit_bias = parse_logit_bias(*lb, ctx);
+}
+
+// "logit_bias": {"<token id>": bias, ...} as OpenAI defines it: ids as decimal strings (no sign,
+// no leading zeros: one spelling per id) inside the vocabulary, biases numbers in [-100, 100].
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& lb, const ParseContext& ctx) {
+  if (!lb.is_object())
+    throw invalid_field("logit_bias",
+                        fmt::format("'logit_bias' must be an object mapping token ids to biases, "
+                                    "not {}",
+                                    type_name(lb)),
+                        "invalid_type");
+  if (int(lb.size()) > ctx.max_logit_bias)
+    throw invalid_field("logit_bias", fmt::format("'logit_bias' has {} entries; at most {} are "
+                                                  "allowed",
+                                                  lb.size(), ctx.max_logit_bias));
+  std::vector<std::pair<int32_t, float>> out;
+  for (const auto& [key, value] : lb.items()) {
+    const std::string param = "logit_bias." + key;
+    const bool digits =
+        !key.empty() && key.size() <= 10 && (key == "0" || key[0] != '0') &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const int64_t id = digits ? std::stoll(key) : -1;
+    if (id < 0 || id >= ctx.vocab_size)
+      throw invalid_field("logit_bias",
+                          fmt::format("'logit_bias' key '{}' is not a token id of the vocabulary "
+                                      "(a decimal integer in [0, {}])",
+                                      key, ctx.vocab_size - 1));
+    if (!value.is_number())
+      throw invalid_field(param,
+                          fmt::format("'{}' must be a number, not {}", param, type_name(value)),
+                          "invalid_type");
+    const double b = value.get<double>();
+    if (!(b >= -100.0 && b <= 100.0))
+      throw invalid_field(param, fmt::format("'{}' is {}; it must be in [-100, 100]", param, b));
+    out.emplace_back(int32_t(id), float(b));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 // max_tokens / max_completion_tokens against the context; `def`: the default when neither is

@@ -365,6 +365,48 @@ TEST(ServerEngine, LogprobsAndEchoPromptLogprobs) {
   EXPECT_NEAR(prompt[0].logprob, double(logits[size_t(p[1])]) - mx - std::log(sum), 1e-3);
 }
 
+// logit_bias: +100 on one id makes a greedy choice draw it at every step, -100 on the solo greedy
+// output's first token keeps it out; a biased choice beside an unbiased one leaves the latter's
+// tokens its solo ones (the bias is the choice's); the logprobs stay those of the model's logits.
+TEST(ServerEngine, LogitBiasForcesAndBansTokensPerChoice) {
+  test::ServedModel m(2);
+  EngineOptions o;
+  o.max_batch = 2;
+  o.max_model_len = 256;
+  EngineLoop loop(*m.ex, *m.tok, o);
+  const auto p = m.tok->encode("The quick brown fox", true);
+  const int kTokens = 6;
+  const std::vector<int32_t> solo = collect(*loop.submit(greedy_request(p, kTokens))).tokens;
+  ASSERT_EQ(solo.size(), size_t(kTokens));
+  // A token the model does not pick first: forced by +100.
+  int32_t forced = 0;
+  while (forced == solo[0] || m.tok->is_special(forced)) ++forced;
+  EngineRequest up = greedy_request(p, kTokens);
+  up.choices[0].logit_bias = {{forced, 100.0f}};
+  up.top_logprobs = 1;
+  EngineRequest down = greedy_request(p, kTokens);
+  down.choices[0].logit_bias = {{solo[0], -100.0f}};
+  auto su = loop.submit(up);
+  auto sd = loop.submit(greedy_request(p, kTokens));  // beside it, unbiased
+  std::vector<int32_t> got;
+  std::vector<server::TokenLogprob> lps;
+  ChoiceEvent e;
+  while (!su->finished())
+    if (su->next(e, 5.0)) {
+      got.insert(got.end(), e.tokens.begin(), e.tokens.end());
+      lps.insert(lps.end(), e.logprobs.begin(), e.logprobs.end());
+    }
+  EXPECT_EQ(got, std::vector<int32_t>(size_t(kTokens), forced));
+  EXPECT_EQ(collect(*sd).tokens, solo);
+  // The first forced token's logprob is the model's own: below the solo choice's (the argmax).
+  ASSERT_EQ(lps.size(), size_t(kTokens));
+  EXPECT_LT(lps[0].logprob, lps[0].top[0].second + 1e-6f);
+  EXPECT_NE(lps[0].top[0].first, forced);
+  const std::vector<int32_t> banned = collect(*loop.submit(down)).tokens;
+  ASSERT_FALSE(banned.empty());
+  EXPECT_NE(banned[0], solo[0]);
+}
+
 }  // namespace
 }  // namespace md
 

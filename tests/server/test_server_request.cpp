@@ -52,7 +52,7 @@ TEST_F(ServerRequest, CompletionFieldsAreParsed) {
           "top_k":-1,"min_p":0.1,"presence_penalty":0.5,"frequency_penalty":-0.5,
           "repetition_penalty":1.1,"seed":42,"stop":["x","yz"],"stop_token_ids":[3],
           "ignore_eos":true,"stream":true,"stream_options":{"include_usage":true},
-          "logprobs":2,"echo":true,"n":2,"user":"ignored"})");
+          "logprobs":2,"echo":true,"n":2,"user":"ignored","logit_bias":{"7":-3.5,"2":100,"0":0}})");
   ASSERT_EQ(r.prompts.size(), 1u);
   EXPECT_EQ(r.prompts[0], served_->gen->encode("hello world"));
   EXPECT_EQ(r.sampling.max_tokens, 7);
@@ -72,6 +72,8 @@ TEST_F(ServerRequest, CompletionFieldsAreParsed) {
   EXPECT_EQ(r.top_logprobs, 2);
   EXPECT_TRUE(r.echo);
   EXPECT_EQ(r.n, 2);
+  using Bias = std::vector<std::pair<int32_t, float>>;
+  EXPECT_EQ(r.logit_bias, (Bias{{0, 0.0f}, {2, 100.0f}, {7, -3.5f}}));  // ids ascending
 }
 
 TEST_F(ServerRequest, PromptForms) {
@@ -176,7 +178,20 @@ TEST_F(ServerRequest, BadInputsNameTheField) {
       {"completions", R"({"prompt":"a","logprobs":21})", 400, "logprobs"},
       {"completions", R"({"prompt":"a","logprobs":true})", 400, "logprobs"},
       {"completions", R"({"prompt":"a","suffix":"b"})", 400, "suffix"},
-      {"completions", R"({"prompt":"a","logit_bias":{"5":1}})", 400, "logit_bias"},
+      {"completions", R"({"prompt":"a","logit_bias":5})", 400, "logit_bias"},
+      {"completions", R"({"prompt":"a","logit_bias":[1]})", 400, "logit_bias"},
+      {"completions", R"({"prompt":"a","logit_bias":{"x":1}})", 400, "logit_bias"},
+      {"completions", R"({"prompt":"a","logit_bias":{"05":1}})", 400, "logit_bias"},
+      {"completions", R"({"prompt":"a","logit_bias":{"-1":1}})", 400, "logit_bias"},
+      {"completions", R"({"prompt":"a","logit_bias":{"":1}})", 400, "logit_bias"},
+      {"completions", R"({"prompt":"a","logit_bias":{"999999":1}})", 400, "logit_bias"},
+      {"completions", R"({"prompt":"a","logit_bias":{"99999999999999999999":1}})", 400,
+       "logit_bias"},
+      {"completions", R"({"prompt":"a","logit_bias":{"5":"a"}})", 400, "logit_bias.5"},
+      {"completions", R"({"prompt":"a","logit_bias":{"5":true}})", 400, "logit_bias.5"},
+      {"completions", R"({"prompt":"a","logit_bias":{"5":100.5}})", 400, "logit_bias.5"},
+      {"chat", R"({"messages":[{"role":"user","content":"a"}],"logit_bias":{"5":-101}})", 400,
+       "logit_bias.5"},
       {"completions", R"({"prompt":"a","model":"gpt-4"})", 404, "model"},
       {"completions", R"({"prompt":"a","model":7})", 400, "model"},
       {"completions", R"({"prompt":"a","temperature":1e999})", 400, ""},

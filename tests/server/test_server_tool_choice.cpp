@@ -34,7 +34,7 @@ json chat_body(const std::string& user, const json& tool_choice, double temperat
 
 server::EngineRequest engine_request(const server::CompletionRequest& r) {
   server::EngineRequest er;
-  er.choices.push_back({r.prompts[0], r.sampling, r.constraint});
+  er.choices.push_back({r.prompts[0], r.sampling, r.constraint, r.logit_bias});
   return er;
 }
 

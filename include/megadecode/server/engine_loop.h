@@ -54,6 +54,10 @@ struct ChoiceSpec {
   // The output's shape, enforced by masking the choice's logits before each draw (null: free).
   // Its steps are plain steps (never speculative) until the program is done.
   std::shared_ptr<const ConstraintProgram> constraint;
+  // Added to the choice's logits before each draw (ids ascending, unique; empty: none). Its steps
+  // are plain steps too, the draw made on the host from the biased row; logprobs stay those of
+  // the model's own logits (vLLM's default).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 struct EngineRequest {
@@ -177,8 +181,7 @@ class EngineLoop {
                         std::vector<SampleRow>& rows, int& logit_rows);
   void after_part(const Part& p, const float* logits, const int32_t* next_ids,
                   std::span<const SampleRow> rows, double t);
-  int32_t constrained_draw(Slot& s, std::span<const float> logits, const SampleRow& row,
-                           int32_t drawn);
+  int32_t host_draw(Slot& s, std::span<const float> logits, const SampleRow& row, int32_t drawn);
   void finish(Slot& s, const std::string& reason, ChoiceEvent e);
   void retire(Slot& s, ChoiceEvent e);  // the slot's last event: it leaves after this step
   // One generated token of a slot (its history, counters, latency observations, stop ids, text

@@ -46,6 +46,7 @@ struct ParseContext {
   int max_json_depth = 64;    // deeper bodies are rejected while parsing
   int max_choices = 64;       // prompts x n of one request
   int max_stop_strings = 16;  // entries of "stop"
+  int max_logit_bias = 1024;  // entries of "logit_bias"
 };
 
 enum class RequestKind { kCompletion, kChat };
@@ -70,6 +71,9 @@ struct CompletionRequest {
   TemplateKind chat_template = TemplateKind::kKimi;  // chat: the markup the calls are parsed from
   // Chat: what tool_choice enforces on every choice's output (server/chat_constraints.h); null: none.
   std::shared_ptr<const ConstraintProgram> constraint;
+  // logit_bias: (token id, bias in [-100, 100]) added to the logits before each draw, ids
+  // ascending and unique.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   bool skip_special_tokens = true;
 };
 

@@ -3,6 +3,7 @@ not, include_usage, logprobs, errors. Run by tests/server/python/run_openai_chec
 
 usage: openai_client_check.py MEGADECODE_BINARY MODEL_DIR
 """
+import json
 import os
 import re
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import openai
 from openai import OpenAI
@@ -86,6 +88,26 @@ def main():
                     finish = chunk.choices[0].finish_reason or finish
             check(content == r.choices[0].message.content, "streamed chat == non-streamed")
             check(finish == "length", "chat finish_reason")
+
+            # logit_bias as the SDK sends it ({"id": bias}): +100 on one token makes every
+            # greedy token that one (its text: /detokenize of it four times).
+            forced = 5
+            b = client.completions.create(model="tiny", prompt="Once upon", max_tokens=4,
+                                          temperature=0, logit_bias={str(forced): 100},
+                                          extra_body={"ignore_eos": True})
+            check(b.usage.completion_tokens == 4, "logit_bias completion usage")
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/detokenize",
+                                         data=json.dumps({"tokens": [forced] * 4}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req) as resp:
+                want = json.loads(resp.read())["prompt"]
+            check(b.choices[0].text == want, "logit_bias +100 forces the token")
+            try:
+                client.completions.create(model="tiny", prompt="x", max_tokens=2,
+                                          logit_bias={"x": 1})
+                check(False, "a logit_bias key that is not a token id accepted")
+            except openai.BadRequestError as e:
+                check(e.body["param"] == "logit_bias", "logit_bias error names the field")
 
             try:
                 client.chat.completions.create(model="tiny", messages=[], max_tokens=2)
