@@ -397,6 +397,7 @@ struct TokenConstraint::State {
   uint32_t trigger = 0;     // kFree: progress in the trigger
   std::array<uint32_t, kMaxPatterns> forbid{};  // kFree: progress in each forbidden pattern
   JsonState json;
+  JsonSchemaCursor schema;  // kJson with a schema
 };
 
 namespace {
@@ -410,11 +411,66 @@ void enter(const Elements& el, S& s, int pc) {
   s.trigger = 0;
   s.forbid.fill(0);
   s.json = JsonState{};
+  s.schema = JsonSchemaCursor{};
   if (pc < int(el.size())) {
     const ConstraintElement& e = el[size_t(pc)];
     s.lo = 0;
     s.hi = uint32_t(e.names.size());
     if (e.kind == Kind::kStop && e.stop_ids.empty()) s.pc = int(el.size());
+  }
+}
+
+bool is_number_mode(J m) {
+  return m >= J::kNumSign && m <= J::kNumExp;
+}
+
+// The schema's verdict on byte b of the JSON text, given the recognizer's state before it (which
+// judges the syntax itself): the events b makes (a value, key or container beginning or ending),
+// passed to the cursor.
+bool schema_step(const JsonSchema& sc, JsonSchemaCursor& c, const JsonState& js, uint8_t b) {
+  J mode = js.mode;
+  if (is_number_mode(mode)) {
+    // Does b go on with the number? (In the modes that need a digit or sign, it must.)
+    const bool more = mode == J::kNumSign || mode == J::kNumDot || mode == J::kNumE ||
+                      mode == J::kNumESign || is_digit(b) ||
+                      ((b == '.') && (mode == J::kNumInt || mode == J::kNumZero)) ||
+                      ((b == 'e' || b == 'E') && mode != J::kNumExp);
+    if (more) return c.scalar_byte(sc, b);
+    if (!c.scalar_end(sc)) return false;
+    mode = J::kAfter;  // b is judged after the number, as the recognizer does
+  }
+  const bool ws_ok = mode == J::kStart || mode == J::kObjFirst || mode == J::kObjKey ||
+                     mode == J::kColon || mode == J::kValue || mode == J::kArrFirst ||
+                     mode == J::kAfter;
+  if (ws_ok && is_space(b)) return true;
+  switch (mode) {
+    case J::kStart:
+    case J::kValue:
+      return c.value_begin(sc, b);
+    case J::kObjFirst:
+    case J::kObjKey:
+      if (b == '}') return c.close_object(sc);
+      return b != '"' || c.key_begin(sc);
+    case J::kArrFirst:
+      if (b == ']') {
+        c.close_array();
+        return true;
+      }
+      return c.value_begin(sc, b);
+    case J::kAfter:
+      if (b == ',') return !js.top_is_object() || c.member_comma(sc);
+      if (b == '}') return c.close_object(sc);
+      if (b == ']') c.close_array();
+      return true;
+    case J::kStr:
+    case J::kStrEsc:
+    case J::kStrU:
+      if (js.key) return mode == J::kStr && b == '"' ? c.key_end(sc) : c.key_byte(sc, b);
+      return c.scalar_byte(sc, b);
+    case J::kLit:
+      return c.scalar_byte(sc, b);
+    default:
+      return true;
   }
 }
 
@@ -464,10 +520,18 @@ bool step(const Elements& el, S& s, ConstraintSymbol sym) {
         if (s.off == 0) return false;
         enter(el, s, s.pc + 1);
         continue;
-      case Kind::kJson:
-        if (!byte || !s.json.step(b)) return false;
+      case Kind::kJson: {
+        if (!byte) return false;
+        const J before = s.json.mode;
+        if (e.schema && !schema_step(*e.schema, s.schema, s.json, b)) return false;
+        if (!s.json.step(b)) return false;
+        // A string or literal value ends with its last byte (a number at the byte after it).
+        if (e.schema && s.json.mode == J::kAfter && (before == J::kStr || before == J::kLit) &&
+            !s.schema.scalar_end(*e.schema))
+          return false;
         if (s.json.mode == J::kDone) enter(el, s, s.pc + 1);
         return true;
+      }
       case Kind::kFree:
         for (size_t k = 0; k < e.forbidden.size(); ++k) {
           s.forbid[k] = pattern_step(e.forbidden[k], s.forbid[k], sym);
@@ -559,8 +623,9 @@ int64_t TokenConstraint::allowed(std::span<uint8_t> mask) const {
                            el[size_t(first.pc)].kind == Kind::kFree && first.trigger == 0 &&
                            std::all_of(first.forbid.begin(), first.forbid.end(),
                                        [](uint32_t p) { return p == 0; });
-    const bool in_string = el[size_t(state_->pc)].kind == Kind::kJson &&
-                           state_->json.clean_string();
+    const ConstraintElement& cur = el[size_t(state_->pc)];
+    const bool in_string = cur.kind == Kind::kJson && state_->json.clean_string() &&
+                           (!cur.schema || state_->schema.free_string());
     for (int32_t id : ids) {
       const uint32_t from = v.offset_[size_t(id)] + 1, to = v.offset_[size_t(id) + 1];
       bool ok = true;

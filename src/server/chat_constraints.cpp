@@ -49,6 +49,13 @@ class Builder {
     e.kind = k;
     return push(std::move(e));
   }
+  // One JSON object, following `schema` when there is one.
+  Builder& json(std::shared_ptr<const JsonSchema> schema) {
+    ConstraintElement e;
+    e.kind = Kind::kJson;
+    e.schema = std::move(schema);
+    return push(std::move(e));
+  }
   Builder& branch(std::vector<std::pair<int32_t, int>> b) {
     ConstraintElement e;
     e.kind = Kind::kBranch;
@@ -73,7 +80,8 @@ class Builder {
 std::shared_ptr<const ConstraintProgram> kimi_program(const ToolChoice& choice,
                                                       std::vector<std::string> names,
                                                       const Tokenizer& tok,
-                                                      const std::vector<int32_t>& stop_ids) {
+                                                      const std::vector<int32_t>& stop_ids,
+                                                      std::shared_ptr<const JsonSchema> args) {
   Builder b(tok);
   if (choice.mode == ToolChoice::Mode::kNone) {
     ConstraintElement free;
@@ -89,7 +97,7 @@ std::shared_ptr<const ConstraintProgram> kimi_program(const ToolChoice& choice,
   b.special("<|tool_calls_section_begin|>").special("<|tool_call_begin|>");
   const int call = b.size();  // the element after <|tool_call_begin|>
   b.text("functions.").names(std::move(names)).text(":").kind(Kind::kDigits);
-  b.special("<|tool_call_argument_begin|>").kind(Kind::kJson).special("<|tool_call_end|>");
+  b.special("<|tool_call_argument_begin|>").json(std::move(args)).special("<|tool_call_end|>");
   if (choice.mode == ToolChoice::Mode::kNamed) {
     b.special("<|tool_calls_section_end|>");
   } else {
@@ -107,7 +115,8 @@ std::shared_ptr<const ConstraintProgram> kimi_program(const ToolChoice& choice,
 // <|close|>tools<|sep|>; the message's end is the model's.
 std::shared_ptr<const ConstraintProgram> k3_program(const ToolChoice& choice,
                                                     std::vector<std::string> names,
-                                                    const Tokenizer& tok) {
+                                                    const Tokenizer& tok,
+                                                    std::shared_ptr<const JsonSchema> args) {
   Builder b(tok);
   const int32_t open = b.id("<|open|>"), close = b.id("<|close|>"), sep = b.id("<|sep|>");
   ConstraintElement free;
@@ -128,7 +137,7 @@ std::shared_ptr<const ConstraintProgram> k3_program(const ToolChoice& choice,
   const int call = b.size();  // the element after a call's <|open|>
   b.text("call tool=\"").names(std::move(names)).text("\" index=\"").kind(Kind::kDigits);
   b.text("\"").special("<|sep|>");
-  b.special("<|open|>").text("json type=\"object\"").special("<|sep|>").kind(Kind::kJson);
+  b.special("<|open|>").text("json type=\"object\"").special("<|sep|>").json(std::move(args));
   b.special("<|close|>").text("json").special("<|sep|>");
   b.special("<|close|>").text("call").special("<|sep|>");
   if (choice.mode == ToolChoice::Mode::kNamed) {
@@ -143,27 +152,28 @@ std::shared_ptr<const ConstraintProgram> k3_program(const ToolChoice& choice,
 
 }  // namespace
 
-std::shared_ptr<const ConstraintProgram> tool_choice_program(TemplateKind format,
-                                                             const ToolChoice& choice,
-                                                             std::vector<std::string> names,
-                                                             const Tokenizer& tok,
-                                                             const std::vector<int32_t>& stop_ids) {
+std::shared_ptr<const ConstraintProgram> tool_choice_program(
+    TemplateKind format, const ToolChoice& choice, std::vector<std::string> names,
+    const Tokenizer& tok, const std::vector<int32_t>& stop_ids,
+    std::shared_ptr<const JsonSchema> args) {
   if (choice.mode == ToolChoice::Mode::kAuto) return nullptr;
   if (choice.mode == ToolChoice::Mode::kNamed) names = {choice.name};
   std::sort(names.begin(), names.end());
   names.erase(std::unique(names.begin(), names.end()), names.end());
   if (choice.mode != ToolChoice::Mode::kNone)
     MD_CHECK(!names.empty() && !names.front().empty(), "tool_choice: no function to call");
-  return format == TemplateKind::kKimiK3 ? k3_program(choice, std::move(names), tok)
-                                         : kimi_program(choice, std::move(names), tok, stop_ids);
+  if (names.size() != 1) args = nullptr;  // the schema is the one function's
+  return format == TemplateKind::kKimiK3
+             ? k3_program(choice, std::move(names), tok, std::move(args))
+             : kimi_program(choice, std::move(names), tok, stop_ids, std::move(args));
 }
 
-std::shared_ptr<const ConstraintProgram> json_object_program(TemplateKind format, bool thinking,
-                                                             const Tokenizer& tok,
-                                                             const std::vector<int32_t>& stop_ids) {
+std::shared_ptr<const ConstraintProgram> json_object_program(
+    TemplateKind format, bool thinking, const Tokenizer& tok, const std::vector<int32_t>& stop_ids,
+    std::shared_ptr<const JsonSchema> schema) {
   Builder b(tok);
   if (format != TemplateKind::kKimiK3) {
-    b.kind(Kind::kJson);
+    b.json(schema);
     ConstraintElement stop;
     stop.kind = Kind::kStop;
     stop.stop_ids = stop_ids;
@@ -177,7 +187,7 @@ std::shared_ptr<const ConstraintProgram> json_object_program(TemplateKind format
     free.trigger.push_back(special_symbol(b.id("<|sep|>")));
     b.push(std::move(free));
   }
-  b.kind(Kind::kJson).special("<|close|>").text("response").special("<|sep|>");
+  b.json(std::move(schema)).special("<|close|>").text("response").special("<|sep|>");
   return b.done();
 }
 

@@ -265,16 +265,48 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
   if (!tools.empty() && choice.mode != ToolChoice::Mode::kAuto) {
     std::vector<std::string> names;
     for (const json& t : tools) names.push_back(t["function"]["name"].get<std::string>());
+    // The arguments' schema when one function can be called: its `parameters`.
+    std::shared_ptr<const JsonSchema> args;
+    for (size_t i = 0; i < tools.size() && choice.mode != ToolChoice::Mode::kNone; ++i) {
+      const json& f = tools[i]["function"];
+      const bool the_one = choice.mode == ToolChoice::Mode::kNamed
+                               ? f["name"].get<std::string>() == choice.name
+                               : tools.size() == 1;
+      if (!the_one || !f.contains("parameters") || f["parameters"].is_null()) continue;
+      try {
+        args = JsonSchema::compile(f["parameters"]);
+      } catch (const Error& e) {
+        throw invalid_field(fmt::format("tools.{}.function.parameters", i), e.what());
+      }
+    }
     try {
-      r.constraint = tool_choice_program(r.chat_template, choice, std::move(names),
-                                         ctx.generator->tokenizer(), r.sampling.stop_token_ids);
+      r.constraint =
+          tool_choice_program(r.chat_template, choice, std::move(names), ctx.generator->tokenizer(),
+                              r.sampling.stop_token_ids, std::move(args));
     } catch (const Error& e) {
       throw invalid_field("tool_choice", e.what());
     }
   } else if (!options.response_format.is_null() && add_generation_prompt) {
+    // json_schema: {"json_schema": {"name", "schema", "strict"}}; its schema is enforced.
+    std::shared_ptr<const JsonSchema> schema;
+    const json& rf = options.response_format;
+    if (rf["type"] == "json_schema") {
+      const json* js = field(rf, "json_schema");
+      if (js && !js->is_object())
+        throw invalid_field("response_format.json_schema", "'json_schema' must be an object",
+                            "invalid_type");
+      if (const json* s = js ? field(*js, "schema") : nullptr) {
+        try {
+          schema = JsonSchema::compile(*s);
+        } catch (const Error& e) {
+          throw invalid_field("response_format.json_schema.schema", e.what());
+        }
+      }
+    }
     try {
-      r.constraint = json_object_program(r.chat_template, options.thinking,
-                                         ctx.generator->tokenizer(), r.sampling.stop_token_ids);
+      r.constraint =
+          json_object_program(r.chat_template, options.thinking, ctx.generator->tokenizer(),
+                              r.sampling.stop_token_ids, std::move(schema));
     } catch (const Error& e) {
       throw invalid_field("response_format", e.what());
     }

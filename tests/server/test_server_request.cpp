@@ -273,6 +273,8 @@ TEST_F(ServerRequest, MutationsNeverCrash) {
       R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":3})",
       R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"x"}]}],"logprobs":true,"top_logprobs":2})",
       R"({"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"a","content":"r"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"auto"})",
+      R"({"messages":[{"role":"user","content":"j"}],"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"type":"object","properties":{"a":{"type":"integer"},"b":{"enum":["x",1,null]},"c":{"anyOf":[{"type":"string"},{"$ref":"#"}]},"d":{"type":"array","items":{"$ref":"#/$defs/D"}}},"required":["a"],"additionalProperties":false,"$defs":{"D":{"type":["number","null"]}}}}}})",
+      R"({"messages":[{"role":"user","content":"t"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"q":{"type":"string"}},"required":["q"]}}}],"tool_choice":{"type":"function","function":{"name":"f"}},"logit_bias":{"3":-5}})",
   };
   const std::vector<std::string> fragments = {"null",
                                               "-1",

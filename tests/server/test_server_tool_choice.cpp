@@ -151,6 +151,69 @@ TEST(ServerToolChoice, ResponseFormatHoldsTheAnswerToAJsonObject) {
   EXPECT_GE(finished, 3);  // fixed seeds: the same runs finish every time
 }
 
+// response_format json_schema: the answer follows the schema (sampled at temperature 1 from the
+// random weights: whatever is finished parses, has the required members and their types, and
+// nothing else); a named tool's arguments follow its `parameters`.
+TEST(ServerToolChoice, JsonSchemaHoldsTheAnswerAndTheArgumentsToTheirSchemas) {
+  test::ServedModel m;
+  server::EngineOptions o;
+  o.max_model_len = 1024;
+  server::EngineLoop loop(*m.ex, *m.tok, o);
+  const server::ParseContext ctx = m.context();
+  const json schema = json::parse(R"({"type": "object", "additionalProperties": false,
+      "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                     "unit": {"enum": ["c", "f"]}},
+      "required": ["city", "days", "unit"]})");
+  int finished = 0;
+  for (int k = 0; k < 6; ++k) {
+    json body = chat_body("json please " + std::to_string(k), "auto", 1.0, k);
+    body.erase("tools");
+    body.erase("tool_choice");
+    body["response_format"] = {{"type", "json_schema"},
+                               {"json_schema", {{"name", "w"}, {"schema", schema}}}};
+    body["max_tokens"] = 600;  // (random weights end a string rarely)
+    const server::CompletionRequest r = server::parse_chat_request(body.dump(), ctx);
+    ASSERT_TRUE(r.constraint);
+    const test::Outcome out = test::collect(*loop.submit(engine_request(r)));
+    if (out.finish != "stop") continue;
+    ++finished;
+    std::vector<int32_t> gen = out.tokens;
+    gen.pop_back();
+    const json j = json::parse(m.tok->decode(gen, false));
+    ASSERT_TRUE(j.is_object());
+    EXPECT_EQ(j.size(), 3u) << j.dump();
+    EXPECT_TRUE(j["city"].is_string()) << j.dump();
+    EXPECT_TRUE(j["days"].is_number_integer()) << j.dump();
+    EXPECT_TRUE(j["unit"] == "c" || j["unit"] == "f") << j.dump();
+  }
+  EXPECT_GE(finished, 3);  // fixed seeds: the same runs finish every time
+  // A named function whose parameters allow only a string "city": its calls' arguments.
+  json tools = tools_json();
+  tools[0]["function"]["parameters"]["additionalProperties"] = false;
+  tools[0]["function"]["parameters"]["required"] = {"city"};
+  const json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  int calls = 0;
+  for (int k = 0; k < 6; ++k) {
+    json body = chat_body("weather " + std::to_string(k), named, 1.0, k);
+    body["tools"] = tools;
+    body["max_tokens"] = 600;
+    const server::CompletionRequest r = server::parse_chat_request(body.dump(), ctx);
+    const test::Outcome out = test::collect(*loop.submit(engine_request(r)));
+    if (out.finish != "stop") continue;
+    std::vector<int32_t> gen = out.tokens;
+    gen.pop_back();
+    const server::ToolCallSplit split =
+        server::split_tool_calls(TemplateKind::kKimi, m.tok->decode(gen, false));
+    for (const auto& c : split.calls) {
+      const json a = json::parse(c.arguments);
+      EXPECT_EQ(a.size(), 1u) << c.arguments;
+      EXPECT_TRUE(a["city"].is_string()) << c.arguments;
+      ++calls;
+    }
+  }
+  EXPECT_GE(calls, 1);
+}
+
 TEST(ServerToolChoice, APlainSequenceBesideAConstrainedOneIsUnchanged) {
   test::ServedModel m;
   server::EngineOptions o;
@@ -200,6 +263,17 @@ TEST(ServerToolChoice, TheFieldsAreValidated) {
   b["response_format"] = {{"type", "json_object"}};
   EXPECT_TRUE(server::parse_chat_request(b.dump(), ctx).constraint);
   b.erase("response_format");
+  // Schemas the output cannot be held to: 400 naming where they are.
+  b["response_format"] = {{"type", "json_schema"},
+                          {"json_schema", {{"name", "x"}, {"schema", {{"enum", json::array()}}}}}};
+  EXPECT_EQ(error_param(b), "response_format.json_schema.schema");
+  b["response_format"] = {{"type", "json_schema"}, {"json_schema", 5}};
+  EXPECT_EQ(error_param(b), "response_format.json_schema");
+  b.erase("response_format");
+  b["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  b["tools"][0]["function"]["parameters"] = {{"type", "array"}};
+  EXPECT_EQ(error_param(b), "tools.0.function.parameters");
+  b["tools"] = tools_json();
   b["tools"][0]["function"]["name"] = "a:b";  // cannot be written in a Kimi call id
   b["tool_choice"] = "required";
   EXPECT_EQ(error_param(b), "tool_choice");

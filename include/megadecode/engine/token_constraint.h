@@ -17,7 +17,8 @@
 //   kDigits    1 to max_digits ASCII digits (done at the first symbol that is not one)
 //   kJson      one JSON object (RFC 8259; strings of valid UTF-8 and paired surrogate escapes;
 //              whitespace between tokens at most kMaxJsonSpace bytes in a row, nesting at most
-//              kMaxJsonDepth), done at its closing brace
+//              kMaxJsonDepth), done at its closing brace; with a `schema`, one that follows it
+//              (engine/json_schema.h)
 //   kFree      anything, except that no `forbidden` pattern may be completed; done when its
 //              `trigger` pattern has just been completed (never, without one)
 //   kBranch    one of `branches`' specials, then on at that branch's target element
@@ -31,6 +32,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "megadecode/engine/json_schema.h"
 
 namespace md {
 
@@ -55,6 +58,7 @@ struct ConstraintElement {
   std::vector<std::pair<int32_t, int>> branches;     // kBranch: (special id, element index)
   std::vector<int32_t> stop_ids;                     // kStop
   int max_digits = 4;                                // kDigits (a call's index)
+  std::shared_ptr<const JsonSchema> schema;          // kJson (null: any object)
 };
 
 constexpr int kMaxJsonDepth = 64;

@@ -1,0 +1,115 @@
+// JSON Schema for constrained decoding (engine/token_constraint.h, the kJson element): a schema
+// compiled into a graph of nodes, and the cursor that walks it beside the JSON byte recognizer,
+// refusing the bytes that would leave the schema. What is enforced (the subset that decides the
+// shape of the output, and what OpenAI's structured outputs and tool parameters use most):
+//
+//   type                 one type or a list ("integer" refuses a fraction and an exponent)
+//   properties           an object's named members, each with its schema; keys are written as
+//                        json dumps them (no escapes beyond its own), each at most once
+//   required             members the object cannot close without
+//   additionalProperties false: only the named members; true, absent or a schema: any other key,
+//                        its value any JSON (a schema given here is not enforced)
+//   items                the schema of every array element
+//   enum, const          one of the given scalars (strings, numbers, booleans, null), written
+//                        exactly as json dumps them
+//   $ref                 "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion allowed)
+//   anyOf, oneOf         alternatives told apart by their first byte (object, array, string,
+//                        number, boolean, null): at most one alternative per kind
+//
+// Everything else is an annotation or a bound that is not enforced (documented in
+// docs/server.md): minimum / maximum, lengths, pattern, format, uniqueItems, min/maxItems, allOf,
+// not, if/then/else, patternProperties. A schema the cursor cannot follow (an empty enum, two
+// anyOf alternatives of one kind, a $ref elsewhere, more than 64 properties or enum values, more
+// than kMaxSchemaDepth nested typed containers) is an md::Error naming the place.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+namespace md {
+
+// The kinds a JSON value's first byte tells apart.
+enum JsonKind : uint8_t {
+  kJsonObject = 1,
+  kJsonArray = 2,
+  kJsonString = 4,
+  kJsonNumber = 8,  // integer or not
+  kJsonBool = 16,
+  kJsonNull = 32,
+  kJsonAnyKind = 63,
+};
+
+class JsonSchema {
+ public:
+  struct Node {
+    uint8_t kinds = kJsonAnyKind;  // the kinds a value may have
+    bool integer = false;          // numbers are integers
+    // anyOf / oneOf: the alternative for each kind (node ids; -1: none). Empty: no alternatives.
+    std::vector<int> alt;
+    // Objects: the members' names as written (the bytes between the quotes), sorted, and their
+    // nodes; bit i of `required`; other keys allowed (their values any JSON).
+    std::vector<std::string> names;
+    std::vector<int> members;
+    uint64_t required = 0;
+    bool additional = true;
+    int items = -1;  // arrays: the elements' node (-1: any JSON)
+    // enum / const: the values as written (json dumps); empty: no enum.
+    std::vector<std::string> literals;
+  };
+  // Throws md::Error naming the unsupported or contradictory part (a JSON pointer into `schema`).
+  static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema);
+  const Node& node(int i) const { return nodes_[size_t(i)]; }
+  int root() const { return 0; }
+  // The node a value starting with kind `k` follows at node i (through anyOf); -1 when none.
+  int resolve(int i, uint8_t k) const;
+
+ private:
+  std::vector<Node> nodes_;
+  friend class JsonSchemaCompiler;
+};
+
+constexpr int kMaxSchemaDepth = 16;  // nested containers with a schema
+
+// Where the output is in the schema: plain data, copied for every token tried (a few hundred
+// bytes). Driven by the kJson element with the recognizer's mode around each byte.
+struct JsonSchemaCursor {
+  struct Frame {
+    uint16_t node = 0;
+    bool array = false;
+    int16_t member = -1;  // objects: the member whose key was read (-1: an additional key)
+    uint16_t key_pos = 0;
+    bool in_key = false;
+    uint64_t seen = 0;  // members written
+    uint64_t cand = 0;  // members whose name matches the key so far
+  };
+  std::array<Frame, kMaxSchemaDepth> frames{};
+  uint8_t depth = 0;        // frames in use
+  uint8_t free_depth = 0;   // containers open inside a value that follows no schema
+  bool free_value = false;  // a scalar value that follows no schema is under way
+  // A scalar value under way: its node; literal candidates (enum) and bytes matched.
+  int16_t value_node = -1;
+  uint16_t lit_pos = 0;
+  uint64_t lit_cand = 0;
+  bool integer = false;
+
+  // The events of the JSON text, each false when the schema refuses it (the cursor is then
+  // garbage). `b`: the value's first byte, or the byte read.
+  bool value_begin(const JsonSchema& s, uint8_t b);
+  bool key_begin(const JsonSchema& s);
+  bool key_byte(const JsonSchema& s, uint8_t b);  // a byte of a key (not its closing quote)
+  bool key_end(const JsonSchema& s);
+  bool member_comma(const JsonSchema& s) const;  // ',' in an object
+  bool close_object(const JsonSchema& s);
+  void close_array();
+  // A byte of a string, number or literal value after its first.
+  bool scalar_byte(const JsonSchema& s, uint8_t b);
+  bool scalar_end(const JsonSchema& s);  // the scalar value ended (after its last byte)
+  // Inside a string whose bytes the schema does not judge (a free value, not an enum or a key).
+  bool free_string() const;
+  bool in_key() const { return depth > 0 && free_depth == 0 && frames[depth - 1].in_key; }
+};
+
+}  // namespace md

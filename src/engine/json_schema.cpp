@@ -1,0 +1,456 @@
+// JSON Schema for constrained decoding (engine/json_schema.h): the compiler into nodes and the
+// cursor's events.
+#include "megadecode/engine/json_schema.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "megadecode/base/error.h"
+
+namespace md {
+
+using nlohmann::json;
+
+namespace {
+
+uint8_t kind_of_byte(uint8_t b) {
+  switch (b) {
+    case '{':
+      return kJsonObject;
+    case '[':
+      return kJsonArray;
+    case '"':
+      return kJsonString;
+    case 't':
+    case 'f':
+      return kJsonBool;
+    case 'n':
+      return kJsonNull;
+    default:
+      return b == '-' || (b >= '0' && b <= '9') ? kJsonNumber : 0;
+  }
+}
+
+uint8_t kind_of_value(const json& v) {
+  if (v.is_object()) return kJsonObject;
+  if (v.is_array()) return kJsonArray;
+  if (v.is_string()) return kJsonString;
+  if (v.is_number()) return kJsonNumber;
+  if (v.is_boolean()) return kJsonBool;
+  return kJsonNull;
+}
+
+constexpr size_t kMaxNodes = 4096;
+constexpr size_t kMaxMembers = 64;  // bits of the cursor's masks
+
+}  // namespace
+
+// Schema -> nodes, depth first; $ref targets compiled once (recursion through them allowed).
+class JsonSchemaCompiler {
+ public:
+  explicit JsonSchemaCompiler(const json& root) : root_(root) {}
+
+  std::shared_ptr<const JsonSchema> run() {
+    auto out = std::make_shared<JsonSchema>();
+    s_ = out.get();
+    s_->nodes_.emplace_back();  // the root is node 0
+    fill(0, root_, "");
+    return out;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& where, const std::string& why) const {
+    throw Error(fmt::format("json schema at '#{}': {}", where, why));
+  }
+
+  int add() {
+    if (s_->nodes_.size() >= kMaxNodes) fail("", "more than 4096 schema nodes");
+    s_->nodes_.emplace_back();
+    return int(s_->nodes_.size()) - 1;
+  }
+
+  // The node of the schema at `ref` ("#", "#/$defs/NAME", "#/definitions/NAME").
+  int ref_node(const std::string& ref, const std::string& where) {
+    if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
+    if (ref == "#") return 0;
+    const json* target = nullptr;
+    for (const char* base : {"#/$defs/", "#/definitions/"}) {
+      const std::string b = base;
+      if (ref.rfind(b, 0) == 0) {
+        const std::string key = b.substr(2, b.size() - 3), name = ref.substr(b.size());
+        if (root_.contains(key) && root_[key].is_object() && root_[key].contains(name))
+          target = &root_[key][name];
+      }
+    }
+    if (!target)
+      fail(where,
+           fmt::format(
+               "$ref '{}' is not '#', '#/$defs/NAME' or '#/definitions/NAME' of this schema", ref));
+    const int n = add();
+    refs_[ref] = n;
+    fill(n, *target, ref.substr(1));
+    return n;
+  }
+
+  // A child schema as a node of its own ($ref: the target's node; keywords beside a $ref are not
+  // merged into it).
+  int child(const json& v, const std::string& where) {
+    if (v.is_object() && v.contains("$ref")) {
+      if (!v["$ref"].is_string()) fail(where, "$ref must be a string");
+      return ref_node(v["$ref"].get<std::string>(), where);
+    }
+    const int n = add();
+    fill(n, v, where);
+    return n;
+  }
+
+  void fill(int n, const json& v, const std::string& where) {
+    if (v.is_boolean()) {
+      if (!v.get<bool>()) fail(where, "the schema 'false' allows no value");
+      return;  // true: any value
+    }
+    if (!v.is_object()) fail(where, "a schema must be an object or a boolean");
+    JsonSchema::Node node;
+    if (v.contains("$ref")) {
+      // $ref beside other keywords: the reference alone decides (they are not merged).
+      if (!v["$ref"].is_string()) fail(where + "/$ref", "$ref must be a string");
+      const int r = ref_node(v["$ref"].get<std::string>(), where + "/$ref");
+      if (r != n) s_->nodes_[size_t(n)] = s_->nodes_[size_t(r)];  // (the root as a reference)
+      return;
+    }
+    if (v.contains("type")) {
+      const json& t = v["type"];
+      node.kinds = 0;
+      auto one = [&](const json& name) {
+        if (!name.is_string()) fail(where + "/type", "a type must be a string");
+        const std::string s = name.get<std::string>();
+        if (s == "object")
+          node.kinds |= kJsonObject;
+        else if (s == "array")
+          node.kinds |= kJsonArray;
+        else if (s == "string")
+          node.kinds |= kJsonString;
+        else if (s == "number")
+          node.kinds |= kJsonNumber, number_ = true;
+        else if (s == "integer")
+          node.kinds |= kJsonNumber, integer_ = true;
+        else if (s == "boolean")
+          node.kinds |= kJsonBool;
+        else if (s == "null")
+          node.kinds |= kJsonNull;
+        else
+          fail(where + "/type", fmt::format("unknown type '{}'", s));
+      };
+      number_ = integer_ = false;
+      if (t.is_array()) {
+        for (const json& x : t) one(x);
+      } else {
+        one(t);
+      }
+      node.integer = integer_ && !number_;
+      if (node.kinds == 0) fail(where + "/type", "an empty list of types allows no value");
+    }
+    if (v.contains("properties")) {
+      const json& props = v["properties"];
+      if (!props.is_object()) fail(where + "/properties", "'properties' must be an object");
+      if (props.size() > kMaxMembers) fail(where + "/properties", "more than 64 properties");
+      std::vector<std::pair<std::string, std::string>> named;  // (written name, key)
+      for (const auto& [key, sub] : props.items()) {
+        const std::string quoted = json(key).dump();
+        named.emplace_back(quoted.substr(1, quoted.size() - 2), key);
+      }
+      std::sort(named.begin(), named.end());
+      for (const auto& [written, key] : named) {
+        node.names.push_back(written);
+        node.members.push_back(-1);
+      }
+      // Members compiled after the node is stored (children may refer back to it).
+      s_->nodes_[size_t(n)] = node;
+      std::vector<int> members;
+      for (const auto& [written, key] : named)
+        members.push_back(child(props[key], where + "/properties/" + key));
+      node.members = members;
+      if (v.contains("required")) {
+        const json& req = v["required"];
+        if (!req.is_array()) fail(where + "/required", "'required' must be a list of names");
+        for (const json& r : req) {
+          if (!r.is_string()) fail(where + "/required", "'required' must be a list of names");
+          const std::string q = json(r.get<std::string>()).dump();
+          const std::string w = q.substr(1, q.size() - 2);
+          const auto it = std::lower_bound(node.names.begin(), node.names.end(), w);
+          if (it == node.names.end() || *it != w)
+            fail(where + "/required",
+                 fmt::format("required '{}' is not among the properties", r.get<std::string>()));
+          node.required |= uint64_t(1) << (it - node.names.begin());
+        }
+      }
+    } else if (v.contains("required") && v["required"].is_array() && !v["required"].empty()) {
+      fail(where + "/required", "'required' names members without 'properties' to write them by");
+    }
+    if (v.contains("additionalProperties")) {
+      const json& a = v["additionalProperties"];
+      node.additional = !(a.is_boolean() && !a.get<bool>());
+    }
+    if (v.contains("items")) {
+      const json& it = v["items"];
+      if (!it.is_boolean() || !it.get<bool>()) {
+        s_->nodes_[size_t(n)] = node;
+        node.items = child(it, where + "/items");
+      }
+    }
+    auto literal = [&](const json& x, const std::string& at) {
+      if (x.is_object() || x.is_array()) fail(at, "enum / const values must be scalars");
+      node.literals.push_back(x.dump());
+    };
+    if (v.contains("const")) literal(v["const"], where + "/const");
+    if (v.contains("enum")) {
+      const json& e = v["enum"];
+      if (!e.is_array() || e.empty()) fail(where + "/enum", "'enum' must be a non-empty list");
+      if (e.size() > kMaxMembers) fail(where + "/enum", "more than 64 values");
+      for (size_t i = 0; i < e.size(); ++i) literal(e[i], where + "/enum/" + std::to_string(i));
+    }
+    if (!node.literals.empty()) {
+      // Keep the ones the type allows.
+      std::vector<std::string> kept;
+      for (const std::string& l : node.literals) {
+        const json x = json::parse(l);
+        const uint8_t k = kind_of_value(x);
+        if (!(node.kinds & k)) continue;
+        if (k == kJsonNumber && node.integer && !x.is_number_integer()) continue;
+        kept.push_back(l);
+      }
+      if (kept.empty()) fail(where, "no enum / const value has an allowed type");
+      std::sort(kept.begin(), kept.end());
+      kept.erase(std::unique(kept.begin(), kept.end()), kept.end());
+      node.literals = kept;
+    }
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (!v.contains(key)) continue;
+      const json& alts = v[key];
+      const std::string at = where + "/" + key;
+      if (!alts.is_array() || alts.empty())
+        fail(at, fmt::format("'{}' must be a non-empty list", key));
+      if (!node.alt.empty()) fail(at, "both anyOf and oneOf");
+      node.alt.assign(6, -1);
+      s_->nodes_[size_t(n)] = node;
+      uint8_t covered = 0;
+      for (size_t i = 0; i < alts.size(); ++i) {
+        const int c = child(alts[i], at + "/" + std::to_string(i));
+        // The kinds this alternative takes (its literals' kinds when it is an enum).
+        uint8_t kinds = s_->nodes_[size_t(c)].kinds;
+        if (!s_->nodes_[size_t(c)].alt.empty())
+          fail(at + "/" + std::to_string(i), "nested anyOf / oneOf");
+        if (!s_->nodes_[size_t(c)].literals.empty()) {
+          kinds = 0;
+          for (const std::string& l : s_->nodes_[size_t(c)].literals)
+            kinds |= kind_of_value(json::parse(l));
+        }
+        kinds &= node.kinds;
+        if (kinds & covered)
+          fail(at + "/" + std::to_string(i),
+               "two alternatives take values of the same kind (they must differ in the value's "
+               "first byte: object, array, string, number, boolean or null)");
+        covered |= kinds;
+        for (int k = 0; k < 6; ++k)
+          if (kinds & (1 << k)) node.alt[size_t(k)] = c;
+      }
+      if (!covered) fail(at, "no alternative has an allowed type");
+    }
+    s_->nodes_[size_t(n)] = node;
+  }
+
+  const json& root_;
+  JsonSchema* s_ = nullptr;
+  std::map<std::string, int> refs_;
+  bool number_ = false, integer_ = false;
+};
+
+std::shared_ptr<const JsonSchema> JsonSchema::compile(const json& schema) {
+  auto s = JsonSchemaCompiler(schema).run();
+  const Node& root = s->node(0);
+  if (!(root.kinds & kJsonObject) || !root.literals.empty() ||
+      (!root.alt.empty() && root.alt[0] < 0))
+    throw Error(
+        "json schema at '#': the output is one JSON object, so the root must allow an object");
+  return s;
+}
+
+int JsonSchema::resolve(int i, uint8_t k) const {
+  const Node& n = nodes_[size_t(i)];
+  if (!n.alt.empty()) {
+    const int kb = __builtin_ctz(k);
+    return n.alt[size_t(kb)];
+  }
+  if (!n.literals.empty()) return i;  // the literals decide (first byte checked by the cursor)
+  return (n.kinds & k) ? i : -1;
+}
+
+// ---- the cursor --------------------------------------------------------------------------------
+
+bool JsonSchemaCursor::value_begin(const JsonSchema& s, uint8_t b) {
+  const uint8_t kind = kind_of_byte(b);
+  if (kind == 0) return false;  // not a value's first byte (the recognizer refuses it too)
+  auto free = [&] {
+    if (kind == kJsonObject || kind == kJsonArray) ++free_depth;
+    free_value = true;
+    value_node = -1;
+    return true;
+  };
+  if (free_depth > 0) return free();
+  int expected = 0;  // the root
+  if (depth > 0) {
+    // An array's element, or an object's member (an additional key's value: any JSON).
+    const Frame& f = frames[depth - 1];
+    const JsonSchema::Node& parent = s.node(f.node);
+    expected = f.array ? parent.items : f.member >= 0 ? parent.members[size_t(f.member)] : -1;
+  }
+  if (expected < 0) return free();
+  const int n = s.resolve(expected, kind);
+  if (n < 0) return false;
+  const JsonSchema::Node& node = s.node(n);
+  free_value = false;
+  if (!node.literals.empty()) {
+    lit_cand = 0;
+    for (size_t i = 0; i < node.literals.size(); ++i)
+      if (uint8_t(node.literals[i][0]) == b) lit_cand |= uint64_t(1) << i;
+    if (!lit_cand) return false;
+    lit_pos = 1;
+    value_node = int16_t(n);
+    integer = false;
+    return true;
+  }
+  if (!(node.kinds & kind)) return false;
+  if (kind == kJsonObject || kind == kJsonArray) {
+    if (depth >= kMaxSchemaDepth) return false;
+    Frame& f = frames[depth++];
+    f = Frame{};
+    f.node = uint16_t(n);
+    f.array = kind == kJsonArray;
+    value_node = -1;
+    return true;
+  }
+  value_node = int16_t(n);
+  lit_cand = 0;
+  integer = kind == kJsonNumber && node.integer;
+  return true;
+}
+
+bool JsonSchemaCursor::key_begin(const JsonSchema& s) {
+  if (free_depth > 0) return true;
+  Frame& f = frames[depth - 1];
+  const JsonSchema::Node& node = s.node(f.node);
+  const size_t m = node.names.size();
+  const uint64_t all = m == 64 ? ~uint64_t(0) : (uint64_t(1) << m) - 1;
+  // Without additional keys only the members not written yet may come (so a key never runs into
+  // a dead end); with them every name is followed, and a repeated one is refused at its end.
+  f.cand = node.additional ? all : all & ~f.seen;
+  if (!node.additional && f.cand == 0) return false;
+  f.in_key = true;
+  f.key_pos = 0;
+  f.member = -1;
+  return true;
+}
+
+bool JsonSchemaCursor::key_byte(const JsonSchema& s, uint8_t b) {
+  if (free_depth > 0) return true;
+  Frame& f = frames[depth - 1];
+  const JsonSchema::Node& node = s.node(f.node);
+  uint64_t keep = 0;
+  for (uint64_t c = f.cand; c; c &= c - 1) {
+    const int i = __builtin_ctzll(c);
+    const std::string& name = node.names[size_t(i)];
+    if (name.size() > f.key_pos && uint8_t(name[f.key_pos]) == b) keep |= uint64_t(1) << i;
+  }
+  f.cand = keep;
+  ++f.key_pos;
+  return keep != 0 || node.additional;
+}
+
+bool JsonSchemaCursor::key_end(const JsonSchema& s) {
+  if (free_depth > 0) return true;
+  Frame& f = frames[depth - 1];
+  const JsonSchema::Node& node = s.node(f.node);
+  f.in_key = false;
+  for (uint64_t c = f.cand; c; c &= c - 1) {
+    const int i = __builtin_ctzll(c);
+    if (node.names[size_t(i)].size() != f.key_pos) continue;
+    if (f.seen >> i & 1) return false;  // a member written twice
+    f.seen |= uint64_t(1) << i;
+    f.member = int16_t(i);
+    f.cand = 0;
+    return true;
+  }
+  f.member = -1;
+  f.cand = 0;
+  return node.additional;
+}
+
+bool JsonSchemaCursor::member_comma(const JsonSchema& s) const {
+  if (free_depth > 0) return true;
+  const Frame& f = frames[depth - 1];
+  const JsonSchema::Node& node = s.node(f.node);
+  const size_t m = node.names.size();
+  const uint64_t all = m == 64 ? ~uint64_t(0) : (uint64_t(1) << m) - 1;
+  return node.additional || (all & ~f.seen) != 0;
+}
+
+bool JsonSchemaCursor::close_object(const JsonSchema& s) {
+  if (free_depth > 0) {
+    --free_depth;
+    return true;
+  }
+  const Frame& f = frames[depth - 1];
+  const uint64_t req = s.node(f.node).required;
+  if ((f.seen & req) != req) return false;
+  --depth;
+  return true;
+}
+
+void JsonSchemaCursor::close_array() {
+  if (free_depth > 0) {
+    --free_depth;
+    return;
+  }
+  --depth;
+}
+
+bool JsonSchemaCursor::scalar_byte(const JsonSchema& s, uint8_t b) {
+  if (free_value || value_node < 0) return true;
+  if (lit_cand) {  // the enum's values that go on with b
+    const JsonSchema::Node& node = s.node(value_node);
+    uint64_t keep = 0;
+    for (uint64_t c = lit_cand; c; c &= c - 1) {
+      const int i = __builtin_ctzll(c);
+      const std::string& l = node.literals[size_t(i)];
+      if (l.size() > lit_pos && uint8_t(l[lit_pos]) == b) keep |= uint64_t(1) << i;
+    }
+    lit_cand = keep;
+    ++lit_pos;
+    return keep != 0;
+  }
+  return !(integer && (b == '.' || b == 'e' || b == 'E'));
+}
+
+bool JsonSchemaCursor::scalar_end(const JsonSchema& s) {
+  bool ok = true;
+  if (!free_value && value_node >= 0 && lit_cand) {
+    ok = false;
+    const JsonSchema::Node& node = s.node(value_node);
+    for (uint64_t c = lit_cand; c; c &= c - 1)
+      ok = ok || node.literals[size_t(__builtin_ctzll(c))].size() == lit_pos;
+  }
+  value_node = -1;
+  lit_cand = 0;
+  integer = false;
+  free_value = false;
+  return ok;
+}
+
+bool JsonSchemaCursor::free_string() const {
+  return !in_key() && (free_value || value_node < 0 || lit_cand == 0);
+}
+
+}  // namespace md

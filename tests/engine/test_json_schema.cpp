@@ -1,0 +1,232 @@
+// JSON Schema in constrained decoding (engine/json_schema.h): schemas the cursor cannot follow are
+// errors naming the place; objects that follow a schema pass token by token and each kind of
+// violation is refused; random walks through the masks end in JSON that a validator written here
+// (for the supported keywords) accepts, the masks agreeing with one-by-one checks on the way.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "megadecode/base/error.h"
+#include "megadecode/engine/json_schema.h"
+#include "megadecode/engine/token_constraint.h"
+#include "megadecode/tokenizer/tokenizer.h"
+#include "test_util.h"
+
+namespace md {
+namespace {
+
+using nlohmann::json;
+using Kind = ConstraintElement::Kind;
+
+const Tokenizer& tokenizer() {
+  static const Tokenizer tok = Tokenizer::load(test::shared_text_checkpoint("tiny", 31));
+  return tok;
+}
+
+const json kSchema = json::parse(R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "description": "an annotation"},
+    "age": {"type": "integer"},
+    "score": {"type": "number"},
+    "tags": {"type": "array", "items": {"type": "string"}},
+    "unit": {"enum": ["celsius", "fahrenheit"]},
+    "ok": {"type": "boolean"},
+    "extra": {"type": ["string", "null"]},
+    "child": {"$ref": "#/$defs/Child"},
+    "opt": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+    "free": {}
+  },
+  "required": ["name", "age"],
+  "additionalProperties": false,
+  "$defs": {
+    "Child": {"type": "object", "properties": {"x": {"const": 1}, "next": {"$ref": "#/$defs/Child"}},
+              "required": ["x"], "additionalProperties": false}
+  }
+})");
+
+std::shared_ptr<const ConstraintProgram> schema_then_stop(const json& schema, int32_t stop) {
+  ConstraintElement j, s;
+  j.kind = Kind::kJson;
+  j.schema = JsonSchema::compile(schema);
+  s.kind = Kind::kStop;
+  s.stop_ids = {stop};
+  return std::make_shared<const ConstraintProgram>(std::vector<ConstraintElement>{j, s});
+}
+
+// Whether the constraint takes every token of `text` (checking the mask against allows() on the
+// way); afterwards it must be done.
+bool takes(const json& schema, const std::string& text) {
+  const Tokenizer& tok = tokenizer();
+  const int64_t v = tok.vocab_size();
+  static auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
+  TokenConstraint c(schema_then_stop(schema, *tok.special_id("<|im_end|>")), vocab);
+  std::vector<uint8_t> m(static_cast<size_t>(v));
+  for (int32_t id : tok.encode_ordinary(text)) {
+    c.allowed(m);
+    const bool ok = c.allows(id);
+    EXPECT_EQ(m[size_t(id)], ok ? 1 : 0) << text;
+    if (!ok) return false;
+    c.accept(id);
+  }
+  // The object is complete: only the stop id is left.
+  c.allowed(m);
+  return m[size_t(*tok.special_id("<|im_end|>"))] == 1 && std::count(m.begin(), m.end(), 1) == 1;
+}
+
+TEST(JsonSchema, ObjectsThatFollowTheSchemaPass) {
+  for (
+      const char* text : {
+          R"({"name":"a","age":3})",
+          R"({"age": -12, "name": "b\"q", "tags": ["x", "y"], "unit": "celsius", "ok": true})",
+          R"({"name":"","age":0,"extra":null,"child":{"x":1,"next":{"x":1}},"opt":5,"score":1.5e3})",
+          R"({"name":"n","age":1,"extra":"s","opt":null,"unit":"fahrenheit","tags":[]})",
+          R"({"name":"n","age":1,"free":{"any":[1,{"k":null}],"thing":"x"},"score":-0.25})",
+      })
+    EXPECT_TRUE(takes(kSchema, text)) << text;
+}
+
+TEST(JsonSchema, ViolationsAreRefused) {
+  for (const char* text : {
+           R"({"name":"a"})",                            // a required member missing
+           R"({"name":1,"age":1})",                      // a wrong type
+           R"({"age":1.5,"name":"a"})",                  // an integer with a fraction
+           R"({"age":1e3,"name":"a"})",                  // an integer with an exponent
+           R"({"nam":"a","age":1})",                     // a key that is not a member
+           R"({"name":"a","age":1,"zzz":1})",            // an additional key
+           R"({"name":"a","age":1,"unit":"kelvin"})",    // outside the enum
+           R"({"name":"a","age":1,"unit":"celsiusx"})",  // an enum value's prefix only
+           R"({"name":"a","name":"b","age":1})",         // a member twice
+           R"({"child":{},"name":"a","age":1})",         // a nested required member missing
+           R"({"child":{"x":2},"name":"a","age":1})",    // const
+           R"({"opt":"s","name":"a","age":1})",          // no alternative is a string
+           R"({"tags":[1],"name":"a","age":1})",         // an element's type
+           R"({"extra":5,"name":"a","age":1})",          // not in the type list
+           R"({"name":"a","age":1,})",                   // a comma with nothing left to write
+       })
+    EXPECT_FALSE(takes(kSchema, text)) << text;
+  // With additional properties allowed: any other key, any value, but a member still once.
+  json open = kSchema;
+  open["additionalProperties"] = true;
+  EXPECT_TRUE(takes(open, R"({"name":"a","age":1,"zzz":[1,{"q":2}],"na":3})"));
+  EXPECT_FALSE(takes(open, R"({"name":"a","name":"b","age":1})"));
+  EXPECT_FALSE(takes(open, R"({"zzz":1})"));  // required members still required
+}
+
+// A validator of the keywords the cursor enforces, written from the JSON Schema text.
+bool valid(const json& root, const json& s, const json& v) {
+  if (s.is_boolean()) return s.get<bool>();
+  if (s.contains("$ref")) {
+    const std::string ref = s["$ref"];
+    return valid(root, ref == "#" ? root : root["$defs"][ref.substr(8)], v);
+  }
+  if (s.contains("anyOf")) {
+    int n = 0;
+    for (const json& a : s["anyOf"]) n += valid(root, a, v);
+    if (n == 0) return false;
+  }
+  if (s.contains("type")) {
+    const json types = s["type"].is_array() ? s["type"] : json::array({s["type"]});
+    bool any = false;
+    for (const json& t : types) {
+      const std::string n = t;
+      any = any || (n == "object" && v.is_object()) || (n == "array" && v.is_array()) ||
+            (n == "string" && v.is_string()) || (n == "number" && v.is_number()) ||
+            (n == "integer" && v.is_number_integer()) || (n == "boolean" && v.is_boolean()) ||
+            (n == "null" && v.is_null());
+    }
+    if (!any) return false;
+  }
+  if (s.contains("enum") && std::find(s["enum"].begin(), s["enum"].end(), v) == s["enum"].end())
+    return false;
+  if (s.contains("const") && s["const"] != v) return false;
+  if (v.is_object()) {
+    const json props = s.value("properties", json::object());
+    for (const json& r : s.value("required", json::array()))
+      if (!v.contains(r.get<std::string>())) return false;
+    for (const auto& [k, x] : v.items()) {
+      if (props.contains(k)) {
+        if (!valid(root, props[k], x)) return false;
+      } else if (s.contains("additionalProperties") && s["additionalProperties"] == false) {
+        return false;
+      }
+    }
+  }
+  if (v.is_array() && s.contains("items"))
+    for (const json& x : v)
+      if (!valid(root, s["items"], x)) return false;
+  return true;
+}
+
+TEST(JsonSchema, RandomWalksThroughTheMasksEndInValidJson) {
+  const Tokenizer& tok = tokenizer();
+  const int64_t v = tok.vocab_size();
+  auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
+  const int32_t stop = *tok.special_id("<|im_end|>");
+  const auto program = schema_then_stop(kSchema, stop);
+  std::mt19937_64 rng(5);
+  int completed = 0;
+  for (int walk = 0; walk < 16; ++walk) {
+    TokenConstraint c(program, vocab);
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> m(static_cast<size_t>(v));
+    for (int step = 0; step < 400 && !c.finished(); ++step) {
+      c.allowed(m);
+      std::vector<int32_t> allowed, closing;
+      for (int32_t id = 0; id < v; ++id) {
+        if (step % 8 == 0) {
+          ASSERT_EQ(m[size_t(id)], c.allows(id) ? 1 : 0) << id;
+        }
+        if (!m[size_t(id)]) continue;
+        allowed.push_back(id);
+        if (id == stop || (!tok.is_special(id) &&
+                           tok.token_bytes(id).find_first_of("}]\",") != std::string_view::npos))
+          closing.push_back(id);
+      }
+      ASSERT_FALSE(allowed.empty()) << "a dead end after " << tok.decode(ids);
+      const auto& pool = !closing.empty() && rng() % 3 != 0 ? closing : allowed;
+      const int32_t id = pool[rng() % pool.size()];
+      c.accept(id);
+      ASSERT_FALSE(c.broken());
+      ids.push_back(id);
+    }
+    if (!c.finished()) continue;
+    ++completed;
+    ids.pop_back();  // the stop id
+    const std::string text = tok.decode(ids);
+    json j;
+    ASSERT_NO_THROW(j = json::parse(text)) << text;
+    EXPECT_TRUE(valid(kSchema, kSchema, j)) << text;
+  }
+  EXPECT_GE(completed, 8);
+}
+
+TEST(JsonSchema, SchemasTheCursorCannotFollowAreErrorsNamingThePlace) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"type":"array"})", "root must allow an object"},
+      {R"({"type":"object","properties":{"a":{"enum":[]}}})", "#/properties/a/enum"},
+      {R"({"type":"object","properties":{"a":{"type":"text"}}})", "unknown type 'text'"},
+      {R"({"properties":{"a":{"anyOf":[{"type":"string"},{"enum":["x"]}]}}})", "same kind"},
+      {R"({"properties":{"a":{"$ref":"http://x/y"}}})", "$ref 'http://x/y'"},
+      {R"({"properties":{"a":{"$ref":"#/$defs/missing"}}})", "#/$defs/missing"},
+      {R"({"properties":{"a":{}},"required":["b"]})", "required 'b'"},
+      {R"({"properties":{"a":{"type":"integer","enum":["x"]}}})", "no enum / const value"},
+      {R"({"properties":{"a":false}})", "allows no value"},
+      {R"({"properties":{"a":{"enum":[{"k":1}]}}})", "scalars"},
+      {R"(5)", "an object or a boolean"},
+  };
+  for (const auto& [text, what] : cases) {
+    try {
+      JsonSchema::compile(json::parse(text));
+      ADD_FAILURE() << text << " compiled";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << text << ": " << e.what();
+    }
+  }
+  // Recursion through $ref, and "#" itself, compile.
+  EXPECT_NO_THROW(JsonSchema::compile(json::parse(R"({"properties":{"self":{"$ref":"#"}}})")));
+}
+
+}  // namespace
+}  // namespace md
