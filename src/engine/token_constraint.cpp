@@ -350,7 +350,15 @@ ConstraintProgram::ConstraintProgram(std::vector<ConstraintElement> elements)
       case Kind::kDigits:
         if (e.max_digits < 1) fail("a digits element needs room for a digit");
         break;
-      case Kind::kJson:
+      case Kind::kJson: {
+        if (e.schema_by_name.empty()) break;
+        if (e.schema) fail("a json element takes a schema or schemas by name, not both");
+        int name = i - 1;
+        while (name >= 0 && elements_[size_t(name)].kind != Kind::kName) --name;
+        if (name < 0 || elements_[size_t(name)].names.size() != e.schema_by_name.size())
+          fail("schemas by name need a name element before them with as many names");
+        break;
+      }
       case Kind::kStop:
         break;
     }
@@ -398,6 +406,7 @@ struct TokenConstraint::State {
   std::array<uint32_t, kMaxPatterns> forbid{};  // kFree: progress in each forbidden pattern
   JsonState json;
   JsonSchemaCursor schema;  // kJson with a schema
+  int32_t name = -1;        // the name the last kName element matched (kept across elements)
 };
 
 namespace {
@@ -474,6 +483,15 @@ bool schema_step(const JsonSchema& sc, JsonSchemaCursor& c, const JsonState& js,
   }
 }
 
+// The schema a kJson element holds the object to in state s (null: none).
+template <typename S>
+const JsonSchema* schema_of(const ConstraintElement& e, const S& s) {
+  if (e.schema_by_name.empty()) return e.schema.get();
+  return s.name >= 0 && size_t(s.name) < e.schema_by_name.size()
+             ? e.schema_by_name[size_t(s.name)].get()
+             : nullptr;
+}
+
 // One symbol; false when the state refuses it (s is then garbage).
 template <typename S>
 bool step(const Elements& el, S& s, ConstraintSymbol sym) {
@@ -509,6 +527,7 @@ bool step(const Elements& el, S& s, ConstraintSymbol sym) {
         // Nothing continues: the element is done if a whole name was read (the shortest
         // consistent name sorts first).
         if (s.off == 0 || e.names[s.lo].size() != s.off) return false;
+        s.name = int32_t(s.lo);
         enter(el, s, s.pc + 1);
         continue;
       }
@@ -523,11 +542,12 @@ bool step(const Elements& el, S& s, ConstraintSymbol sym) {
       case Kind::kJson: {
         if (!byte) return false;
         const J before = s.json.mode;
-        if (e.schema && !schema_step(*e.schema, s.schema, s.json, b)) return false;
+        const JsonSchema* schema = schema_of(e, s);
+        if (schema && !schema_step(*schema, s.schema, s.json, b)) return false;
         if (!s.json.step(b)) return false;
         // A string or literal value ends with its last byte (a number at the byte after it).
-        if (e.schema && s.json.mode == J::kAfter && (before == J::kStr || before == J::kLit) &&
-            !s.schema.scalar_end(*e.schema))
+        if (schema && s.json.mode == J::kAfter && (before == J::kStr || before == J::kLit) &&
+            !s.schema.scalar_end(*schema))
           return false;
         if (s.json.mode == J::kDone) enter(el, s, s.pc + 1);
         return true;
@@ -625,7 +645,7 @@ int64_t TokenConstraint::allowed(std::span<uint8_t> mask) const {
                                        [](uint32_t p) { return p == 0; });
     const ConstraintElement& cur = el[size_t(state_->pc)];
     const bool in_string = cur.kind == Kind::kJson && state_->json.clean_string() &&
-                           (!cur.schema || state_->schema.free_string());
+                           (!schema_of(cur, *state_) || state_->schema.free_string());
     for (int32_t id : ids) {
       const uint32_t from = v.offset_[size_t(id)] + 1, to = v.offset_[size_t(id) + 1];
       bool ok = true;

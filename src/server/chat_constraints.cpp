@@ -56,6 +56,15 @@ class Builder {
     e.schema = std::move(schema);
     return push(std::move(e));
   }
+  // One JSON object following the schema of the name the last names() element matched (none
+  // given: any object).
+  Builder& json_by_name(std::vector<std::shared_ptr<const JsonSchema>> schemas) {
+    ConstraintElement e;
+    e.kind = Kind::kJson;
+    if (std::any_of(schemas.begin(), schemas.end(), [](const auto& s) { return s != nullptr; }))
+      e.schema_by_name = std::move(schemas);
+    return push(std::move(e));
+  }
   Builder& branch(std::vector<std::pair<int32_t, int>> b) {
     ConstraintElement e;
     e.kind = Kind::kBranch;
@@ -77,11 +86,24 @@ class Builder {
 
 // <|tool_calls_section_begin|> (<|tool_call_begin|>functions.NAME:N<|tool_call_argument_begin|>
 // JSON <|tool_call_end|>)+ <|tool_calls_section_end|>, then a stop id.
+// The declared functions' names (as written) with their arguments' schemas, sorted by name.
+using NamedSchemas = std::vector<std::pair<std::string, std::shared_ptr<const JsonSchema>>>;
+
+std::vector<std::string> names_of(const NamedSchemas& f) {
+  std::vector<std::string> n;
+  for (const auto& [name, schema] : f) n.push_back(name);
+  return n;
+}
+std::vector<std::shared_ptr<const JsonSchema>> schemas_of(const NamedSchemas& f) {
+  std::vector<std::shared_ptr<const JsonSchema>> s;
+  for (const auto& [name, schema] : f) s.push_back(schema);
+  return s;
+}
+
 std::shared_ptr<const ConstraintProgram> kimi_program(const ToolChoice& choice,
-                                                      std::vector<std::string> names,
+                                                      const NamedSchemas& functions,
                                                       const Tokenizer& tok,
-                                                      const std::vector<int32_t>& stop_ids,
-                                                      std::shared_ptr<const JsonSchema> args) {
+                                                      const std::vector<int32_t>& stop_ids) {
   Builder b(tok);
   if (choice.mode == ToolChoice::Mode::kNone) {
     ConstraintElement free;
@@ -90,14 +112,15 @@ std::shared_ptr<const ConstraintProgram> kimi_program(const ToolChoice& choice,
                       {special_symbol(b.id("<|tool_call_begin|>"))}};
     return b.push(std::move(free)).done();
   }
-  for (const std::string& n : names)
+  for (const auto& [n, schema] : functions)
     MD_CHECK(n.find(':') == std::string::npos,
              "tool_choice: the function name '{}' holds ':', which ends a name in Kimi's call ids",
              n);
   b.special("<|tool_calls_section_begin|>").special("<|tool_call_begin|>");
   const int call = b.size();  // the element after <|tool_call_begin|>
-  b.text("functions.").names(std::move(names)).text(":").kind(Kind::kDigits);
-  b.special("<|tool_call_argument_begin|>").json(std::move(args)).special("<|tool_call_end|>");
+  b.text("functions.").names(names_of(functions)).text(":").kind(Kind::kDigits);
+  b.special("<|tool_call_argument_begin|>").json_by_name(schemas_of(functions));
+  b.special("<|tool_call_end|>");
   if (choice.mode == ToolChoice::Mode::kNamed) {
     b.special("<|tool_calls_section_end|>");
   } else {
@@ -114,9 +137,7 @@ std::shared_ptr<const ConstraintProgram> kimi_program(const ToolChoice& choice,
 // <|open|>json type="object"<|sep|>JSON<|close|>json<|sep|><|close|>call<|sep|>)+
 // <|close|>tools<|sep|>; the message's end is the model's.
 std::shared_ptr<const ConstraintProgram> k3_program(const ToolChoice& choice,
-                                                    std::vector<std::string> names,
-                                                    const Tokenizer& tok,
-                                                    std::shared_ptr<const JsonSchema> args) {
+                                                    NamedSchemas functions, const Tokenizer& tok) {
   Builder b(tok);
   const int32_t open = b.id("<|open|>"), close = b.id("<|close|>"), sep = b.id("<|sep|>");
   ConstraintElement free;
@@ -131,13 +152,14 @@ std::shared_ptr<const ConstraintProgram> k3_program(const ToolChoice& choice,
   append_text_symbols(free.trigger, "response");
   free.trigger.push_back(special_symbol(sep));
   b.push(std::move(free));
-  for (std::string& n : names) n = k3_escape_attr(n);
-  std::sort(names.begin(), names.end());
+  for (auto& [n, schema] : functions) n = k3_escape_attr(n);
+  std::sort(functions.begin(), functions.end());
   b.special("<|open|>").text("tools").special("<|sep|>").special("<|open|>");
   const int call = b.size();  // the element after a call's <|open|>
-  b.text("call tool=\"").names(std::move(names)).text("\" index=\"").kind(Kind::kDigits);
+  b.text("call tool=\"").names(names_of(functions)).text("\" index=\"").kind(Kind::kDigits);
   b.text("\"").special("<|sep|>");
-  b.special("<|open|>").text("json type=\"object\"").special("<|sep|>").json(std::move(args));
+  b.special("<|open|>").text("json type=\"object\"").special("<|sep|>");
+  b.json_by_name(schemas_of(functions));
   b.special("<|close|>").text("json").special("<|sep|>");
   b.special("<|close|>").text("call").special("<|sep|>");
   if (choice.mode == ToolChoice::Mode::kNamed) {
@@ -155,17 +177,27 @@ std::shared_ptr<const ConstraintProgram> k3_program(const ToolChoice& choice,
 std::shared_ptr<const ConstraintProgram> tool_choice_program(
     TemplateKind format, const ToolChoice& choice, std::vector<std::string> names,
     const Tokenizer& tok, const std::vector<int32_t>& stop_ids,
-    std::shared_ptr<const JsonSchema> args) {
+    std::vector<std::shared_ptr<const JsonSchema>> args) {
   if (choice.mode == ToolChoice::Mode::kAuto) return nullptr;
-  if (choice.mode == ToolChoice::Mode::kNamed) names = {choice.name};
-  std::sort(names.begin(), names.end());
-  names.erase(std::unique(names.begin(), names.end()), names.end());
+  MD_CHECK(args.empty() || args.size() == names.size(),
+           "tool_choice: {} argument schemas for {} functions", args.size(), names.size());
+  args.resize(names.size());
+  NamedSchemas functions;
+  for (size_t i = 0; i < names.size(); ++i)
+    if (choice.mode != ToolChoice::Mode::kNamed || names[i] == choice.name)
+      functions.emplace_back(names[i], args[i]);
+  if (choice.mode == ToolChoice::Mode::kNamed && functions.empty())
+    functions.emplace_back(choice.name, nullptr);
+  std::stable_sort(functions.begin(), functions.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  functions.erase(std::unique(functions.begin(), functions.end(),
+                              [](const auto& a, const auto& b) { return a.first == b.first; }),
+                  functions.end());
   if (choice.mode != ToolChoice::Mode::kNone)
-    MD_CHECK(!names.empty() && !names.front().empty(), "tool_choice: no function to call");
-  if (names.size() != 1) args = nullptr;  // the schema is the one function's
-  return format == TemplateKind::kKimiK3
-             ? k3_program(choice, std::move(names), tok, std::move(args))
-             : kimi_program(choice, std::move(names), tok, stop_ids, std::move(args));
+    MD_CHECK(!functions.empty() && !functions.front().first.empty(),
+             "tool_choice: no function to call");
+  return format == TemplateKind::kKimiK3 ? k3_program(choice, std::move(functions), tok)
+                                         : kimi_program(choice, functions, tok, stop_ids);
 }
 
 std::shared_ptr<const ConstraintProgram> json_object_program(

@@ -265,16 +265,13 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
   if (!tools.empty() && choice.mode != ToolChoice::Mode::kAuto) {
     std::vector<std::string> names;
     for (const json& t : tools) names.push_back(t["function"]["name"].get<std::string>());
-    // The arguments' schema when one function can be called: its `parameters`.
-    std::shared_ptr<const JsonSchema> args;
+    // Each function's arguments' schema: its `parameters`.
+    std::vector<std::shared_ptr<const JsonSchema>> args(tools.size());
     for (size_t i = 0; i < tools.size() && choice.mode != ToolChoice::Mode::kNone; ++i) {
       const json& f = tools[i]["function"];
-      const bool the_one = choice.mode == ToolChoice::Mode::kNamed
-                               ? f["name"].get<std::string>() == choice.name
-                               : tools.size() == 1;
-      if (!the_one || !f.contains("parameters") || f["parameters"].is_null()) continue;
+      if (!f.contains("parameters") || f["parameters"].is_null()) continue;
       try {
-        args = JsonSchema::compile(f["parameters"]);
+        args[i] = JsonSchema::compile(f["parameters"]);
       } catch (const Error& e) {
         throw invalid_field(fmt::format("tools.{}.function.parameters", i), e.what());
       }

@@ -8,9 +8,10 @@
 #include <random>
 
 #include "megadecode/base/error.h"
+#include "megadecode/engine/json_schema.h"
 #include "megadecode/engine/token_constraint.h"
-#include "megadecode/server/tool_calls.h"
 #include "megadecode/server/chat_constraints.h"
+#include "megadecode/server/tool_calls.h"
 #include "megadecode/tokenizer/tokenizer.h"
 #include "test_util.h"
 
@@ -305,6 +306,69 @@ TEST(ToolChoiceProgram, K3CallsComeAfterTheResponseAsJsonBlocks) {
   EXPECT_EQ(split.calls[0].name, "lookup");
   EXPECT_EQ(split.calls[0].arguments, "{\"q\": [1, 2]}");
   EXPECT_EQ(split.calls[1].name, "say\"hi");
+}
+
+// With each function's `parameters`, a call's arguments follow the schema of the name it wrote
+// (the names given unsorted, one of them escaped in K3's markup; a function without parameters
+// takes any object).
+TEST(ToolChoiceProgram, EachCallsArgumentsFollowItsFunctionsSchema) {
+  const nlohmann::json weather = nlohmann::json::parse(
+      R"({"type":"object","properties":{"city":{"type":"string"}},"required":["city"],
+          "additionalProperties":false})");
+  const nlohmann::json time = nlohmann::json::parse(
+      R"({"type":"object","properties":{"tz":{"enum":["utc","cet"]}},"required":["tz"],
+          "additionalProperties":false})");
+  const std::vector<std::string> names = {"say\"hi", "get_weather", "get_time"};
+  const std::vector<std::shared_ptr<const JsonSchema>> args = {
+      nullptr, JsonSchema::compile(weather), JsonSchema::compile(time)};
+  ToolChoice required{ToolChoice::Mode::kRequired, ""};
+  {
+    const Tokenizer tok = test::byte_tokenizer(TemplateKind::kKimi);
+    const int64_t v = tok.vocab_size();
+    auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
+    const int32_t stop = *tok.special_id("<|im_end|>");
+    auto program =
+        server::tool_choice_program(TemplateKind::kKimi, required, names, tok, {stop}, args);
+    const std::string head = "<|tool_calls_section_begin|><|tool_call_begin|>functions.";
+    const std::string calls = head +
+                              "get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}"
+                              "<|tool_call_end|><|tool_call_begin|>functions.get_time:1"
+                              "<|tool_call_argument_begin|>{\"tz\":\"cet\"}<|tool_call_end|>"
+                              "<|tool_calls_section_end|>";
+    std::vector<int32_t> ids = encode_markup(tok, calls);
+    ids.push_back(stop);
+    TokenConstraint c(program, vocab);
+    EXPECT_EQ(feed(c, ids, v), ids.size());
+    for (const auto& [text, bad] : std::vector<std::pair<std::string, std::string>>{
+             {head + "get_weather:0<|tool_call_argument_begin|>{\"", "t"},       // time's member
+             {head + "get_time:0<|tool_call_argument_begin|>{\"tz\": \"", "p"},  // not in enum
+             {head + "get_time:0<|tool_call_argument_begin|>{", "}"},            // tz required
+         }) {
+      TokenConstraint w(program, vocab);
+      const std::vector<int32_t> good = encode_markup(tok, text);
+      ASSERT_EQ(feed(w, good, v), good.size()) << text;
+      EXPECT_FALSE(w.allows(encode_markup(tok, bad).front())) << text << bad;
+    }
+  }
+  {
+    const Tokenizer tok = test::byte_tokenizer(TemplateKind::kKimiK3);
+    const int64_t v = tok.vocab_size();
+    auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
+    auto program =
+        server::tool_choice_program(TemplateKind::kKimiK3, required, names, tok, {}, args);
+    const std::string before = "ok<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"";
+    const std::string json_open = "\" index=\"0\"<|sep|><|open|>json type=\"object\"<|sep|>";
+    for (const auto& [text, ok] : std::vector<std::pair<std::string, bool>>{
+             {before + "get_time" + json_open + "{\"tz\":\"utc\"}", true},
+             {before + "say&quot;hi" + json_open + "{\"anything\": [1]}", true},
+             {before + "get_time" + json_open + "{\"city\"", false},
+             {before + "get_weather" + json_open + "{\"city\": 5", false},
+         }) {
+      TokenConstraint c(program, vocab);
+      const std::vector<int32_t> ids = encode_markup(tok, text);
+      EXPECT_EQ(feed(c, ids, v) == ids.size(), ok) << text;
+    }
+  }
 }
 
 TEST(ResponseFormatProgram, JsonObjectIsTheAnswer) {

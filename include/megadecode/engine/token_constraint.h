@@ -18,7 +18,8 @@
 //   kJson      one JSON object (RFC 8259; strings of valid UTF-8 and paired surrogate escapes;
 //              whitespace between tokens at most kMaxJsonSpace bytes in a row, nesting at most
 //              kMaxJsonDepth), done at its closing brace; with a `schema`, one that follows it
-//              (engine/json_schema.h)
+//              (engine/json_schema.h); with `schema_by_name`, the schema of the name the last
+//              kName element matched (its index among that element's sorted names; null: any)
 //   kFree      anything, except that no `forbidden` pattern may be completed; done when its
 //              `trigger` pattern has just been completed (never, without one)
 //   kBranch    one of `branches`' specials, then on at that branch's target element
@@ -59,6 +60,7 @@ struct ConstraintElement {
   std::vector<int32_t> stop_ids;                     // kStop
   int max_digits = 4;                                // kDigits (a call's index)
   std::shared_ptr<const JsonSchema> schema;          // kJson (null: any object)
+  std::vector<std::shared_ptr<const JsonSchema>> schema_by_name;  // kJson
 };
 
 constexpr int kMaxJsonDepth = 64;

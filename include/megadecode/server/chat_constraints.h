@@ -35,14 +35,12 @@ struct ToolChoice {
 
 // The program for `choice` (null for kAuto). `names`: the declared functions (kRequired may call
 // any of them); `stop_ids`: what may end the message after the calls (empty: anything may follow);
-// `args`: the arguments' schema (the function's `parameters`), enforced when one function can be
-// called (a named choice, or a single declared function; null: any object).
-// Throws md::Error when the tokenizer lacks a marker of the format or a name cannot be written
-// unambiguously in it (a Kimi function name holding ':').
+// `args`: each function's arguments' schema (its `parameters`; empty or null entries: any
+// object), in the order of `names`, enforced on the calls of that function.
 std::shared_ptr<const ConstraintProgram> tool_choice_program(
     TemplateKind format, const ToolChoice& choice, std::vector<std::string> names,
     const Tokenizer& tokenizer, const std::vector<int32_t>& stop_ids,
-    std::shared_ptr<const JsonSchema> args = nullptr);
+    std::vector<std::shared_ptr<const JsonSchema>> args = {});
 
 // response_format {"type": "json_object"} or {"type": "json_schema", ...}: the answer is one JSON
 // object, following `schema` when there is one (json_schema's, engine/json_schema.h). Kimi Linear /
