@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "megadecode/engine/json_schema.h"
 #include "megadecode/engine/token_constraint.h"
 #include "megadecode/server/chat_constraints.h"
 #include "megadecode/tokenizer/tokenizer.h"
@@ -69,6 +72,34 @@ void BM_MaskFreeTextNone(benchmark::State& s) {
       "Sure, here");
 }
 
+// The same states with a JSON Schema (engine/json_schema.h): a key among the members, an enum
+// value, a free string value, an integer.
+std::shared_ptr<const md::ConstraintProgram> schema_program() {
+  const auto schema = md::JsonSchema::compile(nlohmann::json::parse(R"({
+      "type": "object", "additionalProperties": false, "required": ["city", "unit"],
+      "properties": {"city": {"type": "string"}, "country": {"type": "string"},
+                     "unit": {"enum": ["celsius", "fahrenheit", "kelvin"]},
+                     "days": {"type": "integer"}}})"));
+  return md::server::json_object_program(md::TemplateKind::kKimi, false, kimi_tokenizer(),
+                                         {*kimi_tokenizer().special_id("<|im_end|>")}, schema);
+}
+void BM_MaskSchemaKey(benchmark::State& s) {
+  run(s, schema_program(), "{\"c");
+}
+void BM_MaskSchemaEnum(benchmark::State& s) {
+  run(s, schema_program(), "{\"city\": \"Paris\", \"unit\": \"c");
+}
+void BM_MaskSchemaString(benchmark::State& s) {
+  run(s, schema_program(), "{\"city\": \"Par");
+}
+void BM_MaskSchemaInteger(benchmark::State& s) {
+  run(s, schema_program(), "{\"days\": 12");
+}
+
+BENCHMARK(BM_MaskSchemaKey)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskSchemaEnum)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskSchemaString)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskSchemaInteger)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MaskJsonStart)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MaskJsonString)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MaskJsonValue)->Unit(benchmark::kMicrosecond);
