@@ -194,6 +194,19 @@ class JsonSchemaCompiler {
       const json& a = v["additionalProperties"];
       node.additional = !(a.is_boolean() && !a.get<bool>());
     }
+    auto count = [&](const char* key, uint32_t& out) {
+      if (!v.contains(key)) return;
+      const json& x = v[key];
+      if (!x.is_number_integer() || x.get<int64_t>() < 0)
+        fail(where + "/" + key, fmt::format("'{}' must be a non-negative integer", key));
+      out = uint32_t(std::min<int64_t>(x.get<int64_t>(), UINT32_MAX - 1));
+    };
+    count("minItems", node.min_items);
+    count("maxItems", node.max_items);
+    count("minLength", node.min_length);
+    count("maxLength", node.max_length);
+    if (node.min_items > node.max_items) fail(where, "minItems is above maxItems");
+    if (node.min_length > node.max_length) fail(where, "minLength is above maxLength");
     if (v.contains("items")) {
       const json& it = v["items"];
       if (!it.is_boolean() || !it.get<bool>()) {
@@ -303,8 +316,9 @@ bool JsonSchemaCursor::value_begin(const JsonSchema& s, uint8_t b) {
   int expected = 0;  // the root
   if (depth > 0) {
     // An array's element, or an object's member (an additional key's value: any JSON).
-    const Frame& f = frames[depth - 1];
+    Frame& f = frames[depth - 1];
     const JsonSchema::Node& parent = s.node(f.node);
+    if (f.array && f.count++ >= parent.max_items) return false;
     expected = f.array ? parent.items : f.member >= 0 ? parent.members[size_t(f.member)] : -1;
   }
   if (expected < 0) return free();
@@ -334,6 +348,8 @@ bool JsonSchemaCursor::value_begin(const JsonSchema& s, uint8_t b) {
   }
   value_node = int16_t(n);
   lit_cand = 0;
+  chars = 0;
+  counted = kind == kJsonString && (node.min_length > 0 || node.max_length != UINT32_MAX);
   integer = kind == kJsonNumber && node.integer;
   return true;
 }
@@ -409,12 +425,29 @@ bool JsonSchemaCursor::close_object(const JsonSchema& s) {
   return true;
 }
 
-void JsonSchemaCursor::close_array() {
+bool JsonSchemaCursor::element_comma(const JsonSchema& s) const {
+  if (free_depth > 0) return true;
+  const Frame& f = frames[depth - 1];
+  return f.count < s.node(f.node).max_items;
+}
+
+bool JsonSchemaCursor::close_array(const JsonSchema& s) {
   if (free_depth > 0) {
     --free_depth;
-    return;
+    return true;
   }
+  const Frame& f = frames[depth - 1];
+  if (f.count < s.node(f.node).min_items) return false;
   --depth;
+  return true;
+}
+
+bool JsonSchemaCursor::string_byte(const JsonSchema& s, uint8_t b, bool new_char, bool closing) {
+  if (free_value || value_node < 0 || lit_cand) return scalar_byte(s, b);
+  const JsonSchema::Node& node = s.node(value_node);
+  if (closing) return chars >= node.min_length;
+  if (new_char) ++chars;
+  return chars <= node.max_length;
 }
 
 bool JsonSchemaCursor::scalar_byte(const JsonSchema& s, uint8_t b) {
@@ -445,12 +478,13 @@ bool JsonSchemaCursor::scalar_end(const JsonSchema& s) {
   value_node = -1;
   lit_cand = 0;
   integer = false;
+  counted = false;
   free_value = false;
   return ok;
 }
 
 bool JsonSchemaCursor::free_string() const {
-  return !in_key() && (free_value || value_node < 0 || lit_cand == 0);
+  return !in_key() && (free_value || value_node < 0 || (lit_cand == 0 && !counted));
 }
 
 }  // namespace md

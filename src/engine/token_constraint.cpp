@@ -461,21 +461,21 @@ bool schema_step(const JsonSchema& sc, JsonSchemaCursor& c, const JsonState& js,
       if (b == '}') return c.close_object(sc);
       return b != '"' || c.key_begin(sc);
     case J::kArrFirst:
-      if (b == ']') {
-        c.close_array();
-        return true;
-      }
+      if (b == ']') return c.close_array(sc);
       return c.value_begin(sc, b);
     case J::kAfter:
-      if (b == ',') return !js.top_is_object() || c.member_comma(sc);
+      if (b == ',') return js.top_is_object() ? c.member_comma(sc) : c.element_comma(sc);
       if (b == '}') return c.close_object(sc);
-      if (b == ']') c.close_array();
+      if (b == ']') return c.close_array(sc);
       return true;
     case J::kStr:
     case J::kStrEsc:
-    case J::kStrU:
+    case J::kStrU: {
       if (js.key) return mode == J::kStr && b == '"' ? c.key_end(sc) : c.key_byte(sc, b);
-      return c.scalar_byte(sc, b);
+      // A character starts at an ASCII or UTF-8 lead byte, or at an escape's backslash.
+      const bool plain = mode == J::kStr && js.utf_left == 0;
+      return c.string_byte(sc, b, plain && (b < 0x80 || b >= 0xC0), plain && b == '"');
+    }
     case J::kLit:
       return c.scalar_byte(sc, b);
     default:

@@ -36,7 +36,10 @@ const json kSchema = json::parse(R"({
     "extra": {"type": ["string", "null"]},
     "child": {"$ref": "#/$defs/Child"},
     "opt": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
-    "free": {}
+    "free": {},
+    "list": {"type": "array", "items": {"type": "string", "maxLength": 3}, "minItems": 1,
+             "maxItems": 2},
+    "code": {"type": "string", "minLength": 2, "maxLength": 4}
   },
   "required": ["name", "age"],
   "additionalProperties": false,
@@ -83,27 +86,36 @@ TEST(JsonSchema, ObjectsThatFollowTheSchemaPass) {
           R"({"name":"","age":0,"extra":null,"child":{"x":1,"next":{"x":1}},"opt":5,"score":1.5e3})",
           R"({"name":"n","age":1,"extra":"s","opt":null,"unit":"fahrenheit","tags":[]})",
           R"({"name":"n","age":1,"free":{"any":[1,{"k":null}],"thing":"x"},"score":-0.25})",
+          R"({"name":"n","age":1,"list":["a"],"code":"ab"})",
+          R"({"name":"n","age":1,"list":["abc","é日x"],"code":"abcd"})",
+          R"({"name":"n","age":1,"code":"\n\t","list":["\u00e9\"z"]})",
       })
     EXPECT_TRUE(takes(kSchema, text)) << text;
 }
 
 TEST(JsonSchema, ViolationsAreRefused) {
   for (const char* text : {
-           R"({"name":"a"})",                            // a required member missing
-           R"({"name":1,"age":1})",                      // a wrong type
-           R"({"age":1.5,"name":"a"})",                  // an integer with a fraction
-           R"({"age":1e3,"name":"a"})",                  // an integer with an exponent
-           R"({"nam":"a","age":1})",                     // a key that is not a member
-           R"({"name":"a","age":1,"zzz":1})",            // an additional key
-           R"({"name":"a","age":1,"unit":"kelvin"})",    // outside the enum
-           R"({"name":"a","age":1,"unit":"celsiusx"})",  // an enum value's prefix only
-           R"({"name":"a","name":"b","age":1})",         // a member twice
-           R"({"child":{},"name":"a","age":1})",         // a nested required member missing
-           R"({"child":{"x":2},"name":"a","age":1})",    // const
-           R"({"opt":"s","name":"a","age":1})",          // no alternative is a string
-           R"({"tags":[1],"name":"a","age":1})",         // an element's type
-           R"({"extra":5,"name":"a","age":1})",          // not in the type list
-           R"({"name":"a","age":1,})",                   // a comma with nothing left to write
+           R"({"name":"a"})",                               // a required member missing
+           R"({"name":1,"age":1})",                         // a wrong type
+           R"({"age":1.5,"name":"a"})",                     // an integer with a fraction
+           R"({"age":1e3,"name":"a"})",                     // an integer with an exponent
+           R"({"nam":"a","age":1})",                        // a key that is not a member
+           R"({"name":"a","age":1,"zzz":1})",               // an additional key
+           R"({"name":"a","age":1,"unit":"kelvin"})",       // outside the enum
+           R"({"name":"a","age":1,"unit":"celsiusx"})",     // an enum value's prefix only
+           R"({"name":"a","name":"b","age":1})",            // a member twice
+           R"({"child":{},"name":"a","age":1})",            // a nested required member missing
+           R"({"child":{"x":2},"name":"a","age":1})",       // const
+           R"({"opt":"s","name":"a","age":1})",             // no alternative is a string
+           R"({"tags":[1],"name":"a","age":1})",            // an element's type
+           R"({"extra":5,"name":"a","age":1})",             // not in the type list
+           R"({"name":"a","age":1,})",                      // a comma with nothing left to write
+           R"({"name":"a","age":1,"list":[]})",             // minItems
+           R"({"name":"a","age":1,"list":["a","b","c"]})",  // maxItems
+           R"({"name":"a","age":1,"list":["abcd"]})",       // an element's maxLength
+           R"({"name":"a","age":1,"list":["日本語x"]})",    // characters, not bytes
+           R"({"name":"a","age":1,"code":"a"})",            // minLength
+           R"({"name":"a","age":1,"code":"abcde"})",        // maxLength
        })
     EXPECT_FALSE(takes(kSchema, text)) << text;
   // With additional properties allowed: any other key, any value, but a member still once.
@@ -156,6 +168,15 @@ bool valid(const json& root, const json& s, const json& v) {
   if (v.is_array() && s.contains("items"))
     for (const json& x : v)
       if (!valid(root, s["items"], x)) return false;
+  if (v.is_array() && (v.size() < s.value("minItems", size_t(0)) ||
+                       v.size() > s.value("maxItems", size_t(1) << 30)))
+    return false;
+  if (v.is_string()) {
+    size_t chars = 0;  // code points: the bytes that are not UTF-8 continuations
+    for (unsigned char ch : v.get<std::string>()) chars += (ch & 0xC0) != 0x80;
+    if (chars < s.value("minLength", size_t(0)) || chars > s.value("maxLength", size_t(1) << 30))
+      return false;
+  }
   return true;
 }
 
@@ -215,6 +236,8 @@ TEST(JsonSchema, SchemasTheCursorCannotFollowAreErrorsNamingThePlace) {
       {R"({"properties":{"a":false}})", "allows no value"},
       {R"({"properties":{"a":{"enum":[{"k":1}]}}})", "scalars"},
       {R"(5)", "an object or a boolean"},
+      {R"({"properties":{"a":{"minItems":3,"maxItems":2}}})", "minItems is above maxItems"},
+      {R"({"properties":{"a":{"maxLength":-1}}})", "non-negative integer"},
   };
   for (const auto& [text, what] : cases) {
     try {

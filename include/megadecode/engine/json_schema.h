@@ -10,6 +10,10 @@
 //   additionalProperties false: only the named members; true, absent or a schema: any other key,
 //                        its value any JSON (a schema given here is not enforced)
 //   items                the schema of every array element
+//   minItems, maxItems   an array's element count (no ',' past the maximum, no ']' before the
+//                        minimum)
+//   minLength, maxLength a string value's characters (code points written as UTF-8 or as one
+//                        escape each; an escaped surrogate pair counts as two)
 //   enum, const          one of the given scalars (strings, numbers, booleans, null), written
 //                        exactly as json dumps them
 //   $ref                 "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion allowed)
@@ -17,7 +21,7 @@
 //                        number, boolean, null): at most one alternative per kind
 //
 // Everything else is an annotation or a bound that is not enforced (documented in
-// docs/server.md): minimum / maximum, lengths, pattern, format, uniqueItems, min/maxItems, allOf,
+// docs/server.md): minimum / maximum, pattern, format, uniqueItems, allOf,
 // not, if/then/else, patternProperties. A schema the cursor cannot follow (an empty enum, two
 // anyOf alternatives of one kind, a $ref elsewhere, more than 64 properties or enum values, more
 // than kMaxSchemaDepth nested typed containers) is an md::Error naming the place.
@@ -56,6 +60,8 @@ class JsonSchema {
     uint64_t required = 0;
     bool additional = true;
     int items = -1;  // arrays: the elements' node (-1: any JSON)
+    uint32_t min_items = 0, max_items = UINT32_MAX;
+    uint32_t min_length = 0, max_length = UINT32_MAX;  // strings, in characters
     // enum / const: the values as written (json dumps); empty: no enum.
     std::vector<std::string> literals;
   };
@@ -84,6 +90,7 @@ struct JsonSchemaCursor {
     bool in_key = false;
     uint64_t seen = 0;  // members written
     uint64_t cand = 0;  // members whose name matches the key so far
+    uint32_t count = 0;  // arrays: elements begun
   };
   std::array<Frame, kMaxSchemaDepth> frames{};
   uint8_t depth = 0;        // frames in use
@@ -102,10 +109,16 @@ struct JsonSchemaCursor {
   bool key_byte(const JsonSchema& s, uint8_t b);  // a byte of a key (not its closing quote)
   bool key_end(const JsonSchema& s);
   bool member_comma(const JsonSchema& s) const;  // ',' in an object
+  bool element_comma(const JsonSchema& s) const;  // ',' in an array
   bool close_object(const JsonSchema& s);
-  void close_array();
+  bool close_array(const JsonSchema& s);
   // A byte of a string, number or literal value after its first.
   bool scalar_byte(const JsonSchema& s, uint8_t b);
+  // A byte of a string value's contents or its closing quote (closing); new_char: the byte starts
+  // a character (a UTF-8 lead byte, an ASCII byte or an escape's backslash).
+  bool string_byte(const JsonSchema& s, uint8_t b, bool new_char, bool closing);
+  uint32_t chars = 0;                    // characters of the string value under way
+  bool counted = false;                  // ... and its length is bounded (every byte judged)
   bool scalar_end(const JsonSchema& s);  // the scalar value ended (after its last byte)
   // Inside a string whose bytes the schema does not judge (a free value, not an enum or a key).
   bool free_string() const;
