@@ -338,7 +338,7 @@ bool JsonSchemaCursor::value_begin(const JsonSchema& s, uint8_t b) {
   }
   if (!(node.kinds & kind)) return false;
   if (kind == kJsonObject || kind == kJsonArray) {
-    if (depth >= kMaxSchemaDepth) return false;
+    if (depth >= kMaxSchemaDepth) return free();  // (json_schema.h: any JSON below)
     Frame& f = frames[depth++];
     f = Frame{};
     f.node = uint16_t(n);

@@ -251,5 +251,19 @@ TEST(JsonSchema, SchemasTheCursorCannotFollowAreErrorsNamingThePlace) {
   EXPECT_NO_THROW(JsonSchema::compile(json::parse(R"({"properties":{"self":{"$ref":"#"}}})")));
 }
 
+// A recursive schema whose member is required: the output can always go deeper (past the
+// cursor's kMaxSchemaDepth frames it takes any JSON), and at the shallow levels the schema holds.
+TEST(JsonSchema, RecursionDeeperThanTheCursorNeverDeadEnds) {
+  const json schema = json::parse(R"({"type":"object","additionalProperties":false,
+      "properties":{"next":{"anyOf":[{"$ref":"#"},{"type":"null"}]},"n":{"type":"integer"}},
+      "required":["next"]})");
+  std::string deep, tail;
+  for (int i = 0; i < 24; ++i) deep += R"({"next":)", tail += "}";
+  EXPECT_TRUE(takes(schema, deep + "null" + tail));
+  EXPECT_TRUE(takes(schema, deep + R"({"next":null,"x":[1]})" + tail));  // free below 16
+  EXPECT_FALSE(takes(schema, R"({"next":{"next":null,"x":1}})"));        // held at depth 2
+  EXPECT_FALSE(takes(schema, R"({"next":{"n":1}})"));                    // "next" required
+}
+
 }  // namespace
 }  // namespace md

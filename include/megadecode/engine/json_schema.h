@@ -23,8 +23,10 @@
 // Everything else is an annotation or a bound that is not enforced (documented in
 // docs/server.md): minimum / maximum, pattern, format, uniqueItems, allOf,
 // not, if/then/else, patternProperties. A schema the cursor cannot follow (an empty enum, two
-// anyOf alternatives of one kind, a $ref elsewhere, more than 64 properties or enum values, more
-// than kMaxSchemaDepth nested typed containers) is an md::Error naming the place.
+// anyOf alternatives of one kind, a $ref elsewhere, more than 64 properties or enum values) is an
+// md::Error naming the place. An output nested deeper than kMaxSchemaDepth objects / arrays that
+// follow the schema (a recursive schema) takes any JSON below that depth rather than refusing it
+// (a refusal could leave a required member impossible to write).
 #pragma once
 #include <array>
 #include <cstdint>
