@@ -303,10 +303,16 @@ void SequenceState::copy_from(const SequenceState& from) {
   PoolMemory& m = P.mem_->host_accessible() ? *from.pool_->mem_ : *P.mem_;
   m.copy(P.slot_data(slot_), from.pool_->slot_data(from.slot_),
          nkda * (P.state_floats_ + P.conv_floats_) * sizeof(float));
+  // A page's rows of a layer are contiguous: one copy per run of rows inside a page of both
+  // pools (whose page sizes may differ), not one per row (a device memory's copy is a transfer).
+  const int64_t pd = P.opt_.page_rows, ps = from.pool_->opt_.page_rows;
   for (int l = 0; l < P.cfg_.num_layers; ++l) {
     if (P.mla_index_[size_t(l)] < 0) continue;
     const cpu::LatentCache dst = latent(l), src = from.latent(l);
-    for (int64_t t = 0; t < from.pos; ++t) m.copy(dst.row(t), src.row(t), P.row_bytes_);
+    for (int64_t t = 0, n = 0; t < from.pos; t += n) {
+      n = std::min({pd - t % pd, ps - t % ps, from.pos - t});
+      m.copy(dst.row(t), src.row(t), size_t(n) * P.row_bytes_);
+    }
   }
   pos = from.pos;
   rowlog = {};

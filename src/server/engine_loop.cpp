@@ -104,6 +104,8 @@ struct EngineLoop::Slot {
   std::unique_ptr<TokenTextStream> text;
   std::vector<int32_t> history;  // prompt + generated
   size_t fed = 0;                // prompt tokens the sequence has consumed
+  int64_t cached = 0;            // of them, restored from the prefix cache
+  size_t keep_at = 0;            // > fed: keep a state there (a chunk ends there)
   int32_t next = -1;             // the last sampled id, fed by the next step
   int generated = 0;
   double t_last = 0;
@@ -136,6 +138,7 @@ void append_event(ChoiceEvent& into, ChoiceEvent&& more) {
   into.error = std::move(more.error);
   into.prompt_tokens = more.prompt_tokens;
   into.completion_tokens = more.completion_tokens;
+  into.cached_tokens = more.cached_tokens;
 }
 }  // namespace
 
@@ -161,6 +164,19 @@ EngineLoop::EngineLoop(Executor& executor, const Tokenizer& tokenizer, EngineOpt
     aux_layers_.assign(probe->aux_layers().begin(), probe->aux_layers().end());
     spec_ = std::make_unique<SpeculativeDecoder>(executor, aux_layers_, opt_.speculative);
     counters_.speculative = true;
+  }
+  MD_CHECK(opt_.prefix_cache >= 0, "serve: --prefix-cache must not be negative");
+  if (opt_.prefix_cache > 0) {
+    MD_CHECK(aux_layers_.empty(),
+             "serve: the prefix cache does not run beside a drafter that observes the target's "
+             "rows (a DSpark draft): --prefix-cache 0");
+    const int slots = executor.states().max_sequences();
+    MD_CHECK(opt_.max_batch + opt_.prefix_cache <= slots,
+             "serve: --max-batch {} and --prefix-cache {} need {} state slots; the pool has {} "
+             "(--max-sequences)",
+             opt_.max_batch, opt_.prefix_cache, opt_.max_batch + opt_.prefix_cache, slots);
+    cache_ = std::make_unique<PrefixCache>(executor.states(), opt_.prefix_cache,
+                                           opt_.prefix_cache_min_tokens);
   }
   thread_ = std::thread([this] { run(); });
 }
@@ -218,6 +234,7 @@ void EngineLoop::shutdown(double grace_seconds) {
   }
   cv_.notify_all();
   thread_.join();
+  cache_.reset();  // its states go back to the pool now, not after the executor is gone
 }
 
 void EngineLoop::run() {
@@ -279,6 +296,7 @@ bool EngineLoop::admit() {
       continue;
     }
     try {
+      if (cache_) cache_->free_a_slot();  // (the pool is sized so that this evicts nothing)
       s->seq = ex_.new_sequence();
       // max_tokens 0 (echo: the prompt only) never draws; the sampler wants at least 1.
       SamplingParams sp = s->spec.sampling;
@@ -297,6 +315,7 @@ bool EngineLoop::admit() {
               std::make_shared<const ConstraintVocab>(tok_, ex_.model().config().vocab_size);
         s->constraint.emplace(s->spec.constraint, constraint_vocab_);
       }
+      if (cache_) restore_prefix(*s);
     } catch (const std::exception& e) {  // a pool budget, parameters the engine refuses
       ChoiceEvent ev;
       ev.choice = s->choice;
@@ -324,6 +343,10 @@ void EngineLoop::finish(Slot& s, const std::string& reason, ChoiceEvent e) {
   e.finish_reason = reason;
   e.prompt_tokens = int(s.spec.prompt.size());
   e.completion_tokens = s.generated;
+  e.cached_tokens = int(s.cached);
+  // A finished generation's state: after the prompt and every generated token but the last
+  // (drawn, never fed). A chat's next turn starts with them.
+  if (cache_ && reason != "abort" && !s.prefilling()) keep_prefix(s, s.history.size() - 1);
   // (Unless the first token took them: max_tokens 0, or an abort before any token.)
   if (s.prompt_logprobs && s.generated == 0 && e.prompt_logprobs.empty())
     e.prompt_logprobs = std::move(s.prompt_lp);
@@ -481,7 +504,8 @@ void EngineLoop::add_prompt_parts(int budget, int chunk, std::vector<Part>& part
     if (!s.prefilling()) continue;
     if (capped && budget == 0) break;
     const size_t left = s.spec.prompt.size() - s.fed;
-    const int n = int(std::min<size_t>(left, size_t(capped ? std::min(budget, chunk) : chunk)));
+    int n = int(std::min<size_t>(left, size_t(capped ? std::min(budget, chunk) : chunk)));
+    if (s.keep_at > s.fed) n = int(std::min<size_t>(size_t(n), s.keep_at - s.fed));
     if (capped) budget -= n;
     const bool last = size_t(n) == left;
     const bool samples = last && s.spec.sampling.max_tokens > 0;
@@ -517,6 +541,7 @@ void EngineLoop::after_part(const Part& p, const float* logits, const int32_t* n
         }
       s.fed += size_t(p.rows);
       counters_.prompt_tokens.fetch_add(p.rows);
+      if (cache_ && (s.fed == s.keep_at || !s.prefilling())) keep_prefix(s, s.fed);
       if (s.prefilling()) return;
       if (!p.samples) {  // max_tokens 0: the prompt (and its logprobs) only
         finish(s, "length", {});
@@ -537,6 +562,34 @@ void EngineLoop::after_part(const Part& p, const float* logits, const int32_t* n
                    gap, e))
       send_tokens(s, std::move(e), first);
   }
+}
+
+void EngineLoop::restore_prefix(Slot& s) {
+  const std::vector<int32_t>& prompt = s.spec.prompt;
+  counters_.prefix_cache_queries.fetch_add(int64_t(prompt.size()));
+  // Prompt logprobs need every prompt row's logits.
+  if (s.prompt_logprobs) return;
+  const PrefixCache::Match m = cache_->match(prompt);
+  if (m.entry >= 0) {
+    cache_->restore(m, s.seq);
+    s.fed = size_t(m.cached);
+    s.cached = m.cached;
+    counters_.prefix_cache_hits.fetch_add(m.cached);
+    if (s.drafter)  // (a drafter without aux rows: the tokens are all it observes)
+      s.drafter->observe(std::span<const int32_t>(prompt.data(), s.fed), 0, {});
+  }
+  // Where the prompt departs from a cached one (a shared system prompt, few-shot examples, the
+  // same prompt again): keep a state there too, so the next prompt sharing it hits. At most the
+  // prompt's last token but one: the last is fed to get the first draw's logits.
+  const int64_t at = std::min<int64_t>(m.shared, int64_t(prompt.size()) - 1);
+  if (at > m.cached && at >= cache_->min_tokens()) s.keep_at = size_t(at);
+}
+
+void EngineLoop::keep_prefix(Slot& s, size_t tokens) {
+  // The slot's sequence is at `tokens` of its history wherever this is called; a sequence that is
+  // not (nothing known to happen) is skipped rather than cached wrong.
+  if (int64_t(tokens) != s.seq.pos || tokens > s.history.size()) return;
+  cache_->insert(std::span<const int32_t>(s.history.data(), tokens), s.seq);
 }
 
 // Every decoding slot verifies its anchor and K drafts in one plan step

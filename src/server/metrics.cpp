@@ -77,6 +77,11 @@ std::string Metrics::render(const EngineCounters& e) const {
   gauge("megadecode_generation_tokens_total", "tokens generated", e.generation_tokens.load(),
         "counter");
   gauge("megadecode_engine_steps_total", "executor steps run", e.steps.load(), "counter");
+  // vLLM's prefix-cache counters (tokens): their ratio is the hit rate.
+  gauge("megadecode_prefix_cache_queries_total", "prompt tokens looked up in the prefix cache",
+        e.prefix_cache_queries.load(), "counter");
+  gauge("megadecode_prefix_cache_hits_total", "prompt tokens restored from the prefix cache",
+        e.prefix_cache_hits.load(), "counter");
   if (e.speculative) {  // the names of vLLM's spec_decode counters
     gauge("megadecode_spec_decode_num_drafts_total",
           "speculative verifications (one per decoding sequence per verify step)",

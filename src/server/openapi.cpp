@@ -126,11 +126,14 @@ std::string openapi_json(const std::string& model_name) {
   chat["properties"]["tool_choice"] = {{"oneOf", {str(), {{"type", "object"}}}}};
   chat["properties"]["chat_template_kwargs"] = {{"type", "object"}};
 
-  ordered_json usage = {{"type", "object"},
-                        {"properties",
-                         {{"prompt_tokens", {{"type", "integer"}}},
-                          {"completion_tokens", {{"type", "integer"}}},
-                          {"total_tokens", {{"type", "integer"}}}}}};
+  ordered_json usage = {
+      {"type", "object"},
+      {"properties",
+       {{"prompt_tokens", {{"type", "integer"}}},
+        {"completion_tokens", {{"type", "integer"}}},
+        {"total_tokens", {{"type", "integer"}}},
+        {"prompt_tokens_details",
+         {{"type", "object"}, {"properties", {{"cached_tokens", {{"type", "integer"}}}}}}}}}};
   ordered_json completion_resp = {
       {"type", "object"},
       {"required", {"id", "object", "created", "model", "choices"}},

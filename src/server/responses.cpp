@@ -38,6 +38,7 @@ void ChoiceResult::add(ChoiceEvent&& e) {
   if (e.finish_reason || !e.error.empty()) {
     prompt_tokens = e.prompt_tokens;
     completion_tokens = e.completion_tokens;
+    cached_tokens = e.cached_tokens;
   }
 }
 
@@ -45,10 +46,11 @@ std::string tool_calls_finish_reason(const std::string& finish_reason, size_t ca
   return calls > 0 && finish_reason == "stop" ? "tool_calls" : finish_reason;
 }
 
-json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
   return {{"prompt_tokens", prompt_tokens},
           {"completion_tokens", completion_tokens},
-          {"total_tokens", prompt_tokens + completion_tokens}};
+          {"total_tokens", prompt_tokens + completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
 std::string tool_call_id_prefix(const ResponseMeta& meta, size_t choice) {
@@ -123,7 +125,7 @@ json chat_logprobs(const std::vector<TokenLogprob>& lps, const Tokenizer& tok) {
 json completion_body(const CompletionRequest& req, const std::vector<ChoiceResult>& rs,
                      const ResponseMeta& meta, const Tokenizer& tok) {
   json choices = json::array();
-  int64_t prompt = 0, completion = 0;
+  int64_t prompt = 0, completion = 0, cached = 0;
   for (size_t i = 0; i < rs.size(); ++i) {
     const ChoiceResult& r = rs[i];
     const std::vector<int32_t>& p = req.prompts[i / size_t(req.n)];
@@ -139,18 +141,21 @@ json completion_body(const CompletionRequest& req, const std::vector<ChoiceResul
     choices.push_back(
         {{"index", i}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", r.finish_reason}});
     // Each prompt counts once, whatever n is (as the OpenAI API counts it).
-    if (i % size_t(req.n) == 0) prompt += r.prompt_tokens;
+    if (i % size_t(req.n) == 0) {
+      prompt += r.prompt_tokens;
+      cached += r.cached_tokens;
+    }
     completion += r.completion_tokens;
   }
   return {{"id", meta.id},           {"object", "text_completion"},
           {"created", meta.created}, {"model", meta.model},
-          {"choices", choices},      {"usage", usage_json(prompt, completion)}};
+          {"choices", choices},      {"usage", usage_json(prompt, completion, cached)}};
 }
 
 json chat_body(const CompletionRequest& req, const std::vector<ChoiceResult>& rs,
                const ResponseMeta& meta, const Tokenizer& tok) {
   json choices = json::array();
-  int64_t prompt = 0, completion = 0;
+  int64_t prompt = 0, completion = 0, cached = 0;
   for (size_t i = 0; i < rs.size(); ++i) {
     const ChoiceResult& r = rs[i];
     json msg = {{"role", "assistant"}, {"content", r.text}};
@@ -173,12 +178,15 @@ json chat_body(const CompletionRequest& req, const std::vector<ChoiceResult>& rs
                        {"message", msg},
                        {"logprobs", req.logprobs ? chat_logprobs(r.logprobs, tok) : json(nullptr)},
                        {"finish_reason", finish}});
-    if (i == 0) prompt = r.prompt_tokens;
+    if (i == 0) {
+      prompt = r.prompt_tokens;
+      cached = r.cached_tokens;
+    }
     completion += r.completion_tokens;
   }
   return {{"id", meta.id},           {"object", "chat.completion"},
           {"created", meta.created}, {"model", meta.model},
-          {"choices", choices},      {"usage", usage_json(prompt, completion)}};
+          {"choices", choices},      {"usage", usage_json(prompt, completion, cached)}};
 }
 
 json completion_chunk(const ResponseMeta& meta, int index, const std::string& text, json logprobs,

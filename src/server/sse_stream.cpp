@@ -316,7 +316,10 @@ std::string SseStream::render_event(ChoiceEvent& e) {
   }
   if (e.finish_reason || !e.error.empty()) {
     // A prompt counts once however many choices it has.
-    if (chat ? i == 0 : i % size_t(r.n) == 0) totals_.prompt_tokens += e.prompt_tokens;
+    if (chat ? i == 0 : i % size_t(r.n) == 0) {
+      totals_.prompt_tokens += e.prompt_tokens;
+      totals_.cached_tokens += e.cached_tokens;
+    }
     totals_.completion_tokens += e.completion_tokens;
   }
   return out;
@@ -331,7 +334,8 @@ std::string SseStream::render_end() {
                     {"created", meta_.created},
                     {"model", meta_.model},
                     {"choices", json::array()},
-                    {"usage", usage_json(totals_.prompt_tokens, totals_.completion_tokens)}};
+                    {"usage", usage_json(totals_.prompt_tokens, totals_.completion_tokens,
+                                         totals_.cached_tokens)}};
     out += "data: " + dump(u) + "\n\n";
   }
   out += "data: [DONE]\n\n";

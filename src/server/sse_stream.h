@@ -63,7 +63,7 @@ class SseStream : public std::enable_shared_from_this<SseStream> {
   void close();
 
   struct Totals {
-    int64_t prompt_tokens = 0, completion_tokens = 0;
+    int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
     double first_token = 0;  // steady seconds of the first generated token (0: none yet)
   };
   Totals totals() const;

@@ -53,6 +53,7 @@ struct Outcome {
   std::vector<int32_t> tokens;
   std::string text, finish;
   int completion_tokens = 0;
+  int cached_tokens = 0;  // prompt tokens the prefix cache restored
 };
 
 inline Outcome collect(server::RequestStream& s) {
@@ -66,6 +67,7 @@ inline Outcome collect(server::RequestStream& s) {
       if (e.finish_reason) {
         o.finish = *e.finish_reason;
         o.completion_tokens = e.completion_tokens;
+        o.cached_tokens = e.cached_tokens;
       }
     }
   return o;

@@ -40,6 +40,9 @@ struct TestServer {
     eo.max_queue = 32;
     eo.max_model_len = 4096;
     eo.prefill_chunk = 8;
+    // The pool's 8 slots beside the running ones (every test here runs with the cache on).
+    eo.prefix_cache = 16 - max_batch;
+    eo.prefix_cache_min_tokens = 8;
     if (!forced_output.empty()) eo.test_forced_tokens = m.tok->encode(forced_output, true);
     engine = std::make_unique<server::EngineLoop>(*m.ex, *m.tok, eo, metrics.observer());
     server::ServerOptions so;
@@ -217,6 +220,43 @@ TEST_F(ServerHttp, CompletionMatchesTheGenerator) {
   EXPECT_EQ(n1["choices"][1]["index"], 1);
   EXPECT_EQ(n1["choices"], n2["choices"]);
   EXPECT_EQ(n1["usage"]["completion_tokens"], 12);
+}
+
+// A prompt that starts with an earlier one restores its state: usage says how many prompt tokens
+// were cached (OpenAI's prompt_tokens_details.cached_tokens), streamed or not, and /metrics counts
+// them.
+TEST_F(ServerHttp, PrefixCacheHitsAreReportedInUsageAndMetrics) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < 40; ++i) p.push_back(int32_t(3 + (i * 29) % 83));
+  const json body = {{"prompt", p}, {"max_tokens", 3}, {"temperature", 0}, {"ignore_eos", true}};
+  const json first = post_json(*server_, "/v1/completions", body);
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  std::vector<int32_t> longer = p;
+  for (int32_t id : {90, 91, 92, 93}) longer.push_back(id);
+  json b2 = body;
+  b2["prompt"] = longer;
+  const json second = post_json(*server_, "/v1/completions", b2);
+  const int cached = second["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>();
+  EXPECT_GE(cached, 40);
+  EXPECT_LT(cached, int(longer.size()));
+  EXPECT_EQ(second["usage"]["prompt_tokens"], longer.size());
+  // Streamed, the usage chunk says the same.
+  b2["stream"] = true;
+  b2["stream_options"] = {{"include_usage", true}};
+  auto c = server_->client();
+  auto st = c.Post("/v1/completions", b2.dump(), "application/json");
+  ASSERT_TRUE(st);
+  json usage;
+  for (const std::string& d : sse_data(st->body))
+    if (d != "[DONE]" && json::parse(d)["usage"].is_object()) usage = json::parse(d)["usage"];
+  ASSERT_TRUE(usage.is_object()) << st->body;
+  EXPECT_GE(usage["prompt_tokens_details"]["cached_tokens"].get<int>(), 40);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  const size_t at = m->body.find("\nmegadecode_prefix_cache_hits_total ");
+  ASSERT_NE(at, std::string::npos);
+  EXPECT_GE(std::stol(m->body.substr(at + 36)), 80);
+  EXPECT_NE(m->body.find("megadecode_prefix_cache_queries_total"), std::string::npos);
 }
 
 TEST_F(ServerHttp, ChatStreamEqualsNonStream) {

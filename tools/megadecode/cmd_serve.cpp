@@ -28,6 +28,7 @@ void register_serve(CLI::App& app) {
     std::string executor = "megakernel", chat_template;
     std::vector<std::string> names;
     int workers = 0;
+    int prefix_cache = -1;  // -1: the pool's slots beside --max-batch
     double grace = 3.0;
     SpeculativeFlags spec;
   };
@@ -53,6 +54,15 @@ void register_serve(CLI::App& app) {
                 "tokens per streamed chunk after the first (1: every token at once; more: fewer "
                 "wake-ups of the HTTP threads and clients, for hosts short of CPU)")
       ->check(CLI::Range(1, 1024));
+  c->add_option("--prefix-cache", o->prefix_cache,
+                "states kept for prompts that start with earlier prompts or conversations "
+                "(docs/server.md \"Prefix cache\"): entries, each a sequence's state in the pool "
+                "(0: off; default: the pool's --max-sequences slots beside --max-batch, or 4 more "
+                "slots if none are spare and --cache-tokens is not given)")
+      ->check(CLI::Range(-1, 4096));
+  c->add_option("--prefix-cache-min-tokens", o->engine.prefix_cache_min_tokens,
+                "shortest prefix the cache keeps a state for")
+      ->check(CLI::Range(1, 1 << 30));
   c->add_option("--executor", o->executor,
                 "megakernel or opbyop (the decode plan), or reference (Model::forward, one "
                 "sequence after another)")
@@ -106,7 +116,23 @@ void register_serve(CLI::App& app) {
     eo.device = o->f.device_kind();
     eo.workers = o->workers;
     eo.states = lm.model->options().states;
-    eo.states.max_sequences = std::max(eo.states.max_sequences, o->engine.max_batch);
+    // The prefix cache's entries are sequences of the pool: a slot each beside the running ones
+    // (a DSpark draft observes rows a restored sequence never fed, and --tp / --ep ranks would
+    // each need the copy: no cache there).
+    const bool cache_ok = o->spec.draft_dir().empty() && !sharded;
+    MD_CHECK(cache_ok || o->prefix_cache <= 0,
+             "serve: --prefix-cache does not run with a DSpark draft (--draft) or under --tp / "
+             "--ep yet");
+    if (!cache_ok) o->prefix_cache = 0;
+    if (o->prefix_cache < 0) {
+      // The pool's spare slots; none spare: 4 more slots, unless --cache-tokens fixes the pages
+      // (more slots would then shrink every slot's share below --max-model-len).
+      const int spare = eo.states.max_sequences - o->engine.max_batch;
+      o->prefix_cache = spare > 0 ? spare : eo.states.cache_tokens == 0 ? 4 : 0;
+    }
+    o->engine.prefix_cache = o->prefix_cache;
+    eo.states.max_sequences =
+        std::max(eo.states.max_sequences, o->engine.max_batch + o->prefix_cache);
     // reference: Model::forward a sequence at a time behind the same step interface (slow; for
     // checking the plan executors' output through the server).
     std::unique_ptr<Executor> local =
@@ -143,9 +169,10 @@ void register_serve(CLI::App& app) {
     const int port = http.bind();
     std::fprintf(stderr,
                  "megadecode serve: http://%s:%d serving '%s' (%s), executor %s, max batch %d, "
-                 "max model len %d%s\n",
+                 "max model len %d, prefix cache %s%s\n",
                  o->http.host.c_str(), port, o->names.front().c_str(), o->f.model.c_str(),
                  o->executor.c_str(), o->engine.max_batch, o->engine.max_model_len,
+                 o->prefix_cache > 0 ? fmt::format("{} entries", o->prefix_cache).c_str() : "off",
                  o->spec.enabled()
                      ? fmt::format(", speculative {} with {} drafts a step",
                                    drafter.drafter->name(), o->engine.speculative.num_draft_tokens)

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "megadecode/engine/prefix_cache.h"
 #include "megadecode/engine/sampler.h"
 #include "megadecode/engine/token_constraint.h"
 #include "megadecode/exec/executor.h"
@@ -45,6 +46,7 @@ struct ChoiceEvent {
   std::optional<std::string> finish_reason;      // "stop", "length" or "abort"; set on the last
   std::string error;                             // the engine failed this choice
   int prompt_tokens = 0, completion_tokens = 0;  // on the last event
+  int cached_tokens = 0;  // on the last event: prompt tokens restored from the prefix cache
 };
 
 // One choice to generate: a prompt and its sampling (the stop ids included).
@@ -101,6 +103,9 @@ struct EngineCounters {
   std::atomic<int64_t> running{0}, waiting{0};
   std::atomic<int64_t> prompt_tokens{0}, generation_tokens{0};
   std::atomic<int64_t> steps{0};
+  // Prefix cache (vLLM's counters): prompt tokens of the sequences looked up, and of those the
+  // tokens restored instead of prefilled.
+  std::atomic<int64_t> prefix_cache_queries{0}, prefix_cache_hits{0};
   // Speculative decoding: sequences verified (a step verifies each decoding sequence once), the
   // drafts they verified and accepted, and per draft position k the acceptances of draft k + 1.
   bool speculative = false;  // set before the engine thread starts
@@ -126,6 +131,12 @@ struct EngineOptions {
   // Tokens a choice's events carry (the first token and the last event go out at once): each
   // event wakes a client's HTTP thread, so a larger interval trades smoothness for host CPU.
   int stream_interval = 1;
+  // Prefix cache (engine/prefix_cache.h, docs/server.md "Prefix cache"): states kept in the
+  // executor's pool, at most this many (0: off), each of at least prefix_cache_min_tokens
+  // tokens. The pool needs a slot for each beside max_batch (checked). Not with a drafter that
+  // observes the target's rows (a restored sequence's drafter would lack them).
+  int prefix_cache = 0;
+  int prefix_cache_min_tokens = 64;
   // Speculative decoding (spec/, docs/server.md): make_drafter gives each admitted sequence its
   // drafter (null: plain decoding), all asking for the same aux rows. A step that feeds no prompt
   // rows verifies every decoding sequence's anchor and speculative.num_draft_tokens drafts in one
@@ -183,6 +194,10 @@ class EngineLoop {
                   std::span<const SampleRow> rows, double t);
   int32_t host_draw(Slot& s, std::span<const float> logits, const SampleRow& row, int32_t drawn);
   void finish(Slot& s, const std::string& reason, ChoiceEvent e);
+  // Prefix cache: a new slot continues from the longest cached prefix of its prompt (and is told
+  // where to keep a state of its own); a slot's state is kept after `tokens` of its history.
+  void restore_prefix(Slot& s);
+  void keep_prefix(Slot& s, size_t tokens);
   void retire(Slot& s, ChoiceEvent e);  // the slot's last event: it leaves after this step
   // One generated token of a slot (its history, counters, latency observations, stop ids, text
   // and limits), added to e, the slot's event of this step (row: its logit row, for logprobs;
@@ -220,6 +235,7 @@ class EngineLoop {
   bool events_pushed_ = false;                // by this step (engine thread only)
   std::vector<float> logits_;                 // the steps' logits buffer (engine thread only)
   std::unique_ptr<SpeculativeDecoder> spec_;  // with make_drafter
+  std::unique_ptr<PrefixCache> cache_;        // with prefix_cache > 0 (engine thread only)
   std::vector<int> aux_layers_;               // the drafters' aux layer ids
   std::vector<float> aux_;                    // a plain step's aux rows (engine thread only)
   // Constrained choices (engine thread only): the vocabulary for the masks, a mask, a masked row.

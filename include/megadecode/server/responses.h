@@ -26,11 +26,12 @@ struct ChoiceResult {
   std::vector<TokenLogprob> logprobs, prompt_logprobs;
   std::string finish_reason;
   std::string error;
-  int prompt_tokens = 0, completion_tokens = 0;
+  int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   void add(ChoiceEvent&& e);
 };
 
-nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+// `usage`, with prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache restored.
+nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
 
 // Ids of the tool calls a format does not carry (Kimi K3): "call_<the response id's hex>_<choice>_"
 // then the call's number in the choice, so they are unique in the response.

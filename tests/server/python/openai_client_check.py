@@ -89,6 +89,20 @@ def main():
             check(content == r.choices[0].message.content, "streamed chat == non-streamed")
             check(finish == "length", "chat finish_reason")
 
+            # A chat's next turn: the conversation so far is restored from the prefix cache
+            # (on by default; prefixes of at least 64 tokens), as the SDK's usage reports.
+            turn = [{"role": "system", "content": "be brief. " * 40},
+                    {"role": "user", "content": "hello"}]
+            t1 = client.chat.completions.create(model="tiny", messages=turn, max_tokens=4,
+                                                temperature=0)
+            check(t1.usage.prompt_tokens_details.cached_tokens == 0, "first turn: nothing cached")
+            turn += [{"role": "assistant", "content": t1.choices[0].message.content},
+                     {"role": "user", "content": "and then?"}]
+            t2 = client.chat.completions.create(model="tiny", messages=turn, max_tokens=4,
+                                                temperature=0)
+            check(t2.usage.prompt_tokens_details.cached_tokens >= t1.usage.prompt_tokens,
+                  "next turn: the first turn's prompt restored from the prefix cache")
+
             # logit_bias as the SDK sends it ({"id": bias}): +100 on one token makes every
             # greedy token that one (its text: /detokenize of it four times).
             forced = 5
