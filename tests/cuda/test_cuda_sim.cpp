@@ -25,6 +25,7 @@
 #include "cuda_test_util.h"
 #include "megadecode/base/error.h"
 #include "megadecode/engine/model.h"
+#include "megadecode/engine/prefix_cache.h"
 #include "megadecode/exec/cuda_executor.h"
 #include "megadecode/exec/reference_executor.h"
 #include "megadecode/kernels/cuda/sim.h"
@@ -286,6 +287,36 @@ void commit_to_a_prefix_then_decode(CudaTarget target) {
 }
 
 SIM_AND_GPU_TEST(CommitToAPrefixThenDecode, 4, commit_to_a_prefix_then_decode)
+
+// The serving loop's prefix cache over a device pool: a state kept after 70 prompt tokens (two
+// 64-row pages, copied page run by page run through the device memory) and restored into a new
+// sequence continues with the bits of a whole prefill (chunks of at most 16 rows run row by row,
+// so where they start does not matter).
+void prefix_cache_restores_on_the_device(CudaTarget target) {
+  Model m(model("tiny"), opts(Precision::BF16));
+  const int64_t V = m.config().vocab_size;
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 90; ++i) prompt.push_back(int32_t(1 + (i * 13) % 61));
+  std::vector<float> want(static_cast<size_t>(V)), got(static_cast<size_t>(V));
+  CudaExecutor ex(m, 1, ExecutorKind::kMegakernel, target);
+  PrefixCache cache(ex.states(), 2, 1);
+  {
+    SequenceState e = ex.new_sequence();
+    ex.prefill(e, std::span(prompt.data(), 70), nullptr, 16);
+    ASSERT_TRUE(cache.insert(std::span(prompt.data(), 70), e));
+  }
+  SequenceState whole = ex.new_sequence();
+  ex.prefill(whole, prompt, want.data(), 16);
+  SequenceState s = ex.new_sequence();
+  const PrefixCache::Match hit = cache.match(prompt);
+  ASSERT_EQ(hit.cached, 70);
+  cache.restore(hit, s);
+  ex.prefill(s, std::span(prompt).subspan(70), got.data(), 16);
+  expect_same_bits(got.data(), want.data(), size_t(V), "logits after the restored prefix");
+  if (target == CudaTarget::kSim) test::expect_same_state(s, whole, "restored vs whole");
+}
+
+SIM_AND_GPU_TEST(PrefixCacheRestoresOnTheDevice, 4, prefix_cache_restores_on_the_device)
 
 // The megakernel's watchdog: a stalled tile becomes an md::Error naming the instruction; the
 // executor recovers for the next step.
