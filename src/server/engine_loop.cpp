@@ -106,6 +106,7 @@ struct EngineLoop::Slot {
   size_t fed = 0;                // prompt tokens the sequence has consumed
   int64_t cached = 0;            // of them, restored from the prefix cache
   size_t keep_at = 0;            // > fed: keep a state there (a chunk ends there)
+  bool fork = false;             // Pending::fork
   int32_t next = -1;             // the last sampled id, fed by the next step
   int generated = 0;
   double t_last = 0;
@@ -204,9 +205,13 @@ std::shared_ptr<RequestStream> EngineLoop::submit(EngineRequest request) {
                                  "{}); retry later",
                                  queue_.size(), opt_.max_batch, opt_.max_queue),
                      "", "queue_full");
-    for (size_t i = 0; i < request.choices.size(); ++i)
+    const auto& cs = request.choices;
+    for (size_t i = 0; i < cs.size(); ++i) {
+      const bool fork = std::any_of(cs.begin() + std::ptrdiff_t(i) + 1, cs.end(),
+                                    [&](const ChoiceSpec& c) { return c.prompt == cs[i].prompt; });
       queue_.push_back({stream, int(i), std::move(request.choices[i]), request.top_logprobs,
-                        request.prompt_logprobs});
+                        request.prompt_logprobs, fork});
+    }
     counters_.waiting.store(int64_t(queue_.size()));
   }
   cv_.notify_all();
@@ -278,15 +283,21 @@ void EngineLoop::run() {
 bool EngineLoop::admit() {
   bool any = false;
   std::lock_guard<std::mutex> lk(mu_);
-  while (int(slots_.size()) < opt_.max_batch && !queue_.empty()) {
-    Pending p = std::move(queue_.front());
-    queue_.pop_front();
+  // In order, but past choices that wait for a sibling's state (they keep their place).
+  for (size_t i = 0; int(slots_.size()) < opt_.max_batch && i < queue_.size();) {
+    if (waits_for_sibling(queue_[i])) {
+      ++i;
+      continue;
+    }
+    Pending p = std::move(queue_[i]);
+    queue_.erase(queue_.begin() + std::ptrdiff_t(i));
     auto s = std::make_unique<Slot>();
     s->stream = std::move(p.stream);
     s->choice = p.choice;
     s->spec = std::move(p.spec);
     s->top_logprobs = p.top_logprobs;
     s->prompt_logprobs = p.prompt_logprobs;
+    s->fork = p.fork;
     if (s->stream->cancelled()) {  // the client left while it waited
       ChoiceEvent e;
       e.choice = s->choice;
@@ -581,8 +592,21 @@ void EngineLoop::restore_prefix(Slot& s) {
   // Where the prompt departs from a cached one (a shared system prompt, few-shot examples, the
   // same prompt again): keep a state there too, so the next prompt sharing it hits. At most the
   // prompt's last token but one: the last is fed to get the first draw's logits.
-  const int64_t at = std::min<int64_t>(m.shared, int64_t(prompt.size()) - 1);
+  // n > 1: the siblings with this prompt restore it there (they wait for it: waits_for_sibling).
+  const int64_t at =
+      s.fork ? int64_t(prompt.size()) - 1 : std::min<int64_t>(m.shared, int64_t(prompt.size()) - 1);
   if (at > m.cached && at >= cache_->min_tokens()) s.keep_at = size_t(at);
+}
+
+bool EngineLoop::waits_for_sibling(const Pending& p) const {
+  if (!cache_ || p.prompt_logprobs) return false;
+  for (const auto& sp : slots_) {
+    const Slot& s = *sp;
+    if (s.stream == p.stream && s.fork && s.keep_at > s.fed &&
+        s.keep_at + 1 == p.spec.prompt.size() && s.spec.prompt == p.spec.prompt)
+      return true;
+  }
+  return false;
 }
 
 void EngineLoop::keep_prefix(Slot& s, size_t tokens) {

@@ -127,6 +127,55 @@ TEST(ServerPrefixCache, ConcurrentRequestsKeepTheirSoloTokens) {
   EXPECT_EQ(loop.counters().running.load(), 0);
 }
 
+// n > 1: the first choice keeps a state at the prompt's last token but one and its siblings
+// (waiting for it) restore it, so the prompt is prefilled once; every choice samples exactly what
+// it samples without the cache.
+TEST(ServerPrefixCache, ChoicesOfOnePromptPrefillItOnce) {
+  test::ServedModel m(4);
+  const std::vector<int32_t> p = ids(40, 9), other = ids(20, 11);
+  auto request = [&] {
+    server::EngineRequest r;
+    for (int i = 0; i < 4; ++i) {
+      server::ChoiceSpec c;
+      c.prompt = i == 3 ? other : p;  // (the last choice is another prompt's)
+      c.sampling.temperature = 1.0f;
+      c.sampling.seed = 100 + uint64_t(i);
+      c.sampling.max_tokens = 6;
+      r.choices.push_back(std::move(c));
+    }
+    return r;
+  };
+  auto serve = [&](int cache, int64_t* prefilled, std::vector<int>* cached) {
+    EngineOptions o;
+    o.max_batch = 4;
+    o.prefill_chunk = 7;
+    o.max_model_len = 512;
+    o.prefix_cache = cache;
+    o.prefix_cache_min_tokens = 8;
+    EngineLoop loop(*m.ex, *m.tok, o);
+    auto stream = loop.submit(request());
+    std::vector<std::vector<int32_t>> out(4);
+    server::ChoiceEvent e;
+    while (!stream->finished())
+      if (stream->next(e, 5.0)) {
+        EXPECT_TRUE(e.error.empty()) << e.error;
+        auto& t = out[size_t(e.choice)];
+        t.insert(t.end(), e.tokens.begin(), e.tokens.end());
+        if (e.finish_reason && cached) (*cached)[size_t(e.choice)] = e.cached_tokens;
+      }
+    *prefilled = loop.counters().prompt_tokens.load();
+    return out;
+  };
+  int64_t plain_rows = 0, cached_rows = 0;
+  std::vector<int> cached(4, -1);
+  const auto plain = serve(0, &plain_rows, nullptr);
+  const auto with_cache = serve(12, &cached_rows, &cached);
+  EXPECT_EQ(with_cache, plain);
+  EXPECT_EQ(plain_rows, 3 * 40 + 20);
+  EXPECT_EQ(cached_rows, 40 + 2 * 1 + 20);
+  EXPECT_EQ(cached, (std::vector<int>{0, 39, 39, 0}));
+}
+
 TEST(ServerPrefixCache, APoolWithoutRoomForTheEntriesIsAnError) {
   test::ServedModel m(8);  // 16 slots
   EngineOptions o;

@@ -224,7 +224,12 @@ class EngineLoop {
     ChoiceSpec spec;
     int top_logprobs;
     bool prompt_logprobs;
+    bool fork;  // a later choice of the request has the same prompt (n > 1)
   };
+  // With the prefix cache, a choice whose earlier sibling is still prefilling the same prompt
+  // waits for the state the sibling keeps at the prompt's last token but one (n > 1 prefills a
+  // prompt once).
+  bool waits_for_sibling(const Pending& p) const;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> queue_;
