@@ -46,6 +46,74 @@ uint8_t kind_of_value(const json& v) {
 constexpr size_t kMaxNodes = 4096;
 constexpr size_t kMaxMembers = 64;  // bits of the cursor's masks
 
+// ---- numeric bounds ----------------------------------------------------------------------------
+// A bounded number's text so far (sign, integer digits, '.', fraction digits; no exponent) can
+// still become any value of a union of intervals; a byte is allowed when one of them meets the
+// node's range. Integer nodes take the integers of those intervals.
+
+// [lo, hi] with each end open or closed.
+struct Interval {
+  double lo, hi;
+  bool lo_open, hi_open;
+};
+
+// Whether the interval has a value in the node's range (integers only for an integer node).
+bool meets(const JsonSchema::Node& n, Interval v) {
+  if (n.minimum > v.lo) {
+    v.lo = n.minimum;
+    v.lo_open = n.min_exclusive;
+  } else if (n.minimum == v.lo) {
+    v.lo_open = v.lo_open || n.min_exclusive;
+  }
+  if (n.maximum < v.hi) {
+    v.hi = n.maximum;
+    v.hi_open = n.max_exclusive;
+  } else if (n.maximum == v.hi) {
+    v.hi_open = v.hi_open || n.max_exclusive;
+  }
+  if (n.integer) {
+    // The smallest and largest integers inside (exact below 2^53, where bounds live in practice).
+    const double a = v.lo_open && std::floor(v.lo) == v.lo ? v.lo + 1 : std::ceil(v.lo);
+    const double b = v.hi_open && std::floor(v.hi) == v.hi ? v.hi - 1 : std::floor(v.hi);
+    return a <= b;
+  }
+  return v.lo < v.hi || (v.lo == v.hi && !v.lo_open && !v.hi_open);
+}
+
+// Whether a number starting with text t (a valid JSON number prefix without exponent) can end in
+// the node's range.
+bool number_prefix_viable(const JsonSchema::Node& n, std::string_view t) {
+  const bool neg = !t.empty() && t[0] == '-';
+  if (neg) t.remove_prefix(1);
+  const size_t dot = t.find('.');
+  const std::string_view ip = t.substr(0, dot);
+  // A magnitude interval [a, b), as the value's interval (negated for a negative sign).
+  auto test = [&](double a, double b, bool b_closed) {
+    return neg ? meets(n, {-b, -a, !b_closed, false}) : meets(n, {a, b, false, !b_closed});
+  };
+  if (ip.empty()) return test(0, HUGE_VAL, false);  // "-": any magnitude
+  const double v = std::strtod(std::string(ip).c_str(), nullptr);
+  if (dot != std::string_view::npos) {
+    // Fraction digits f so far: the value is w and may grow by less than 10^-f.
+    const std::string_view fp = t.substr(dot + 1);
+    const double w = std::strtod(std::string(t).c_str(), nullptr);
+    return test(w, w + std::pow(10.0, -double(fp.size())), false);
+  }
+  if (ip == "0") return n.integer ? test(0, 0, true) : test(0, 1, false);
+  // More integer digits (j of them) and maybe a fraction: [v 10^j, (v + 1) 10^j), the values
+  // growing away from zero on the sign's side. Unbounded there: long enough is in range.
+  if (std::isinf(neg ? n.minimum : n.maximum)) return true;
+  const double reach = neg ? -n.minimum : n.maximum;
+  for (double scale = 1; v * scale <= reach; scale *= 10)
+    if (test(v * scale, (v + 1) * scale, false)) return true;
+  return false;
+}
+
+bool number_in_range(const JsonSchema::Node& n, std::string_view t) {
+  const double x = std::strtod(std::string(t).c_str(), nullptr);
+  return meets(n, {x, x, false, false});
+}
+
 }  // namespace
 
 // Schema -> nodes, depth first; $ref targets compiled once (recursion through them allowed).
@@ -201,6 +269,7 @@ class JsonSchemaCompiler {
         fail(where + "/" + key, fmt::format("'{}' must be a non-negative integer", key));
       out = uint32_t(std::min<int64_t>(x.get<int64_t>(), UINT32_MAX - 1));
     };
+    bounds(node, v, where);
     count("minItems", node.min_items);
     count("maxItems", node.max_items);
     count("minLength", node.min_length);
@@ -273,6 +342,38 @@ class JsonSchemaCompiler {
       if (!covered) fail(at, "no alternative has an allowed type");
     }
     s_->nodes_[size_t(n)] = node;
+  }
+
+  // minimum / maximum / exclusiveMinimum / exclusiveMaximum (numbers; draft 4's booleans).
+  void bounds(JsonSchema::Node& node, const json& v, const std::string& where) const {
+    auto number = [&](const char* key, double& out) {
+      if (!v.contains(key) || v[key].is_boolean()) return false;
+      if (!v[key].is_number()) fail(where + "/" + key, fmt::format("'{}' must be a number", key));
+      out = v[key].get<double>();
+      return true;
+    };
+    double x = 0;
+    if (number("minimum", x)) node.minimum = x;
+    if (number("maximum", x)) node.maximum = x;
+    if (number("exclusiveMinimum", x) && x >= node.minimum) {
+      node.minimum = x;
+      node.min_exclusive = true;
+    }
+    if (number("exclusiveMaximum", x) && x <= node.maximum) {
+      node.maximum = x;
+      node.max_exclusive = true;
+    }
+    auto flag = [&](const char* key) {  // draft 4: minimum / maximum made exclusive
+      return v.contains(key) && v[key].is_boolean() && v[key].get<bool>();
+    };
+    if (flag("exclusiveMinimum")) node.min_exclusive = true;
+    if (flag("exclusiveMaximum")) node.max_exclusive = true;
+    node.bounded = std::isfinite(node.minimum) || std::isfinite(node.maximum);
+    if (!node.bounded) return;
+    if (!(node.kinds & kJsonNumber)) return;  // (bounds of another type's value: nothing to do)
+    if (!meets(node, {-HUGE_VAL, HUGE_VAL, false, false}))
+      fail(where, node.integer ? "no integer lies between the bounds"
+                               : "no number lies between the bounds");
   }
 
   const json& root_;
@@ -351,7 +452,15 @@ bool JsonSchemaCursor::value_begin(const JsonSchema& s, uint8_t b) {
   chars = 0;
   counted = kind == kJsonString && (node.min_length > 0 || node.max_length != UINT32_MAX);
   integer = kind == kJsonNumber && node.integer;
+  num_len = 0;
+  if (kind == kJsonNumber && node.bounded) return number_byte(node, b);
   return true;
+}
+
+bool JsonSchemaCursor::number_byte(const JsonSchema::Node& node, uint8_t b) {
+  if (b == 'e' || b == 'E' || num_len >= kMaxNumberBytes) return false;
+  num[num_len++] = char(b);
+  return number_prefix_viable(node, std::string_view(num.data(), num_len));
 }
 
 bool JsonSchemaCursor::key_begin(const JsonSchema& s) {
@@ -464,7 +573,8 @@ bool JsonSchemaCursor::scalar_byte(const JsonSchema& s, uint8_t b) {
     ++lit_pos;
     return keep != 0;
   }
-  return !(integer && (b == '.' || b == 'e' || b == 'E'));
+  if (integer && (b == '.' || b == 'e' || b == 'E')) return false;
+  return num_len == 0 || number_byte(s.node(value_node), b);  // (a bounded number's)
 }
 
 bool JsonSchemaCursor::scalar_end(const JsonSchema& s) {
@@ -474,7 +584,10 @@ bool JsonSchemaCursor::scalar_end(const JsonSchema& s) {
     const JsonSchema::Node& node = s.node(value_node);
     for (uint64_t c = lit_cand; c; c &= c - 1)
       ok = ok || node.literals[size_t(__builtin_ctzll(c))].size() == lit_pos;
+  } else if (!free_value && value_node >= 0 && num_len > 0) {
+    ok = number_in_range(s.node(value_node), std::string_view(num.data(), num_len));
   }
+  num_len = 0;
   value_node = -1;
   lit_cand = 0;
   integer = false;

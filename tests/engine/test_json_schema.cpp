@@ -153,6 +153,20 @@ bool valid(const json& root, const json& s, const json& v) {
   if (s.contains("enum") && std::find(s["enum"].begin(), s["enum"].end(), v) == s["enum"].end())
     return false;
   if (s.contains("const") && s["const"] != v) return false;
+  if (v.is_number()) {
+    // (Draft 4: exclusiveMinimum / exclusiveMaximum as booleans on minimum / maximum.)
+    const double x = v.get<double>();
+    const json no = false;
+    const json &xmin = s.value("exclusiveMinimum", no), &xmax = s.value("exclusiveMaximum", no);
+    if (s.contains("minimum") &&
+        (xmin == true ? x <= s["minimum"].get<double>() : x < s["minimum"].get<double>()))
+      return false;
+    if (s.contains("maximum") &&
+        (xmax == true ? x >= s["maximum"].get<double>() : x > s["maximum"].get<double>()))
+      return false;
+    if (xmin.is_number() && x <= xmin.get<double>()) return false;
+    if (xmax.is_number() && x >= xmax.get<double>()) return false;
+  }
   if (v.is_object()) {
     const json props = s.value("properties", json::object());
     for (const json& r : s.value("required", json::array()))
@@ -180,15 +194,18 @@ bool valid(const json& root, const json& s, const json& v) {
   return true;
 }
 
-TEST(JsonSchema, RandomWalksThroughTheMasksEndInValidJson) {
+// Random walks through the masks of `schema` (tokens drawn at random among the allowed ones,
+// closing bytes preferred two times in three so that walks end), checking the mask against
+// allows() every 8 steps; the texts of the walks that completed.
+std::vector<std::string> random_walks(const json& schema, int walks, uint64_t seed) {
   const Tokenizer& tok = tokenizer();
   const int64_t v = tok.vocab_size();
   auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
   const int32_t stop = *tok.special_id("<|im_end|>");
-  const auto program = schema_then_stop(kSchema, stop);
-  std::mt19937_64 rng(5);
-  int completed = 0;
-  for (int walk = 0; walk < 16; ++walk) {
+  const auto program = schema_then_stop(schema, stop);
+  std::mt19937_64 rng(seed);
+  std::vector<std::string> done;
+  for (int walk = 0; walk < walks; ++walk) {
     TokenConstraint c(program, vocab);
     std::vector<int32_t> ids;
     std::vector<uint8_t> m(static_cast<size_t>(v));
@@ -197,7 +214,7 @@ TEST(JsonSchema, RandomWalksThroughTheMasksEndInValidJson) {
       std::vector<int32_t> allowed, closing;
       for (int32_t id = 0; id < v; ++id) {
         if (step % 8 == 0) {
-          ASSERT_EQ(m[size_t(id)], c.allows(id) ? 1 : 0) << id;
+          EXPECT_EQ(m[size_t(id)], c.allows(id) ? 1 : 0) << id;
         }
         if (!m[size_t(id)]) continue;
         allowed.push_back(id);
@@ -205,22 +222,88 @@ TEST(JsonSchema, RandomWalksThroughTheMasksEndInValidJson) {
                            tok.token_bytes(id).find_first_of("}]\",") != std::string_view::npos))
           closing.push_back(id);
       }
-      ASSERT_FALSE(allowed.empty()) << "a dead end after " << tok.decode(ids);
+      if (allowed.empty()) {
+        ADD_FAILURE() << "a dead end after " << tok.decode(ids);
+        break;
+      }
       const auto& pool = !closing.empty() && rng() % 3 != 0 ? closing : allowed;
       const int32_t id = pool[rng() % pool.size()];
       c.accept(id);
-      ASSERT_FALSE(c.broken());
+      EXPECT_FALSE(c.broken());
       ids.push_back(id);
     }
     if (!c.finished()) continue;
-    ++completed;
     ids.pop_back();  // the stop id
-    const std::string text = tok.decode(ids);
+    done.push_back(tok.decode(ids));
+  }
+  return done;
+}
+
+TEST(JsonSchema, RandomWalksThroughTheMasksEndInValidJson) {
+  const std::vector<std::string> texts = random_walks(kSchema, 16, 5);
+  for (const std::string& text : texts) {
     json j;
     ASSERT_NO_THROW(j = json::parse(text)) << text;
     EXPECT_TRUE(valid(kSchema, kSchema, j)) << text;
   }
-  EXPECT_GE(completed, 8);
+  EXPECT_GE(texts.size(), 8u);
+}
+
+const json kBounded = json::parse(R"({
+  "type": "object",
+  "properties": {
+    "pct": {"type": "integer", "minimum": 0, "maximum": 100},
+    "temp": {"type": "number", "exclusiveMinimum": -273.15, "maximum": 1000},
+    "neg": {"type": "integer", "maximum": -10},
+    "small": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+    "big": {"type": "integer", "minimum": 5000},
+    "d4": {"type": "number", "minimum": 5, "exclusiveMinimum": true}
+  },
+  "required": ["pct", "temp", "neg", "small", "big"],
+  "additionalProperties": false
+})");
+
+TEST(JsonSchema, NumbersStayWithinTheirBounds) {
+  const std::string ok = R"("temp":-273.1,"neg":-10,"small":0,"big":5000)";
+  for (const std::string pct : {"0", "100", "57", "9"})
+    EXPECT_TRUE(takes(kBounded, R"({"pct":)" + pct + "," + ok + "}")) << pct;
+  for (const std::string pct : {"101", "-1", "1000", "100.5", "1e2", "-0.5"})
+    EXPECT_FALSE(takes(kBounded, R"({"pct":)" + pct + "," + ok + "}")) << pct;
+  const std::string rest = R"({"pct":5,"neg":-11,"small":0.5,"big":60000,"temp":)";
+  for (const std::string t : {"-273.149", "1000", "1000.0", "0.5", "-0", "999.99999"})
+    EXPECT_TRUE(takes(kBounded, rest + t + "}")) << t;
+  for (const std::string t : {"-273.15", "-274", "1000.01", "1e3", "-300", "10000"})
+    EXPECT_FALSE(takes(kBounded, rest + t + "}")) << t;
+  const std::string p2 = R"({"pct":5,"temp":1,"small":0.25,"big":5001,"neg":)";
+  for (const std::string n : {"-10", "-11", "-1000"})
+    EXPECT_TRUE(takes(kBounded, p2 + n + "}")) << n;
+  for (const std::string n : {"-9", "0", "5", "-1"})
+    EXPECT_FALSE(takes(kBounded, p2 + n + "}")) << n;
+  const std::string p3 = R"({"pct":5,"temp":1,"neg":-20,"big":5000,"small":)";
+  for (const std::string x : {"0", "0.999", "0.5", "0.0"})
+    EXPECT_TRUE(takes(kBounded, p3 + x + "}")) << x;
+  for (const std::string x : {"1", "1.0", "-0.1", "2"})
+    EXPECT_FALSE(takes(kBounded, p3 + x + "}")) << x;
+  const std::string p4 = R"({"pct":5,"temp":1,"neg":-20,"small":0,"big":)";
+  for (const std::string x : {"5000", "123456", "9999"}) EXPECT_TRUE(takes(kBounded, p4 + x + "}"));
+  for (const std::string x : {"4999", "-5000", "0"}) EXPECT_FALSE(takes(kBounded, p4 + x + "}"));
+  // Draft 4's boolean: minimum 5 made exclusive.
+  const std::string p5 = R"({"pct":5,"temp":1,"neg":-20,"small":0,"big":5000,"d4":)";
+  EXPECT_TRUE(takes(kBounded, p5 + "5.01}"));
+  EXPECT_FALSE(takes(kBounded, p5 + "5}"));
+  EXPECT_FALSE(takes(kBounded, p5 + "4.9}"));
+}
+
+// Every walk through a bounded schema's masks ends in range: no digit leads to a dead end (a
+// number that cannot be finished in range), and no number ends out of range.
+TEST(JsonSchema, RandomWalksKeepNumbersInRange) {
+  const std::vector<std::string> texts = random_walks(kBounded, 12, 9);
+  for (const std::string& text : texts) {
+    json j;
+    ASSERT_NO_THROW(j = json::parse(text)) << text;
+    EXPECT_TRUE(valid(kBounded, kBounded, j)) << text;
+  }
+  EXPECT_GE(texts.size(), 6u);
 }
 
 TEST(JsonSchema, SchemasTheCursorCannotFollowAreErrorsNamingThePlace) {
@@ -238,6 +321,10 @@ TEST(JsonSchema, SchemasTheCursorCannotFollowAreErrorsNamingThePlace) {
       {R"(5)", "an object or a boolean"},
       {R"({"properties":{"a":{"minItems":3,"maxItems":2}}})", "minItems is above maxItems"},
       {R"({"properties":{"a":{"maxLength":-1}}})", "non-negative integer"},
+      {R"({"properties":{"a":{"type":"integer","minimum":1.2,"maximum":1.8}}})", "no integer"},
+      {R"({"properties":{"a":{"type":"number","minimum":3,"exclusiveMaximum":3}}})",
+       "no number lies"},
+      {R"({"properties":{"a":{"type":"number","maximum":"10"}}})", "'maximum' must be a number"},
   };
   for (const auto& [text, what] : cases) {
     try {

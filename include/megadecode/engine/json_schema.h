@@ -19,16 +19,22 @@
 //   $ref                 "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion allowed)
 //   anyOf, oneOf         alternatives told apart by their first byte (object, array, string,
 //                        number, boolean, null): at most one alternative per kind
+//   minimum, maximum,    a number's bounds (exclusive ones as numbers, or as draft 4's booleans):
+//   exclusiveMinimum,    every digit written keeps a value in range within reach, and the
+//   exclusiveMaximum     number ends only in range. A bounded number is written without an
+//                        exponent, in at most 32 bytes; values compare as doubles (the number's
+//                        text and the bounds each rounded to the nearest double)
 //
 // Everything else is an annotation or a bound that is not enforced (documented in
-// docs/server.md): minimum / maximum, pattern, format, uniqueItems, allOf,
-// not, if/then/else, patternProperties. A schema the cursor cannot follow (an empty enum, two
+// docs/server.md): multipleOf, pattern, format, uniqueItems, allOf, not, if/then/else,
+// patternProperties. A schema the cursor cannot follow (an empty enum, two
 // anyOf alternatives of one kind, a $ref elsewhere, more than 64 properties or enum values) is an
 // md::Error naming the place. An output nested deeper than kMaxSchemaDepth objects / arrays that
 // follow the schema (a recursive schema) takes any JSON below that depth rather than refusing it
 // (a refusal could leave a required member impossible to write).
 #pragma once
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
@@ -66,6 +72,9 @@ class JsonSchema {
     uint32_t min_length = 0, max_length = UINT32_MAX;  // strings, in characters
     // enum / const: the values as written (json dumps); empty: no enum.
     std::vector<std::string> literals;
+    // Numbers: the bounds (infinite: none) and whether each is exclusive; bounded: any is set.
+    double minimum = -HUGE_VAL, maximum = HUGE_VAL;
+    bool min_exclusive = false, max_exclusive = false, bounded = false;
   };
   // Throws md::Error naming the unsupported or contradictory part (a JSON pointer into `schema`).
   static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema);
@@ -103,6 +112,10 @@ struct JsonSchemaCursor {
   uint16_t lit_pos = 0;
   uint64_t lit_cand = 0;
   bool integer = false;
+  // A bounded number under way: its bytes so far.
+  static constexpr int kMaxNumberBytes = 32;
+  std::array<char, kMaxNumberBytes> num{};
+  uint8_t num_len = 0;
 
   // The events of the JSON text, each false when the schema refuses it (the cursor is then
   // garbage). `b`: the value's first byte, or the byte read.
@@ -122,6 +135,8 @@ struct JsonSchemaCursor {
   uint32_t chars = 0;                    // characters of the string value under way
   bool counted = false;                  // ... and its length is bounded (every byte judged)
   bool scalar_end(const JsonSchema& s);  // the scalar value ended (after its last byte)
+  // A byte of a bounded number (its first included).
+  bool number_byte(const JsonSchema::Node& node, uint8_t b);
   // Inside a string whose bytes the schema does not judge (a free value, not an enum or a key).
   bool free_string() const;
   bool in_key() const { return depth > 0 && free_depth == 0 && frames[depth - 1].in_key; }
