@@ -114,6 +114,24 @@ bool number_in_range(const JsonSchema::Node& n, std::string_view t) {
   return meets(n, {x, x, false, false});
 }
 
+// The pattern of a format (RFC 3339 for the times: the offset is required; JSON Schema's
+// definitions), or "" for a format that stays an annotation.
+std::string format_pattern(const std::string& format) {
+  const std::string date = R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))";
+  const std::string time =
+      R"(([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d))";
+  const std::string octet = R"((25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))";
+  if (format == "date") return "^" + date + "$";
+  if (format == "time") return "^" + time + "$";
+  if (format == "date-time") return "^" + date + "[Tt]" + time + "$";
+  if (format == "uuid")
+    return R"(^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$)";
+  if (format == "ipv4") return "^(" + octet + R"(\.){3})" + octet + "$";
+  if (format == "email")
+    return R"(^[A-Za-z0-9.!#$%&'*+/=?^_`{|}~-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$)";
+  return "";
+}
+
 }  // namespace
 
 // Schema -> nodes, depth first; $ref targets compiled once (recursion through them allowed).
@@ -270,6 +288,7 @@ class JsonSchemaCompiler {
       out = uint32_t(std::min<int64_t>(x.get<int64_t>(), UINT32_MAX - 1));
     };
     bounds(node, v, where);
+    pattern(node, v, where);
     count("minItems", node.min_items);
     count("maxItems", node.max_items);
     count("minLength", node.min_length);
@@ -376,6 +395,25 @@ class JsonSchemaCompiler {
                                : "no number lies between the bounds");
   }
 
+  // pattern, or else a format that has one (json_schema.h).
+  void pattern(JsonSchema::Node& node, const json& v, const std::string& where) const {
+    std::string re, at;
+    if (v.contains("pattern")) {
+      if (!v["pattern"].is_string()) fail(where + "/pattern", "'pattern' must be a string");
+      re = v["pattern"].get<std::string>();
+      at = where + "/pattern";
+    } else if (v.contains("format") && v["format"].is_string()) {
+      re = format_pattern(v["format"].get<std::string>());
+      at = where + "/format";
+    }
+    if (re.empty() || !(node.kinds & kJsonString)) return;
+    try {
+      node.pattern = Regex::compile(re);
+    } catch (const Error& e) {
+      fail(at, e.what());
+    }
+  }
+
   const json& root_;
   JsonSchema* s_ = nullptr;
   std::map<std::string, int> refs_;
@@ -450,7 +488,13 @@ bool JsonSchemaCursor::value_begin(const JsonSchema& s, uint8_t b) {
   value_node = int16_t(n);
   lit_cand = 0;
   chars = 0;
-  counted = kind == kJsonString && (node.min_length > 0 || node.max_length != UINT32_MAX);
+  counted =
+      kind == kJsonString && (node.min_length > 0 || node.max_length != UINT32_MAX || node.pattern);
+  if (kind == kJsonString && node.pattern) {
+    re = node.pattern->start();
+    cp = 0;
+    utf_left = esc = 0;
+  }
   integer = kind == kJsonNumber && node.integer;
   num_len = 0;
   if (kind == kJsonNumber && node.bounded) return number_byte(node, b);
@@ -554,9 +598,86 @@ bool JsonSchemaCursor::close_array(const JsonSchema& s) {
 bool JsonSchemaCursor::string_byte(const JsonSchema& s, uint8_t b, bool new_char, bool closing) {
   if (free_value || value_node < 0 || lit_cand) return scalar_byte(s, b);
   const JsonSchema::Node& node = s.node(value_node);
-  if (closing) return chars >= node.min_length;
+  if (closing) {
+    if (chars < node.min_length) return false;
+    if (!node.pattern) return true;
+    return node.pattern->accepts(re);
+  }
   if (new_char) ++chars;
-  return chars <= node.max_length;
+  if (chars > node.max_length) return false;
+  return !node.pattern || pattern_byte(*node.pattern, b);
+}
+
+// Decodes the string's bytes (UTF-8 and JSON escapes) into code points for the pattern; a byte
+// that leaves a character partly written passes if one of the values it can still take steps the
+// pattern (so a token never ends in the middle of a character that cannot be finished). The
+// recognizer judges the syntax (this runs before it, so a byte it refuses may pass here: the
+// state is then dropped with the byte). Escaped surrogates are refused (json_schema.h).
+bool JsonSchemaCursor::pattern_byte(const Regex& r, uint8_t b) {
+  constexpr uint32_t kSurrogates = 0xD800, kSurrogatesEnd = 0xDFFF;
+  // Some value in [lo, hi] but a surrogate steps the pattern.
+  auto can = [&](uint32_t lo, uint32_t hi) {
+    return (lo < kSurrogates && r.can_step(re, lo, std::min(hi, kSurrogates - 1))) ||
+           (hi > kSurrogatesEnd && r.can_step(re, std::max(lo, kSurrogatesEnd + 1), hi));
+  };
+  auto step = [&](uint32_t c) {
+    re = r.step(re, c);
+    return !Regex::empty(re);
+  };
+  if (esc == 1) {
+    esc = 0;
+    switch (b) {
+      case 'u':
+        esc = 2;
+        cp = 0;
+        return can(0, 0xFFFF);
+      case 'b':
+        return step(8);
+      case 'f':
+        return step(12);
+      case 'n':
+        return step(10);
+      case 'r':
+        return step(13);
+      case 't':
+        return step(9);
+      default:
+        return step(b);  // \" \\ \/
+    }
+  }
+  if (esc >= 2) {
+    cp = (cp << 4 | uint32_t(b <= '9' ? b - '0' : (b | 0x20) - 'a' + 10)) & 0xFFFF;
+    const int left = 5 - esc;  // hex digits still to come
+    if (left > 0) {
+      ++esc;
+      return can(cp << (4 * left), (cp << (4 * left)) | ((1u << (4 * left)) - 1));
+    }
+    esc = 0;
+    return (cp < kSurrogates || cp > kSurrogatesEnd) && step(cp);
+  }
+  // A UTF-8 character partly read: the values its remaining bytes can give, at least the
+  // smallest its length encodes (shorter forms are invalid) and at most U+10FFFF.
+  auto utf_can = [&] {
+    const uint32_t lo = cp << (6 * utf_left), hi = lo | ((1u << (6 * utf_left)) - 1);
+    const uint32_t least = utf_len == 2 ? 0x80 : utf_len == 3 ? 0x800 : 0x10000;
+    return can(std::max(lo, least), std::min(hi, 0x10FFFFu));
+  };
+  if (utf_left > 0) {
+    cp = cp << 6 | (b & 0x3F);
+    if (--utf_left == 0) return step(cp);
+    return utf_can();
+  }
+  if (b == '\\') {
+    esc = 1;
+    return can(0, 0xFFFF);  // (every escape's value is in the BMP)
+  }
+  if (b >= 0xC0) {
+    utf_left = b >= 0xF0 ? 3 : b >= 0xE0 ? 2 : 1;
+    utf_len = utf_left + 1;
+    cp = b & (0x3Fu >> utf_left);
+    return utf_can();
+  }
+  return step(b);
 }
 
 bool JsonSchemaCursor::scalar_byte(const JsonSchema& s, uint8_t b) {

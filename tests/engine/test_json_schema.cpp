@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 
 #include "megadecode/base/error.h"
 #include "megadecode/engine/json_schema.h"
@@ -185,6 +186,26 @@ bool valid(const json& root, const json& s, const json& v) {
   if (v.is_array() && (v.size() < s.value("minItems", size_t(0)) ||
                        v.size() > s.value("maxItems", size_t(1) << 30)))
     return false;
+  if (v.is_string() && s.contains("pattern") &&
+      !std::regex_search(v.get<std::string>(), std::regex(s["pattern"].get<std::string>())))
+    return false;
+  if (v.is_string() && s.value("format", "") == "ipv4") {
+    // Four decimal octets 0-255 without leading zeros (written here, not as a pattern).
+    const std::string t = v.get<std::string>();
+    int parts = 0;
+    size_t at = 0;
+    while (true) {
+      const size_t dot = t.find('.', at);
+      const std::string o = t.substr(at, dot == std::string::npos ? std::string::npos : dot - at);
+      if (o.empty() || o.size() > 3 || (o.size() > 1 && o[0] == '0') ||
+          o.find_first_not_of("0123456789") != std::string::npos || std::stoi(o) > 255)
+        return false;
+      ++parts;
+      if (dot == std::string::npos) break;
+      at = dot + 1;
+    }
+    if (parts != 4) return false;
+  }
   if (v.is_string()) {
     size_t chars = 0;  // code points: the bytes that are not UTF-8 continuations
     for (unsigned char ch : v.get<std::string>()) chars += (ch & 0xC0) != 0x80;
@@ -306,6 +327,71 @@ TEST(JsonSchema, RandomWalksKeepNumbersInRange) {
   EXPECT_GE(texts.size(), 6u);
 }
 
+const json kPatterned = json::parse(R"({
+  "type": "object",
+  "properties": {
+    "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+    "word": {"type": "string", "pattern": "^(yes|no)!?$", "maxLength": 3},
+    "free": {"type": "string", "pattern": "ab"},
+    "when": {"type": "string", "format": "date-time"},
+    "day": {"type": "string", "format": "date"},
+    "id": {"type": "string", "format": "uuid"},
+    "ip": {"type": "string", "format": "ipv4"},
+    "mail": {"type": "string", "format": "email"},
+    "note": {"type": "string", "format": "hostname"}
+  },
+  "required": ["code", "word", "free"],
+  "additionalProperties": false
+})");
+
+TEST(JsonSchema, StringsFollowTheirPatternsAndFormats) {
+  const std::string base = R"({"code":"AB-123","word":"yes","free":"xaby")";
+  EXPECT_TRUE(takes(kPatterned, base + "}"));
+  // Escapes are the characters they stand for: "A\u0042-12\u0033" is "AB-123".
+  EXPECT_TRUE(takes(kPatterned, R"({"code":"A\u0042-12\u0033","word":"no!","free":"ab"})"));
+  EXPECT_TRUE(takes(kPatterned, R"({"code":"ZZ-000","word":"no","free":"é\nab\u65e5"})"));
+  for (const char* bad : {R"({"code":"ab-123","word":"yes","free":"ab"})",
+                          R"({"code":"AB-1234","word":"yes","free":"ab"})",
+                          R"({"code":"AB-12","word":"yes","free":"ab"})",
+                          R"({"code":"AB-123","word":"yes!","free":"ab"})",  // maxLength 3
+                          R"({"code":"AB-123","word":"maybe","free":"ab"})",
+                          R"({"code":"AB-123","word":"no","free":"a b"})"})
+    EXPECT_FALSE(takes(kPatterned, bad)) << bad;
+  const std::pair<const char*, const char*> formats[] = {
+      {R"("when":"2024-02-29T23:59:60.5+05:30")", R"("when":"2024-13-01T00:00:00Z")"},
+      {R"("when":"1999-12-31t00:00:00z")", R"("when":"2024-01-01T00:00:00")"},  // no offset
+      {R"("day":"2024-01-31")", R"("day":"2024-01-32")"},
+      {R"("id":"123e4567-e89b-12d3-a456-426614174000")", R"("id":"123e4567-e89b-12d3-a456")"},
+      {R"("ip":"192.168.0.255")", R"("ip":"192.168.0.256")"},
+      {R"("mail":"a.b+c@example.co.uk")", R"("mail":"a@b")"},
+      {R"("note":"any text")", R"("note":1)"},  // an annotation only: any string
+  };
+  for (const auto& [good, bad] : formats) {
+    EXPECT_TRUE(takes(kPatterned, base + "," + good + "}")) << good;
+    EXPECT_FALSE(takes(kPatterned, base + "," + bad + "}")) << bad;
+  }
+}
+
+// Walks through the masks of patterned strings end in strings that match (std::regex checks).
+TEST(JsonSchema, RandomWalksKeepStringsToTheirPatterns) {
+  json schema = kPatterned;
+  // (Not "free" nor "mail": an unanchored "ab", or an e-mail's local part, takes almost any
+  // text, and the walks, preferring tokens with '}', would rarely write the "ab" or '@' they
+  // need to end.)
+  for (const char* key : {"free", "note", "mail"}) schema["properties"].erase(key);
+  schema["properties"]["day"] = {{"type", "string"},
+                                 {"pattern", R"(^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])$)"}};
+  schema["properties"]["ip"] = {{"type", "string"}, {"format", "ipv4"}};
+  schema["required"] = {"code", "word", "day", "ip"};
+  const std::vector<std::string> texts = random_walks(schema, 16, 4);
+  for (const std::string& text : texts) {
+    json j;
+    ASSERT_NO_THROW(j = json::parse(text)) << text;
+    EXPECT_TRUE(valid(schema, schema, j)) << text;
+  }
+  EXPECT_GE(texts.size(), 6u);
+}
+
 TEST(JsonSchema, SchemasTheCursorCannotFollowAreErrorsNamingThePlace) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"type":"array"})", "root must allow an object"},
@@ -325,6 +411,9 @@ TEST(JsonSchema, SchemasTheCursorCannotFollowAreErrorsNamingThePlace) {
       {R"({"properties":{"a":{"type":"number","minimum":3,"exclusiveMaximum":3}}})",
        "no number lies"},
       {R"({"properties":{"a":{"type":"number","maximum":"10"}}})", "'maximum' must be a number"},
+      {R"({"properties":{"a":{"type":"string","pattern":"(a)\\1"}}})",
+       "#/properties/a/pattern': pattern '(a)\\1': backreferences"},
+      {R"({"properties":{"a":{"type":"string","pattern":5}}})", "'pattern' must be a string"},
   };
   for (const auto& [text, what] : cases) {
     try {

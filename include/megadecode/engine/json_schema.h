@@ -14,6 +14,13 @@
 //                        minimum)
 //   minLength, maxLength a string value's characters (code points written as UTF-8 or as one
 //                        escape each; an escaped surrogate pair counts as two)
+//   pattern              a string value matches the regular expression (engine/json_regex.h:
+//                        a search, as JSON Schema's; the string's code points after unescaping).
+//                        Every byte keeps a match within reach (a partly written character
+//                        must have a value the pattern takes). A code point above U+FFFF is
+//                        written as UTF-8 there, not as an escaped surrogate pair
+//   format               date, time, date-time (RFC 3339), uuid, ipv4, email (a simple
+//                        local@domain.tld): as patterns (without a pattern); others annotate
 //   enum, const          one of the given scalars (strings, numbers, booleans, null), written
 //                        exactly as json dumps them
 //   $ref                 "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion allowed)
@@ -26,7 +33,7 @@
 //                        text and the bounds each rounded to the nearest double)
 //
 // Everything else is an annotation or a bound that is not enforced (documented in
-// docs/server.md): multipleOf, pattern, format, uniqueItems, allOf, not, if/then/else,
+// docs/server.md): multipleOf, other formats, uniqueItems, allOf, not, if/then/else,
 // patternProperties. A schema the cursor cannot follow (an empty enum, two
 // anyOf alternatives of one kind, a $ref elsewhere, more than 64 properties or enum values) is an
 // md::Error naming the place. An output nested deeper than kMaxSchemaDepth objects / arrays that
@@ -40,6 +47,8 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
+
+#include "megadecode/engine/json_regex.h"
 
 namespace md {
 
@@ -72,6 +81,8 @@ class JsonSchema {
     uint32_t min_length = 0, max_length = UINT32_MAX;  // strings, in characters
     // enum / const: the values as written (json dumps); empty: no enum.
     std::vector<std::string> literals;
+    // Strings: the pattern their code points match (pattern, or format as a pattern; null: none).
+    std::shared_ptr<const Regex> pattern;
     // Numbers: the bounds (infinite: none) and whether each is exclusive; bounded: any is set.
     double minimum = -HUGE_VAL, maximum = HUGE_VAL;
     bool min_exclusive = false, max_exclusive = false, bounded = false;
@@ -112,9 +123,13 @@ struct JsonSchemaCursor {
   uint16_t lit_pos = 0;
   uint64_t lit_cand = 0;
   bool integer = false;
-  // A bounded number under way: its bytes so far.
+  // A bounded number under way: its bytes so far; a patterned string under way: the pattern's
+  // states (a value is one or the other: they share the bytes of a state copied per token).
   static constexpr int kMaxNumberBytes = 32;
-  std::array<char, kMaxNumberBytes> num{};
+  union {
+    std::array<char, kMaxNumberBytes> num{};
+    Regex::States re;
+  };
   uint8_t num_len = 0;
 
   // The events of the JSON text, each false when the schema refuses it (the cursor is then
@@ -132,8 +147,14 @@ struct JsonSchemaCursor {
   // A byte of a string value's contents or its closing quote (closing); new_char: the byte starts
   // a character (a UTF-8 lead byte, an ASCII byte or an escape's backslash).
   bool string_byte(const JsonSchema& s, uint8_t b, bool new_char, bool closing);
-  uint32_t chars = 0;                    // characters of the string value under way
-  bool counted = false;                  // ... and its length is bounded (every byte judged)
+  uint32_t chars = 0;    // characters of the string value under way
+  bool counted = false;  // ... and its length is bounded or it has a pattern (every byte judged)
+  // A patterned string under way: the code point being decoded from its bytes (UTF-8
+  // continuation bytes still to come; esc: 1 after a backslash, 2-5 in a \u escape's hex
+  // digits); its states are `re` above.
+  uint32_t cp = 0;
+  uint8_t utf_left = 0, utf_len = 0, esc = 0;
+  bool pattern_byte(const Regex& r, uint8_t b);
   bool scalar_end(const JsonSchema& s);  // the scalar value ended (after its last byte)
   // A byte of a bounded number (its first included).
   bool number_byte(const JsonSchema::Node& node, uint8_t b);
