@@ -8,8 +8,12 @@
 
 namespace md {
 
-PrefixCache::PrefixCache(StatePool& pool, int capacity, int64_t min_tokens)
-    : pool_(pool), capacity_(capacity), min_tokens_(std::max<int64_t>(min_tokens, 1)) {
+PrefixCache::PrefixCache(StatePool& pool, int capacity, int64_t min_tokens, Copy copy)
+    : pool_(pool),
+      copy_(copy ? std::move(copy)
+                 : Copy([](SequenceState& d, const SequenceState& s) { d.copy_from(s); })),
+      capacity_(capacity),
+      min_tokens_(std::max<int64_t>(min_tokens, 1)) {
   MD_CHECK(capacity >= 0, "prefix cache: {} entries", capacity);
 }
 
@@ -33,7 +37,7 @@ void PrefixCache::restore(const Match& m, SequenceState& into) {
   MD_CHECK(m.entry >= 0 && size_t(m.entry) < entries_.size(), "prefix cache: no entry {}", m.entry);
   Entry& e = entries_[size_t(m.entry)];
   MD_CHECK(int64_t(e.tokens.size()) == m.cached, "prefix cache: a stale match");
-  into.copy_from(e.state);
+  copy_(into, e.state);
   e.used = ++clock_;
 }
 
@@ -58,7 +62,7 @@ bool PrefixCache::insert(std::span<const int32_t> tokens, const SequenceState& f
   Entry e;
   e.tokens.assign(tokens.begin(), tokens.end());
   e.state = pool_.acquire();
-  e.state.copy_from(from);
+  copy_(e.state, from);
   e.used = ++clock_;
   entries_.push_back(std::move(e));
   return true;

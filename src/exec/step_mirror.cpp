@@ -16,7 +16,7 @@ namespace md {
 namespace {
 
 constexpr uint32_t kMagic = 0x6d645354;  // "mdST"
-enum Command : uint32_t { kStep = 1, kCommit = 2, kStop = 3 };
+enum Command : uint32_t { kStep = 1, kCommit = 2, kStop = 3, kCopy = 4 };
 
 struct Header {
   uint32_t magic = kMagic;
@@ -159,6 +159,18 @@ void StepLeader::commit(SequenceState& seq, int k) {
   inner_.commit(seq, k);
 }
 
+void StepLeader::copy_sequence(SequenceState& dst, const SequenceState& src) {
+  MD_CHECK(dst.pool() == &inner_.states() && src.pool() == &inner_.states(),
+           "copy: a sequence that is not of this executor's state pool");
+  Writer w(buf_);
+  w.put_span(std::span<const int>(inner_.states().slots_in_use()));
+  w.put(int32_t(dst.slot()));
+  w.put(int32_t(src.slot()));
+  w.put(int64_t(src.pos));
+  send(kCopy, buf_);
+  inner_.copy_sequence(dst, src);
+}
+
 namespace {
 
 // A follower's copy of rank 0's sequences, by rank 0's slot.
@@ -166,8 +178,9 @@ class Follower {
  public:
   explicit Follower(Executor& ex) : ex_(ex) {}
 
-  void step(Reader& r) {
-    // Rank 0 let go of these slots: so do we (before the step, so the pools stay in step).
+  // Rank 0 let go of the slots not in the message's list: so do we (before the step or copy, so
+  // the pools stay in step).
+  void release(Reader& r) {
     r.get_array(live_);
     const std::vector<int>& live = live_;
     for (auto it = seqs_.begin(); it != seqs_.end();) {
@@ -176,6 +189,24 @@ class Follower {
       else
         ++it;
     }
+  }
+
+  void copy(Reader& r) {
+    release(r);
+    const int32_t dst = r.get<int32_t>(), src = r.get<int32_t>();
+    const int64_t pos = r.get<int64_t>();
+    MD_CHECK(r.done(), "step mirror: a copy message has trailing bytes");
+    auto it = seqs_.find(src);
+    MD_CHECK(it != seqs_.end() && it->second.pos == pos,
+             "step mirror: a copy from slot {} at position {}, which this rank does not hold", src,
+             pos);
+    SequenceState& d = seqs_[dst];
+    if (!d.valid()) d = ex_.new_sequence();
+    ex_.copy_sequence(d, it->second);
+  }
+
+  void step(Reader& r) {
+    release(r);
     const uint32_t n = r.get<uint32_t>();
     MD_CHECK(n <= uint32_t(ex_.max_batch()), "step mirror: a step of {} sequences (max batch {})",
              n, ex_.max_batch());
@@ -291,6 +322,9 @@ int64_t follow_steps(Executor& ex, dist::Communicator& comm) {
         return steps;
       case kCommit:
         f.commit(r);
+        break;
+      case kCopy:
+        f.copy(r);
         break;
       case kStep:
         try {

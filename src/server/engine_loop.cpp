@@ -176,8 +176,9 @@ EngineLoop::EngineLoop(Executor& executor, const Tokenizer& tokenizer, EngineOpt
              "serve: --max-batch {} and --prefix-cache {} need {} state slots; the pool has {} "
              "(--max-sequences)",
              opt_.max_batch, opt_.prefix_cache, opt_.max_batch + opt_.prefix_cache, slots);
-    cache_ = std::make_unique<PrefixCache>(executor.states(), opt_.prefix_cache,
-                                           opt_.prefix_cache_min_tokens);
+    cache_ = std::make_unique<PrefixCache>(
+        executor.states(), opt_.prefix_cache, opt_.prefix_cache_min_tokens,
+        [&executor](SequenceState& d, const SequenceState& s) { executor.copy_sequence(d, s); });
   }
   thread_ = std::thread([this] { run(); });
 }

@@ -4,7 +4,8 @@ speculation) listens on rank 0 while rank 1 runs its steps (exec/step_mirror.h).
 `small` weights (with a tokenizer of the same vocabulary beside them) the greedy completion of the
 golden prompt over its clean stretch (golden.json: the steps before the first router near-tie,
 where no summation order can flip a token) must be the single-process server's text, alone and as
-four concurrent requests (batched steps, slots taken and freed while others run); sampled and chat
+four concurrent requests (batched steps, slots taken and freed while others run), and once more
+restored from the prefix cache (every rank copies its slices of the kept state); sampled and chat
 requests must complete; SIGTERM to mpirun must end every rank with status 0 within seconds; a
 layout the server cannot run is a one-line error, not a hang.
 
@@ -50,8 +51,10 @@ for f in ("tiktoken.model", "tokenizer_config.json"):
 class Server:
     def __init__(self, launcher, flags):
         self.log = open(os.path.join(work, "server.log"), "w+")
+        # (The golden prompt is 8 tokens: a prefix cache that keeps states of 4 or more.)
         self.proc = subprocess.Popen(launcher + [cli, "serve", "--model", model, "--port", "0",
-                                                 "--executor", "megakernel"] + flags,
+                                                 "--executor", "megakernel",
+                                                 "--prefix-cache-min-tokens", "4"] + flags,
                                      stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.time() + 60
         self.port = None
@@ -128,6 +131,10 @@ def session(launcher, flags, stop="launcher"):
         for t in threads:
             t.join()
         out["concurrent"] = results
+        # The prompt again: the state kept at its last token but one is restored.
+        status, body = s.post("/v1/completions", golden_req)
+        out["cached"] = (status, body["choices"][0]["text"],
+                         body["usage"]["prompt_tokens_details"]["cached_tokens"])
         status, body = s.post("/v1/completions", {"prompt": "Hello there", "max_tokens": 12,
                                                   "temperature": 0.9, "seed": 3, "n": 2,
                                                   "ignore_eos": True})
@@ -146,6 +153,9 @@ single = session([], [])
 want = single["greedy"][1]
 check(single["greedy"][0] == 200 and single["greedy"][2] == clean,
       f"the single-process server completes the golden prompt ({clean} tokens)")
+check(single["cached"] == (200, want, len(greedy["prompt_ids"]) - 1),
+      f"the single-process server restores the golden prompt from its prefix cache "
+      f"({single['cached']})")
 
 mpi = [mpiexec, "--oversubscribe", "-np", "2"]
 for flags, stop in ((["--tp", "2"], "rank 0"), (["--ep", "2"], "launcher"),
@@ -161,6 +171,9 @@ for flags, stop in ((["--tp", "2"], "rank 0"), (["--ep", "2"], "launcher"),
           f"({got['greedy'][1]!r} vs {want!r})")
     check(all(t == want for t in got["concurrent"]),
           f"{name}: four concurrent golden requests give the same text")
+    check(got["cached"] == (200, want, len(greedy["prompt_ids"]) - 1),
+          f"{name}: the golden request restored from the prefix cache gives the same text "
+          f"({got['cached']})")
     check(got["sampled"][0] == 200 and got["sampled"][1] == ["length", "length"] and
           got["sampled"][2] == 24, f"{name}: a sampled request with n=2 completes")
     check(got["chat"] == (200, 5), f"{name}: a chat completion completes")

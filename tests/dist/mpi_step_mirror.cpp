@@ -1,7 +1,8 @@
 // Rank 0's steps on every rank (exec/step_mirror.h) under mpirun (Mpi.Np2, Mpi.Np4): rank 0 drives
 // a sharded `small` through a StepLeader as a server would (sequences started while others run,
 // mixed decode and prompt rows, a slot released and reused, a verify step cut back by a commit, a
-// step the executor refuses), the other ranks run follow_steps. Every sequence's greedy tokens
+// sequence copied into a new one (the prefix cache's copy_sequence), a step the executor
+// refuses), the other ranks run follow_steps. Every sequence's greedy tokens
 // must be the golden greedy run's over its clean stretch (golden.json: the steps before the first
 // router near-tie, where no summation order can flip a token), the refused step must be refused
 // on every rank without ending the run, and the followers must run exactly rank 0's steps.
@@ -112,17 +113,25 @@ TEST(MpiStepMirror, FollowersRunRankZerosStepsAndGreedyIsTheGoldens) {
           int32_t(std::max_element(logits.begin(), logits.begin() + V) - logits.begin()));
       lead.commit(b.seq, 1);
     }
+    // d: a copy of b (every rank copies its slices), decoded beside it from here on.
+    Run d;
+    d.seq = lead.new_sequence();
+    lead.copy_sequence(d.seq, b.seq);
+    d.got = b.got;
+    EXPECT_EQ(d.seq.pos, b.seq.pos);
     // a leaves; c takes its slot while b runs.
-    while (a.got.size() < clean) decode({&a, &b});
+    while (a.got.size() < clean) decode({&a, &b, &d});
     const std::vector<int32_t> a_got = a.got;
     a.seq = SequenceState();
     start(c);
     while (c.got.size() < clean)
       decode(b.got.size() < clean ? std::vector<Run*>{&b, &c} : std::vector<Run*>{&c});
     while (b.got.size() < clean) decode({&b});
+    while (d.got.size() < clean) decode({&d});
     EXPECT_EQ(std::vector<int32_t>(a_got.begin(), a_got.begin() + clean), want) << "a";
     EXPECT_EQ(std::vector<int32_t>(b.got.begin(), b.got.begin() + clean), want) << "b";
     EXPECT_EQ(std::vector<int32_t>(c.got.begin(), c.got.begin() + clean), want) << "c";
+    EXPECT_EQ(std::vector<int32_t>(d.got.begin(), d.got.begin() + clean), want) << "d";
     lead.stop();
     EXPECT_THROW(lead.step(std::vector<SequenceState*>{&b.seq}, std::vector<int32_t>{1}, nullptr,
                            std::vector<int32_t>(1).data()),

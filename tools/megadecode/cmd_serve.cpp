@@ -117,12 +117,11 @@ void register_serve(CLI::App& app) {
     eo.workers = o->workers;
     eo.states = lm.model->options().states;
     // The prefix cache's entries are sequences of the pool: a slot each beside the running ones
-    // (a DSpark draft observes rows a restored sequence never fed, and --tp / --ep ranks would
-    // each need the copy: no cache there).
-    const bool cache_ok = o->spec.draft_dir().empty() && !sharded;
+    // (under --tp / --ep every rank copies its slices: StepLeader::copy_sequence). Not with a
+    // DSpark draft, which observes rows a restored sequence never fed.
+    const bool cache_ok = o->spec.draft_dir().empty();
     MD_CHECK(cache_ok || o->prefix_cache <= 0,
-             "serve: --prefix-cache does not run with a DSpark draft (--draft) or under --tp / "
-             "--ep yet");
+             "serve: --prefix-cache does not run with a DSpark draft (--draft) yet");
     if (!cache_ok) o->prefix_cache = 0;
     if (o->prefix_cache < 0) {
       // The pool's spare slots; none spare: 4 more slots, unless --cache-tokens fixes the pages

@@ -15,6 +15,7 @@
 // `capacity`, least recently used first out. Engine-thread only (not thread-safe).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -24,9 +25,12 @@ namespace md {
 
 class PrefixCache {
  public:
+  // How a state is copied (dst becomes src): SequenceState::copy_from by default; a serving
+  // loop passes its executor's copy_sequence (a distributed leader copies on every rank).
+  using Copy = std::function<void(SequenceState& dst, const SequenceState& src)>;
   // Entries of at least min_tokens tokens (shorter ones are cheap to prefill and would only
   // churn the cache), at most `capacity` of them (0: the cache keeps nothing).
-  PrefixCache(StatePool& pool, int capacity, int64_t min_tokens);
+  PrefixCache(StatePool& pool, int capacity, int64_t min_tokens, Copy copy = {});
   PrefixCache(const PrefixCache&) = delete;
   PrefixCache& operator=(const PrefixCache&) = delete;
 
@@ -67,6 +71,7 @@ class PrefixCache {
   void evict_lru();
 
   StatePool& pool_;
+  Copy copy_;
   int capacity_;
   int64_t min_tokens_;
   uint64_t clock_ = 0;

@@ -178,6 +178,11 @@ class Executor {
   // KDA recurrence of the k rows is replayed from the row log). Any other call is an md::Error.
   virtual void commit(SequenceState& seq, int k) = 0;
 
+  // dst (a sequence of this executor's pool) becomes a copy of src (SequenceState::copy_from):
+  // the serving loop's prefix cache keeps and restores states this way. A distributed leader
+  // (StepLeader) has every rank copy its own slices.
+  virtual void copy_sequence(SequenceState& dst, const SequenceState& src) { dst.copy_from(src); }
+
   // The speculative draft's plans (plan::compile_draft_plan) on this executor's workers:
   // attach_draft binds a draft (config and weights outlive the executor's use of them), then
   // draft_step runs one draft step for up to max_batch sequences (each with at most

@@ -14,6 +14,9 @@
 // everywhere before any collective, and the run goes on. Outputs (logits, tokens, aux rows) are
 // rank 0's alone; followers compute and drop theirs.
 //
+// Copies between sequences (copy_sequence: the prefix cache's) travel the same way: the slots, and
+// the slots rank 0 holds, so that a follower frees what rank 0 freed before it copies.
+//
 // Speculative decoding over a host drafter works as it is (steps with keep_for_commit, then
 // commits); draft plans (runs_drafts) are not mirrored, so StepLeader reports none.
 #pragma once
@@ -35,6 +38,7 @@ class StepLeader final : public Executor {
   void stop();
 
   void commit(SequenceState& seq, int k) override;
+  void copy_sequence(SequenceState& dst, const SequenceState& src) override;
   StatePool& states() override { return inner_.states(); }
   const plan::Plan& plan(int batch, int rows = 1) override { return inner_.plan(batch, rows); }
   std::string_view name() const override { return inner_.name(); }
