@@ -246,6 +246,15 @@ class RegexParser {
     return true;
   }
 
+  // Whether a {m}, {m,} or {m,n} quantifier starts at i_ (without consuming it).
+  bool quantifier_at() {
+    const size_t at = i_;
+    int lo = 0, hi = 0;
+    const bool q = braces(lo, hi);
+    i_ = at;
+    return q;
+  }
+
   Frag repeat() {
     const size_t at = i_;
     Frag a = atom();
@@ -257,6 +266,9 @@ class RegexParser {
       return a;
     }
     if (peek() == '?') ++i_;  // lazy: the same strings match
+    // A quantifier on a quantifier is a syntax error (as JavaScript engines report it).
+    if (const char n = peek(); n == '*' || n == '+' || n == '?' || (n == '{' && quantifier_at()))
+      fail(fmt::format("nothing to repeat before '{}'", n));
     if (q == '*') return star(a);
     if (q == '+') return plus(a);
     if (q == '?') return optional(a);
