@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "json_schema_all_of.h"
 #include "megadecode/base/error.h"
 
 namespace md {
@@ -158,19 +159,25 @@ class JsonSchemaCompiler {
     return int(s_->nodes_.size()) - 1;
   }
 
-  // The node of the schema at `ref` ("#", "#/$defs/NAME", "#/definitions/NAME").
-  int ref_node(const std::string& ref, const std::string& where) {
-    if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
-    if (ref == "#") return 0;
-    const json* target = nullptr;
+  // The schema at `ref` ("#", "#/$defs/NAME", "#/definitions/NAME"); null: none of these.
+  const json* ref_target(const std::string& ref) const {
+    if (ref == "#") return &root_;
     for (const char* base : {"#/$defs/", "#/definitions/"}) {
       const std::string b = base;
       if (ref.rfind(b, 0) == 0) {
         const std::string key = b.substr(2, b.size() - 3), name = ref.substr(b.size());
         if (root_.contains(key) && root_[key].is_object() && root_[key].contains(name))
-          target = &root_[key][name];
+          return &root_[key][name];
       }
     }
+    return nullptr;
+  }
+
+  // The node of the schema at `ref`.
+  int ref_node(const std::string& ref, const std::string& where) {
+    if (auto it = refs_.find(ref); it != refs_.end()) return it->second;
+    if (ref == "#") return 0;
+    const json* target = ref_target(ref);
     if (!target)
       fail(where,
            fmt::format(
@@ -199,6 +206,12 @@ class JsonSchemaCompiler {
       return;  // true: any value
     }
     if (!v.is_object()) fail(where, "a schema must be an object or a boolean");
+    if (v.contains("allOf") && !v.contains("$ref")) {
+      const json merged = detail::merge_all_of(
+          v, where, [this](const std::string& ref) { return ref_target(ref); });
+      fill(n, merged, where);
+      return;
+    }
     JsonSchema::Node node;
     if (v.contains("$ref")) {
       // $ref beside other keywords: the reference alone decides (they are not merged).

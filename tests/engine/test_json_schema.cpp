@@ -134,6 +134,9 @@ bool valid(const json& root, const json& s, const json& v) {
     const std::string ref = s["$ref"];
     return valid(root, ref == "#" ? root : root["$defs"][ref.substr(8)], v);
   }
+  if (s.contains("allOf"))
+    for (const json& a : s["allOf"])
+      if (!valid(root, a, v)) return false;
   if (s.contains("anyOf")) {
     int n = 0;
     for (const json& a : s["anyOf"]) n += valid(root, a, v);
@@ -392,6 +395,45 @@ TEST(JsonSchema, RandomWalksKeepStringsToTheirPatterns) {
   EXPECT_GE(texts.size(), 6u);
 }
 
+// allOf: pydantic's reference with a description, and subschemas whose members, requirements,
+// types and bounds combine.
+TEST(JsonSchema, AllOfSubschemasAreMerged) {
+  const json pyd = json::parse(R"({"type":"object","properties":{
+      "addr":{"allOf":[{"$ref":"#/$defs/Address"}],"description":"home"}},
+      "required":["addr"],"additionalProperties":false,
+      "$defs":{"Address":{"type":"object","properties":{"city":{"type":"string"}},
+               "required":["city"],"additionalProperties":false}}})");
+  EXPECT_TRUE(takes(pyd, R"({"addr":{"city":"x"}})"));
+  EXPECT_FALSE(takes(pyd, R"({"addr":{}})"));
+  EXPECT_FALSE(takes(pyd, R"({"addr":{"city":"x","zip":1}})"));
+  EXPECT_FALSE(takes(pyd, R"({"addr":5})"));
+  const json both = json::parse(R"({"allOf":[
+      {"type":"object","properties":{"a":{"type":"integer"},"n":{"type":"number","minimum":0}},
+       "required":["a"]},
+      {"properties":{"a":{"minimum":-5},"b":{"type":"string"},"n":{"maximum":10},
+                     "t":{"type":["integer","string"]}},
+       "required":["b"],"additionalProperties":false},
+      {"properties":{"t":{"type":["number","null"]}}}]})");
+  EXPECT_TRUE(takes(both, R"({"a":1,"b":"x"})"));
+  EXPECT_TRUE(takes(both, R"({"b":"x","a":2,"n":9.5,"t":3})"));
+  EXPECT_FALSE(takes(both, R"({"a":1})"));                  // b required by the second
+  EXPECT_FALSE(takes(both, R"({"b":"x"})"));                // a required by the first
+  EXPECT_FALSE(takes(both, R"({"a":1,"b":"x","n":11})"));   // the second's maximum
+  EXPECT_FALSE(takes(both, R"({"a":1,"b":"x","n":-1})"));   // the first's minimum
+  EXPECT_FALSE(takes(both, R"({"a":1,"b":"x","t":"s"})"));  // integer|string and number|null
+  EXPECT_FALSE(takes(both, R"({"a":1,"b":"x","t":1.5})"));  // ... leave the integers
+  EXPECT_FALSE(takes(both, R"({"a":1,"b":"x","z":0})"));    // additionalProperties false
+  EXPECT_FALSE(takes(both, R"({"a":-6,"b":"x"})"));         // the second's bound on a
+  // Walks through the merged masks validate against every subschema.
+  const std::vector<std::string> texts = random_walks(both, 8, 7);
+  for (const std::string& text : texts) {
+    json j;
+    ASSERT_NO_THROW(j = json::parse(text)) << text;
+    EXPECT_TRUE(valid(both, both, j)) << text;
+  }
+  EXPECT_GE(texts.size(), 4u);
+}
+
 TEST(JsonSchema, SchemasTheCursorCannotFollowAreErrorsNamingThePlace) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"type":"array"})", "root must allow an object"},
@@ -414,6 +456,14 @@ TEST(JsonSchema, SchemasTheCursorCannotFollowAreErrorsNamingThePlace) {
       {R"({"properties":{"a":{"type":"string","pattern":"(a)\\1"}}})",
        "#/properties/a/pattern': pattern '(a)\\1': backreferences"},
       {R"({"properties":{"a":{"type":"string","pattern":5}}})", "'pattern' must be a string"},
+      {R"({"properties":{"a":{"allOf":[{"type":"string"},{"type":"integer"}]}}})",
+       "#/properties/a/allOf/1/type': the allOf subschemas' types have no value in common"},
+      {R"({"properties":{"a":{"allOf":[{"pattern":"x"},{"pattern":"y"}]}}})", "two allOf"},
+      {R"({"allOf":[{"$ref":"#"}]})", "allOf nested deeper than 8"},
+      {R"({"allOf":[{"properties":{"a":{}},"required":["a"]},{"additionalProperties":false}]})",
+       "'a' is required, but a subschema's additionalProperties false leaves it out"},
+      {R"({"properties":{"a":{"allOf":[]}}})", "'allOf' must be a non-empty list"},
+      {R"({"properties":{"a":{"allOf":[{"$ref":"#/$defs/none"}]}}})", "$ref '#/$defs/none'"},
   };
   for (const auto& [text, what] : cases) {
     try {

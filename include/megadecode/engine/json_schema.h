@@ -26,6 +26,9 @@
 //   $ref                 "#", "#/$defs/NAME" or "#/definitions/NAME" (recursion allowed)
 //   anyOf, oneOf         alternatives told apart by their first byte (object, array, string,
 //                        number, boolean, null): at most one alternative per kind
+//   allOf                merged into one schema before compiling (json_schema_all_of.h:
+//                        properties and required joined, types intersected, the tighter bounds;
+//                        pydantic's {"allOf": [{"$ref": ...}], "description": ...} among them)
 //   minimum, maximum,    a number's bounds (exclusive ones as numbers, or as draft 4's booleans):
 //   exclusiveMinimum,    every digit written keeps a value in range within reach, and the
 //   exclusiveMaximum     number ends only in range. A bounded number is written without an
@@ -33,7 +36,7 @@
 //                        text and the bounds each rounded to the nearest double)
 //
 // Everything else is an annotation or a bound that is not enforced (documented in
-// docs/server.md): multipleOf, other formats, uniqueItems, allOf, not, if/then/else,
+// docs/server.md): multipleOf, other formats, uniqueItems, not, if/then/else,
 // patternProperties. A schema the cursor cannot follow (an empty enum, two
 // anyOf alternatives of one kind, a $ref elsewhere, more than 64 properties or enum values) is an
 // md::Error naming the place. An output nested deeper than kMaxSchemaDepth objects / arrays that
