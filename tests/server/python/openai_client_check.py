@@ -13,8 +13,29 @@ import tempfile
 import time
 import urllib.request
 
+from typing import List, Literal, Optional
+
 import openai
 from openai import OpenAI
+from pydantic import BaseModel, Field
+from typing_extensions import Annotated
+
+
+# Structured output as the SDK's parse() asks for it (a strict JSON schema made from pydantic
+# models: nested model, bounds, a pattern, lengths, an enum, an optional, a list).
+class Address(BaseModel):
+    city: str = Field(min_length=1, max_length=10)
+    zip: str = Field(pattern=r"^\d{5}$")
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=12)
+    age: int = Field(ge=0, le=120)
+    score: float = Field(gt=0, lt=1)
+    unit: Literal["c", "f"]
+    home: Address
+    tags: List[Annotated[str, Field(max_length=6)]] = Field(max_length=3)
+    nick: Optional[Annotated[str, Field(max_length=8)]]
 
 
 def start_server(binary, model, log_path):
@@ -102,6 +123,23 @@ def main():
                                                 temperature=0)
             check(t2.usage.prompt_tokens_details.cached_tokens >= t1.usage.prompt_tokens,
                   "next turn: the first turn's prompt restored from the prefix cache")
+
+            # parse() with a pydantic model: every answer that ends ("stop") parses and passes
+            # pydantic's validation (its bounds, pattern and lengths); the random model may
+            # run out of tokens in a long string or number, which parse() reports as such.
+            parsed = 0
+            for seed in range(6):
+                try:
+                    p = client.beta.chat.completions.parse(
+                        model="tiny", messages=[{"role": "user", "content": "a person"}],
+                        response_format=Person, max_tokens=440, temperature=1, seed=seed)
+                except openai.LengthFinishReasonError:
+                    continue
+                person = p.choices[0].message.parsed
+                check(isinstance(person, Person), f"parse() seed {seed}: a Person")
+                parsed += 1
+            print(f"parse(): {parsed} of 6 sampled answers complete and valid")
+            check(parsed >= 3, f"parse(): {parsed} of 6 sampled answers complete and valid")
 
             # logit_bias as the SDK sends it ({"id": bias}): +100 on one token makes every
             # greedy token that one (its text: /detokenize of it four times).
