@@ -50,16 +50,22 @@ struct Solo {
   }
 };
 
+// 4 slots and the cache on, keeping states of 8 tokens or more; prompt chunks of `chunk` rows.
+EngineOptions cache_options(int chunk, int entries) {
+  EngineOptions o;
+  o.max_batch = 4;
+  o.prefill_chunk = chunk;
+  o.max_model_len = 512;
+  o.prefix_cache = entries;
+  o.prefix_cache_min_tokens = 8;
+  return o;
+}
+
 TEST(ServerPrefixCache, NextTurnsSharedPrefixesAndRepeatsHitAndKeepTheSoloTokens) {
   test::ServedModel m(4);
   Solo solo(m);
-  EngineOptions o;
-  o.max_batch = 4;
-  o.prefill_chunk = 5;
-  o.max_model_len = 512;
-  o.prefix_cache = 12;  // (no eviction here: a request keeps up to 3 states)
-  o.prefix_cache_min_tokens = 8;
-  EngineLoop loop(*m.ex, *m.tok, o);
+  // (No eviction here: a request keeps up to 3 states.)
+  EngineLoop loop(*m.ex, *m.tok, cache_options(5, 12));
   const int kTokens = 10;
   auto run = [&](const std::vector<int32_t>& prompt, int want_cached, const char* what) {
     const Outcome out = collect(*loop.submit(greedy_request(prompt, kTokens)));
@@ -105,13 +111,7 @@ TEST(ServerPrefixCache, NextTurnsSharedPrefixesAndRepeatsHitAndKeepTheSoloTokens
 TEST(ServerPrefixCache, ConcurrentRequestsKeepTheirSoloTokens) {
   test::ServedModel m(4);
   Solo solo(m);
-  EngineOptions o;
-  o.max_batch = 4;
-  o.prefill_chunk = 6;
-  o.max_model_len = 512;
-  o.prefix_cache = 12;
-  o.prefix_cache_min_tokens = 8;
-  EngineLoop loop(*m.ex, *m.tok, o);
+  EngineLoop loop(*m.ex, *m.tok, cache_options(6, 12));
   const std::vector<int32_t> system = ids(24, 7);
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 8; ++i) prompts.push_back(cat(system, ids(3 + i, 10 + i)));
@@ -146,13 +146,7 @@ TEST(ServerPrefixCache, ChoicesOfOnePromptPrefillItOnce) {
     return r;
   };
   auto serve = [&](int cache, int64_t* prefilled, std::vector<int>* cached) {
-    EngineOptions o;
-    o.max_batch = 4;
-    o.prefill_chunk = 7;
-    o.max_model_len = 512;
-    o.prefix_cache = cache;
-    o.prefix_cache_min_tokens = 8;
-    EngineLoop loop(*m.ex, *m.tok, o);
+    EngineLoop loop(*m.ex, *m.tok, cache_options(7, cache));
     auto stream = loop.submit(request());
     std::vector<std::vector<int32_t>> out(4);
     server::ChoiceEvent e;
