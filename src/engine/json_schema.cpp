@@ -292,6 +292,10 @@ class JsonSchemaCompiler {
     if (v.contains("additionalProperties")) {
       const json& a = v["additionalProperties"];
       node.additional = !(a.is_boolean() && !a.get<bool>());
+      if (a.is_object()) {  // other keys' values follow it
+        s_->nodes_[size_t(n)] = node;
+        node.additional_node = child(a, where + "/additionalProperties");
+      }
     }
     auto count = [&](const char* key, uint32_t& out) {
       if (!v.contains(key)) return;
@@ -308,9 +312,23 @@ class JsonSchemaCompiler {
     count("maxLength", node.max_length);
     if (node.min_items > node.max_items) fail(where, "minItems is above maxItems");
     if (node.min_length > node.max_length) fail(where, "minLength is above maxLength");
+    if (v.contains("prefixItems")) {
+      const json& pre = v["prefixItems"];
+      if (!pre.is_array()) fail(where + "/prefixItems", "'prefixItems' must be a list of schemas");
+      if (pre.size() > kMaxMembers) fail(where + "/prefixItems", "more than 64 prefixItems");
+      s_->nodes_[size_t(n)] = node;
+      std::vector<int> prefix;
+      for (size_t i = 0; i < pre.size(); ++i)
+        prefix.push_back(child(pre[i], where + "/prefixItems/" + std::to_string(i)));
+      node.prefix = prefix;
+    }
     if (v.contains("items")) {
       const json& it = v["items"];
-      if (!it.is_boolean() || !it.get<bool>()) {
+      if (it.is_boolean() && !it.get<bool>()) {
+        // No element past the prefix.
+        node.max_items = std::min<uint32_t>(node.max_items, uint32_t(node.prefix.size()));
+        if (node.min_items > node.max_items) fail(where, "minItems is above the prefixItems");
+      } else if (!it.is_boolean()) {
         s_->nodes_[size_t(n)] = node;
         node.items = child(it, where + "/items");
       }
@@ -471,7 +489,10 @@ bool JsonSchemaCursor::value_begin(const JsonSchema& s, uint8_t b) {
     Frame& f = frames[depth - 1];
     const JsonSchema::Node& parent = s.node(f.node);
     if (f.array && f.count++ >= parent.max_items) return false;
-    expected = f.array ? parent.items : f.member >= 0 ? parent.members[size_t(f.member)] : -1;
+    if (f.array)
+      expected = f.count <= parent.prefix.size() ? parent.prefix[f.count - 1] : parent.items;
+    else
+      expected = f.member >= 0 ? parent.members[size_t(f.member)] : parent.additional_node;
   }
   if (expected < 0) return free();
   const int n = s.resolve(expected, kind);

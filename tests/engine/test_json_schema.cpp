@@ -180,12 +180,19 @@ bool valid(const json& root, const json& s, const json& v) {
         if (!valid(root, props[k], x)) return false;
       } else if (s.contains("additionalProperties") && s["additionalProperties"] == false) {
         return false;
+      } else if (s.contains("additionalProperties") && s["additionalProperties"].is_object() &&
+                 !valid(root, s["additionalProperties"], x)) {
+        return false;
       }
     }
   }
-  if (v.is_array() && s.contains("items"))
-    for (const json& x : v)
-      if (!valid(root, s["items"], x)) return false;
+  if (v.is_array()) {
+    const json pre = s.value("prefixItems", json::array());
+    for (size_t i = 0; i < v.size(); ++i) {
+      const json& sub = i < pre.size() ? pre[i] : s.value("items", json(true));
+      if (!valid(root, sub, v[i])) return false;
+    }
+  }
   if (v.is_array() && (v.size() < s.value("minItems", size_t(0)) ||
                        v.size() > s.value("maxItems", size_t(1) << 30)))
     return false;
@@ -422,6 +429,30 @@ TEST(JsonSchema, AllOfSubschemasAreMerged) {
   expect_walks_valid(both, 8, 7, 4);
 }
 
+// pydantic's Dict[str, int] (additionalProperties as a schema) and Tuple[int, str] / Tuple[int,
+// ...] (prefixItems, with items false or a schema).
+TEST(JsonSchema, DictValuesAndTupleElementsFollowTheirSchemas) {
+  const json schema = json::parse(R"({"type":"object","properties":{
+      "d":{"type":"object","additionalProperties":{"type":"integer","minimum":0}},
+      "t":{"type":"array","prefixItems":[{"type":"integer"},{"type":"string"}],"items":false,
+           "minItems":2},
+      "u":{"type":"array","prefixItems":[{"type":"string"}],"items":{"type":"boolean"}}},
+      "required":["d","t","u"],"additionalProperties":false})");
+  const std::string tu = R"(,"t":[1,"a"],"u":["x"])";
+  EXPECT_TRUE(takes(schema, R"({"d":{"x":1,"y":20})" + tu + "}"));
+  EXPECT_TRUE(takes(schema, R"({"d":{})" + tu + "}"));
+  EXPECT_FALSE(takes(schema, R"({"d":{"x":"s"})" + tu + "}"));
+  EXPECT_FALSE(takes(schema, R"({"d":{"x":-1})" + tu + "}"));
+  const std::string d = R"({"d":{},)";
+  EXPECT_TRUE(takes(schema, d + R"("t":[7,""],"u":["x",true,false]})"));
+  EXPECT_FALSE(takes(schema, d + R"("t":["a",1],"u":["x"]})"));      // positions' types
+  EXPECT_FALSE(takes(schema, d + R"("t":[1,"a",3],"u":["x"]})"));    // items false: 2 at most
+  EXPECT_FALSE(takes(schema, d + R"("t":[1],"u":["x"]})"));          // minItems
+  EXPECT_FALSE(takes(schema, d + R"("t":[1,"a"],"u":["x","y"]})"));  // items after the prefix
+  EXPECT_FALSE(takes(schema, d + R"("t":[1,"a"],"u":[true]})"));     // the prefix's type
+  expect_walks_valid(schema, 12, 3, 5);
+}
+
 TEST(JsonSchema, SchemasTheCursorCannotFollowAreErrorsNamingThePlace) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"type":"array"})", "root must allow an object"},
@@ -451,6 +482,9 @@ TEST(JsonSchema, SchemasTheCursorCannotFollowAreErrorsNamingThePlace) {
       {R"({"allOf":[{"properties":{"a":{}},"required":["a"]},{"additionalProperties":false}]})",
        "'a' is required, but a subschema's additionalProperties false leaves it out"},
       {R"({"properties":{"a":{"allOf":[]}}})", "'allOf' must be a non-empty list"},
+      {R"({"properties":{"a":{"prefixItems":{}}}})", "'prefixItems' must be a list"},
+      {R"({"properties":{"a":{"prefixItems":[{}],"items":false,"minItems":2}}})",
+       "minItems is above the prefixItems"},
       {R"({"properties":{"a":{"allOf":[{"$ref":"#/$defs/none"}]}}})", "$ref '#/$defs/none'"},
   };
   for (const auto& [text, what] : cases) {

@@ -7,9 +7,11 @@
 //   properties           an object's named members, each with its schema; keys are written as
 //                        json dumps them (no escapes beyond its own), each at most once
 //   required             members the object cannot close without
-//   additionalProperties false: only the named members; true, absent or a schema: any other key,
-//                        its value any JSON (a schema given here is not enforced)
-//   items                the schema of every array element
+//   additionalProperties false: only the named members; true or absent: any other key, its value
+//                        any JSON; a schema: any other key, its value following the schema
+//                        (pydantic's Dict[str, X])
+//   items                the schema of every array element (after prefixItems'; false: none)
+//   prefixItems          the schemas of the first elements, one each (pydantic's tuples)
 //   minItems, maxItems   an array's element count (no ',' past the maximum, no ']' before the
 //                        minimum)
 //   minLength, maxLength a string value's characters (code points written as UTF-8 or as one
@@ -79,7 +81,9 @@ class JsonSchema {
     std::vector<int> members;
     uint64_t required = 0;
     bool additional = true;
-    int items = -1;  // arrays: the elements' node (-1: any JSON)
+    int additional_node = -1;  // other keys' values: their node (-1: any JSON)
+    int items = -1;            // arrays: the elements' node (-1: any JSON)
+    std::vector<int> prefix;   // arrays: the first elements' nodes (prefixItems)
     uint32_t min_items = 0, max_items = UINT32_MAX;
     uint32_t min_length = 0, max_length = UINT32_MAX;  // strings, in characters
     // enum / const: the values as written (json dumps); empty: no enum.
