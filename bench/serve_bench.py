@@ -170,7 +170,10 @@ def drive(host, port, bodies, concurrency, deadline=None, on_done=None):
 
 
 def request_body(args, rng):
-    prompt = [rng.randrange(1, args.vocab) for _ in range(args.input_len)]
+    # The shared prefix: the same ids in every request (a generator of their own, from the seed).
+    shared = random.Random(args.seed ^ 0x9E3779B97F4A7C15)
+    prompt = [shared.randrange(1, args.vocab) for _ in range(args.prefix_len)]
+    prompt += [rng.randrange(1, args.vocab) for _ in range(args.input_len)]
     return {"prompt": prompt, "max_tokens": args.output_len, "ignore_eos": True,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
 
@@ -322,6 +325,9 @@ def main():
     ap.add_argument("--concurrency", default="1,2,4,8")
     ap.add_argument("--num-requests", type=int, default=32, help="per concurrency level")
     ap.add_argument("--vocab", type=int, default=1000, help="prompt ids are drawn from [1, vocab)")
+    ap.add_argument("--prefix-len", type=int, default=0,
+                    help="ids every prompt starts with before its --input-len random ones (a "
+                         "shared system prompt: what the server's prefix cache restores)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--warmup", type=int, default=1,
                     help="bench: first run `concurrency` uncounted 4-token requests (0: none)")

@@ -40,6 +40,7 @@ struct LoadOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
   int input_len = 128, output_len = 64, num_requests = 32, vocab = 1000, warmup = 1;
+  int prefix_len = 0;  // ids every prompt starts with (a shared system prompt)
   uint64_t seed = 0;
   std::string concurrency = "1,2,4,8";
   int prefill_probe = 0;
@@ -144,6 +145,10 @@ std::unique_ptr<Stream> open_stream(const LoadOptions& o, const std::string& bod
 std::string request_body(const LoadOptions& o, std::mt19937_64& rng, int prompt_len,
                          int max_tokens) {
   nlohmann::json prompt = nlohmann::json::array();
+  // The shared prefix: the same ids in every request (their own generator, from the seed).
+  std::mt19937_64 shared(o.seed ^ 0x9E3779B97F4A7C15ull);
+  for (int i = 0; i < o.prefix_len; ++i)
+    prompt.push_back(1 + int(shared() % uint64_t(o.vocab - 1)));
   for (int i = 0; i < prompt_len; ++i) prompt.push_back(1 + int(rng() % uint64_t(o.vocab - 1)));
   return nlohmann::json{{"prompt", prompt},
                         {"max_tokens", max_tokens},
@@ -322,6 +327,11 @@ void register_serve_bench(CLI::App& app) {
   c->add_option("--vocab", o->vocab, "prompt ids are drawn from [1, vocab)")
       ->check(CLI::Range(2, 1 << 30));
   c->add_option("--seed", o->seed, "prompt ids' seed");
+  c->add_option("--prefix-len", o->prefix_len,
+                "ids every prompt starts with before its --input-len random ones (a shared "
+                "system prompt: what the server's prefix cache restores; vLLM's "
+                "--random-prefix-len)")
+      ->check(CLI::Range(0, 1 << 20));
   c->add_option("--warmup", o->warmup,
                 "first run `concurrency` uncounted 4-token requests per level (0: none)")
       ->check(CLI::Range(0, 1));
