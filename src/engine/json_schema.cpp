@@ -73,9 +73,11 @@ bool meets(const JsonSchema::Node& n, Interval v) {
     v.hi_open = v.hi_open || n.max_exclusive;
   }
   if (n.integer) {
-    // The smallest and largest integers inside (exact below 2^53, where bounds live in practice).
-    const double a = v.lo_open && std::floor(v.lo) == v.lo ? v.lo + 1 : std::ceil(v.lo);
+    // The smallest and largest integers inside (exact below 2^53, where bounds live in practice),
+    // and with multipleOf the smallest multiple from the smallest integer on.
+    double a = v.lo_open && std::floor(v.lo) == v.lo ? v.lo + 1 : std::ceil(v.lo);
     const double b = v.hi_open && std::floor(v.hi) == v.hi ? v.hi - 1 : std::floor(v.hi);
+    if (n.multiple_of > 0 && std::isfinite(a)) a = std::ceil(a / n.multiple_of) * n.multiple_of;
     return a <= b;
   }
   return v.lo < v.hi || (v.lo == v.hi && !v.lo_open && !v.hi_open);
@@ -418,11 +420,26 @@ class JsonSchemaCompiler {
     };
     if (flag("exclusiveMinimum")) node.min_exclusive = true;
     if (flag("exclusiveMaximum")) node.max_exclusive = true;
-    node.bounded = std::isfinite(node.minimum) || std::isfinite(node.maximum);
+    if (v.contains("multipleOf")) {
+      const json& m = v["multipleOf"];
+      if (!m.is_number() || !(m.get<double>() > 0))
+        fail(where + "/multipleOf", "'multipleOf' must be a number above 0");
+      // Enforced for integer values by an integer (a fraction's multiples: an annotation).
+      const double d = m.get<double>();
+      if (node.integer && std::floor(d) == d && d < 9007199254740992.0) {
+        node.multiple_of = d;
+        // Within the doubles' exact integers (|x| < 2^53), where the test of a multiple holds.
+        constexpr double kExact = 9007199254740991.0;
+        node.minimum = std::max(node.minimum, -kExact);
+        node.maximum = std::min(node.maximum, kExact);
+      }
+    }
+    node.bounded =
+        std::isfinite(node.minimum) || std::isfinite(node.maximum) || node.multiple_of > 0;
     if (!node.bounded) return;
     if (!(node.kinds & kJsonNumber)) return;  // (bounds of another type's value: nothing to do)
     if (!meets(node, {-HUGE_VAL, HUGE_VAL, false, false}))
-      fail(where, node.integer ? "no integer lies between the bounds"
+      fail(where, node.integer ? "no integer (multiple) lies between the bounds"
                                : "no number lies between the bounds");
   }
 

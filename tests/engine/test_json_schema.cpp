@@ -170,6 +170,9 @@ bool valid(const json& root, const json& s, const json& v) {
       return false;
     if (xmin.is_number() && x <= xmin.get<double>()) return false;
     if (xmax.is_number() && x >= xmax.get<double>()) return false;
+    if (s.contains("multipleOf") && v.is_number_integer() &&
+        v.get<int64_t>() % s["multipleOf"].get<int64_t>() != 0)
+      return false;
   }
   if (v.is_object()) {
     const json props = s.value("properties", json::object());
@@ -331,6 +334,24 @@ TEST(JsonSchema, NumbersStayWithinTheirBounds) {
   EXPECT_FALSE(takes(kBounded, p5 + "4.9}"));
 }
 
+TEST(JsonSchema, IntegersAreMultiplesOfTheirMultipleOf) {
+  const json schema = json::parse(R"({"type":"object","properties":{
+      "five":{"type":"integer","multipleOf":5},
+      "one":{"type":"integer","multipleOf":5,"minimum":1,"maximum":9},
+      "big":{"type":"integer","multipleOf":7,"exclusiveMinimum":-20,"maximum":-1}},
+      "required":["five","one","big"],"additionalProperties":false})");
+  for (const char* f : {"0", "15", "-20", "100", "-0"})
+    EXPECT_TRUE(takes(schema, std::string(R"({"one":5,"big":-7,"five":)") + f + "}")) << f;
+  for (const char* f : {"7", "12", "-3", "1"})
+    EXPECT_FALSE(takes(schema, std::string(R"({"one":5,"big":-7,"five":)") + f + "}")) << f;
+  EXPECT_FALSE(takes(schema, R"({"five":0,"big":-7,"one":0})"));   // below the minimum
+  EXPECT_FALSE(takes(schema, R"({"five":0,"big":-7,"one":10})"));  // above the maximum
+  EXPECT_TRUE(takes(schema, R"({"five":0,"one":5,"big":-14})"));
+  EXPECT_FALSE(takes(schema, R"({"five":0,"one":5,"big":-21})"));  // exclusiveMinimum -20
+  EXPECT_FALSE(takes(schema, R"({"five":0,"one":5,"big":0})"));    // maximum -1
+  expect_walks_valid(schema, 12, 8, 6);
+}
+
 // Every walk through a bounded schema's masks ends in range: no digit leads to a dead end (a
 // number that cannot be finished in range), and no number ends out of range.
 TEST(JsonSchema, RandomWalksKeepNumbersInRange) {
@@ -469,6 +490,9 @@ TEST(JsonSchema, SchemasTheCursorCannotFollowAreErrorsNamingThePlace) {
       {R"({"properties":{"a":{"minItems":3,"maxItems":2}}})", "minItems is above maxItems"},
       {R"({"properties":{"a":{"maxLength":-1}}})", "non-negative integer"},
       {R"({"properties":{"a":{"type":"integer","minimum":1.2,"maximum":1.8}}})", "no integer"},
+      {R"({"properties":{"a":{"type":"integer","multipleOf":5,"minimum":1,"maximum":4}}})",
+       "no integer (multiple)"},
+      {R"({"properties":{"a":{"type":"integer","multipleOf":0}}})", "above 0"},
       {R"({"properties":{"a":{"type":"number","minimum":3,"exclusiveMaximum":3}}})",
        "no number lies"},
       {R"({"properties":{"a":{"type":"number","maximum":"10"}}})", "'maximum' must be a number"},

@@ -36,11 +36,14 @@
 //   exclusiveMaximum     number ends only in range. A bounded number is written without an
 //                        exponent, in at most 32 bytes; values compare as doubles (the number's
 //                        text and the bounds each rounded to the nearest double)
+//   multipleOf           an integer node's integer multipleOf, with its bounds: a digit only
+//                        while a multiple in range stays within reach (values then within
+//                        +-(2^53 - 1), where doubles hold every integer)
 //
 // Everything else is an annotation or a bound that is not enforced (documented in
-// docs/server.md): multipleOf, other formats, uniqueItems, not, if/then/else,
-// patternProperties. A schema the cursor cannot follow (an empty enum, two
-// anyOf alternatives of one kind, a $ref elsewhere, more than 64 properties or enum values) is an
+// docs/server.md): multipleOf of numbers or by a fraction, other formats, uniqueItems, not,
+// if/then/else, patternProperties. A schema the cursor cannot follow (an empty enum, two anyOf
+// alternatives of one kind, a $ref elsewhere, more than 64 properties or enum values) is an
 // md::Error naming the place. An output nested deeper than kMaxSchemaDepth objects / arrays that
 // follow the schema (a recursive schema) takes any JSON below that depth rather than refusing it
 // (a refusal could leave a required member impossible to write).
@@ -93,6 +96,7 @@ class JsonSchema {
     // Numbers: the bounds (infinite: none) and whether each is exclusive; bounded: any is set.
     double minimum = -HUGE_VAL, maximum = HUGE_VAL;
     bool min_exclusive = false, max_exclusive = false, bounded = false;
+    double multiple_of = 0;  // integers: multipleOf (0: none); bounded is then set too
   };
   // Throws md::Error naming the unsupported or contradictory part (a JSON pointer into `schema`).
   static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema);
