@@ -25,6 +25,8 @@ PrefixCache::Match PrefixCache::match(std::span<const int32_t> prompt) const {
     const int64_t common =
         std::mismatch(t.begin(), t.begin() + std::ptrdiff_t(n), prompt.begin()).first - t.begin();
     m.shared = std::max(m.shared, common);
+    if (t.size() == prompt.size() && size_t(common) == t.size() && !entries_[i].logits.empty())
+      m.whole = int(i);
     if (size_t(common) == t.size() && t.size() < prompt.size() && common > m.cached) {
       m.cached = common;
       m.entry = int(i);
@@ -41,13 +43,24 @@ void PrefixCache::restore(const Match& m, SequenceState& into) {
   e.used = ++clock_;
 }
 
-bool PrefixCache::insert(std::span<const int32_t> tokens, const SequenceState& from) {
+void PrefixCache::restore_whole(const Match& m, SequenceState& into, std::vector<float>& logits) {
+  MD_CHECK(m.whole >= 0 && size_t(m.whole) < entries_.size(), "prefix cache: no entry {}", m.whole);
+  Entry& e = entries_[size_t(m.whole)];
+  MD_CHECK(!e.logits.empty(), "prefix cache: a stale match");
+  copy_(into, e.state);
+  logits = e.logits;
+  e.used = ++clock_;
+}
+
+bool PrefixCache::insert(std::span<const int32_t> tokens, const SequenceState& from,
+                         std::span<const float> logits) {
   MD_CHECK(from.valid() && from.pos == int64_t(tokens.size()),
            "prefix cache: a state at position {} for {} tokens", from.pos, tokens.size());
   if (capacity_ == 0 || int64_t(tokens.size()) < min_tokens_) return false;
   for (Entry& e : entries_)
     if (std::ranges::equal(e.tokens, tokens)) {
       e.used = ++clock_;
+      if (e.logits.empty()) e.logits.assign(logits.begin(), logits.end());
       return false;
     }
   if (size() >= capacity_) evict_lru();
@@ -63,6 +76,7 @@ bool PrefixCache::insert(std::span<const int32_t> tokens, const SequenceState& f
   e.tokens.assign(tokens.begin(), tokens.end());
   e.state = pool_.acquire();
   copy_(e.state, from);
+  e.logits.assign(logits.begin(), logits.end());
   e.used = ++clock_;
   entries_.push_back(std::move(e));
   return true;

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <optional>
 
+#include "engine_slot.h"
 #include "megadecode/base/error.h"
 #include "megadecode/base/util.h"
 #include "megadecode/server/request.h"
@@ -92,38 +93,6 @@ double now() {
 }  // namespace
 
 // ---- EngineLoop --------------------------------------------------------------------------------
-
-struct EngineLoop::Slot {
-  std::shared_ptr<RequestStream> stream;
-  int choice = 0;
-  ChoiceSpec spec;
-  int top_logprobs = -1;
-  bool prompt_logprobs = false;
-  SequenceState seq;
-  std::unique_ptr<Sampler> sampler;
-  std::unique_ptr<TokenTextStream> text;
-  std::vector<int32_t> history;  // prompt + generated
-  size_t fed = 0;                // prompt tokens the sequence has consumed
-  int64_t cached = 0;            // of them, restored from the prefix cache
-  size_t keep_at = 0;            // > fed: keep a state there (a chunk ends there)
-  bool fork = false;             // Pending::fork
-  int32_t next = -1;             // the last sampled id, fed by the next step
-  int generated = 0;
-  double t_last = 0;
-  bool done = false;
-  std::vector<TokenLogprob> prompt_lp;
-  ChoiceEvent pending;                        // tokens held for --stream-interval
-  std::unique_ptr<Drafter> drafter;           // speculative decoding: this sequence's
-  std::optional<TokenConstraint> constraint;  // spec.constraint's state
-  bool prefilling() const { return fed < spec.prompt.size(); }
-  // The constraint still decides tokens (its steps are plain, with the logits on the host).
-  bool constrained() const {
-    return constraint && !constraint->finished() && !constraint->broken();
-  }
-  // The token is drawn on the host from the step's logit row: a constraint that still decides,
-  // or a logit bias (plain steps, never speculative, while this holds).
-  bool host_draw() const { return constrained() || !spec.logit_bias.empty(); }
-};
 
 namespace {
 // Appends `more` to `into`: the later tokens, text and logprobs after the earlier ones.
@@ -394,6 +363,12 @@ void EngineLoop::step() {
   // the step's prompt rows are at most one chunk (--prefill-chunk), taken from the earliest
   // admitted prompts (several short ones may share it), so running streams wait at most one
   // chunk's time a step; with nothing decoding, every waiting prompt feeds a chunk.
+  // Whole prompts restored from the prefix cache: their first tokens, from the cached logits.
+  for (auto& s : slots_)
+    if (!s->cached_logits.empty()) draw_from_cache(*s);
+  std::erase_if(slots_, [](const auto& s) { return s->done; });
+  if (slots_.empty()) return;
+
   bool decoding = false, prefilling = false;
   for (auto& s : slots_) {
     decoding = decoding || !s->prefilling();
@@ -433,7 +408,7 @@ void EngineLoop::step() {
   bool want_logits = false;
   for (const Part& p : parts)
     want_logits = want_logits || p.slot->top_logprobs >= 0 || p.slot->prompt_logprobs ||
-                  (p.samples && p.slot->host_draw());
+                  (p.samples && p.slot->host_draw()) || keeps_logits(p);
   if (want_logits && logits_.size() < size_t(logit_rows) * V)
     logits_.resize(size_t(logit_rows) * V);
   const std::vector<float>& logits = logits_;
@@ -486,7 +461,8 @@ void EngineLoop::step() {
   }
 
   const double t = now();
-  for (const Part& p : parts) after_part(p, logits.data(), next_ids.data(), rows, t);
+  for (const Part& p : parts)
+    after_part(p, want_logits ? logits.data() : nullptr, next_ids.data(), rows, t);
   std::erase_if(slots_, [](const auto& s) { return s->done; });
   yield_to_readers();
 }
@@ -553,7 +529,9 @@ void EngineLoop::after_part(const Part& p, const float* logits, const int32_t* n
         }
       s.fed += size_t(p.rows);
       counters_.prompt_tokens.fetch_add(p.rows);
-      if (cache_ && (s.fed == s.keep_at || !s.prefilling())) keep_prefix(s, s.fed);
+      if (cache_ && s.fed == s.keep_at) keep_prefix(s, s.fed);
+      if (cache_ && !s.prefilling())
+        keep_prefix(s, s.fed, logits ? row(p.logit_rows - 1) : std::span<const float>());
       if (s.prefilling()) return;
       if (!p.samples) {  // max_tokens 0: the prompt (and its logprobs) only
         finish(s, "length", {});
@@ -563,17 +541,40 @@ void EngineLoop::after_part(const Part& p, const float* logits, const int32_t* n
     const int last = p.first_logit + p.logit_rows - 1;
     int32_t id = next_ids[size_t(last)];
     if (s.host_draw()) id = host_draw(s, row(p.logit_rows - 1), rows[size_t(last)], id);
-    if (size_t(s.generated) < opt_.test_forced_tokens.size())
-      id = opt_.test_forced_tokens[size_t(s.generated)];
-    if (s.constraint) s.constraint->accept(id);
-    ChoiceEvent e;
-    const bool first = s.generated == 0;
-    const double gap = t - s.t_last;
-    s.t_last = t;
-    if (take_token(s, id, s.top_logprobs >= 0 ? row(p.logit_rows - 1) : std::span<const float>(), t,
-                   gap, e))
-      send_tokens(s, std::move(e), first);
+    emit(s, id, logits ? row(p.logit_rows - 1) : std::span<const float>(), t);
   }
+}
+
+void EngineLoop::emit(Slot& s, int32_t id, std::span<const float> row, double t) {
+  if (size_t(s.generated) < opt_.test_forced_tokens.size())
+    id = opt_.test_forced_tokens[size_t(s.generated)];
+  if (s.constraint) s.constraint->accept(id);
+  ChoiceEvent e;
+  const bool first = s.generated == 0;
+  const double gap = t - s.t_last;
+  s.t_last = t;
+  if (take_token(s, id, s.top_logprobs >= 0 ? row : std::span<const float>(), t, gap, e))
+    send_tokens(s, std::move(e), first);
+}
+
+// The draw the prompt's last step would have made, from the same logits with the same sampling
+// row (its uniform from the slot's sampler, as in a step), on the host.
+void EngineLoop::draw_from_cache(Slot& s) {
+  const std::vector<float> logits = std::move(s.cached_logits);
+  s.cached_logits.clear();
+  if (s.spec.sampling.max_tokens <= 0) {  // the prompt only
+    finish(s, "length", {});
+    return;
+  }
+  const SampleRow row = s.sampler->prepare(s.history);
+  const int32_t id =
+      s.host_draw() ? host_draw(s, logits, row, -1) : sample_row(row, logits, scratch_);
+  emit(s, id, logits, now());
+}
+
+bool EngineLoop::keeps_logits(const Part& p) const {
+  return cache_ && p.samples && p.slot->prefilling() &&
+         int64_t(p.slot->spec.prompt.size()) >= cache_->min_tokens();
 }
 
 void EngineLoop::restore_prefix(Slot& s) {
@@ -582,6 +583,14 @@ void EngineLoop::restore_prefix(Slot& s) {
   // Prompt logprobs need every prompt row's logits.
   if (s.prompt_logprobs) return;
   const PrefixCache::Match m = cache_->match(prompt);
+  if (m.whole >= 0) {  // the same prompt again: nothing to feed
+    cache_->restore_whole(m, s.seq, s.cached_logits);
+    s.fed = prompt.size();
+    s.cached = int64_t(prompt.size());
+    counters_.prefix_cache_hits.fetch_add(s.cached);
+    if (s.drafter) s.drafter->observe(prompt, 0, {});
+    return;
+  }
   if (m.entry >= 0) {
     cache_->restore(m, s.seq);
     s.fed = size_t(m.cached);
@@ -593,9 +602,8 @@ void EngineLoop::restore_prefix(Slot& s) {
   // Where the prompt departs from a cached one (a shared system prompt, few-shot examples, the
   // same prompt again): keep a state there too, so the next prompt sharing it hits. At most the
   // prompt's last token but one: the last is fed to get the first draw's logits.
-  // n > 1: the siblings with this prompt restore it there (they wait for it: waits_for_sibling).
-  const int64_t at =
-      s.fork ? int64_t(prompt.size()) - 1 : std::min<int64_t>(m.shared, int64_t(prompt.size()) - 1);
+  // (n > 1: the prompt's end, with its logits, is kept anyway; the siblings wait for it.)
+  const int64_t at = std::min<int64_t>(m.shared, int64_t(prompt.size()) - 1);
   if (at > m.cached && at >= cache_->min_tokens()) s.keep_at = size_t(at);
 }
 
@@ -603,139 +611,18 @@ bool EngineLoop::waits_for_sibling(const Pending& p) const {
   if (!cache_ || p.prompt_logprobs) return false;
   for (const auto& sp : slots_) {
     const Slot& s = *sp;
-    if (s.stream == p.stream && s.fork && s.keep_at > s.fed &&
-        s.keep_at + 1 == p.spec.prompt.size() && s.spec.prompt == p.spec.prompt)
+    if (s.stream == p.stream && s.fork && s.prefilling() &&
+        int64_t(p.spec.prompt.size()) >= cache_->min_tokens() && s.spec.prompt == p.spec.prompt)
       return true;
   }
   return false;
 }
 
-void EngineLoop::keep_prefix(Slot& s, size_t tokens) {
+void EngineLoop::keep_prefix(Slot& s, size_t tokens, std::span<const float> logits) {
   // The slot's sequence is at `tokens` of its history wherever this is called; a sequence that is
   // not (nothing known to happen) is skipped rather than cached wrong.
   if (int64_t(tokens) != s.seq.pos || tokens > s.history.size()) return;
-  cache_->insert(std::span<const int32_t>(s.history.data(), tokens), s.seq);
-}
-
-// Every decoding slot verifies its anchor and K drafts in one plan step
-// (SpeculativeDecoder::step_batch), and the tokens it emits go through take_token one by one, so
-// a stop id, stop string or limit ends the slot exactly where plain decoding would (the sequence
-// is committed to match). The step's gap since the slot's last tokens is shared by the tokens it
-// emitted, for the inter-token latency histogram. Waiting prompts feed a chunk in the same step
-// (SpecExtra), capped at kMaxChainedRows and the row log's rows (the step keeps every row for a
-// commit), so running streams keep speculating while a prompt goes in.
-void EngineLoop::speculative_step(bool prefilling) {
-  std::vector<Slot*> dec;
-  for (auto& sp : slots_)
-    if (!sp->prefilling()) dec.push_back(sp.get());
-  const size_t B = dec.size();
-  std::vector<SpecSeq> batch(B);
-  std::vector<ChoiceEvent> events(B);
-  std::vector<int> emitted(B, 0);
-  std::vector<char> running(B, 1);
-  double t = 0;
-  for (size_t b = 0; b < B; ++b) {
-    Slot& s = *dec[b];
-    SpecSeq& q = batch[b];
-    q.seq = &s.seq;
-    q.history = &s.history;
-    q.sampler = s.sampler.get();
-    q.drafter = s.drafter.get();
-    q.logits = s.top_logprobs >= 0;
-    q.emit = [&, b](int32_t id, std::span<const float> row) {
-      if (emitted[b]++ == 0) t = now();
-      running[b] = take_token(*dec[b], id, row, t, -1, events[b], true);
-      return bool(running[b]);
-    };
-  }
-  // The prompt rows riding along, their tokens, logits (for logprobs) and aux rows.
-  std::vector<Part> parts;
-  std::vector<StepSeq> pseqs;
-  std::vector<SampleRow> prows;
-  int plogits = 0;
-  if (prefilling) {
-    const int cap =
-        std::min({opt_.prefill_chunk, plan::kMaxChainedRows, ex_.states().options().commit_rows});
-    add_prompt_parts(cap, cap, parts, pseqs, prows, plogits);
-  }
-  const size_t V = size_t(ex_.model().config().vocab_size);
-  bool want_logits = false;
-  int prompt_rows = 0;
-  for (const Part& p : parts) {
-    want_logits = want_logits || p.slot->top_logprobs >= 0 || p.slot->prompt_logprobs;
-    prompt_rows += p.rows;
-  }
-  std::vector<int32_t> pnext(size_t(std::max(plogits, 1)), -1);
-  if (want_logits && logits_.size() < size_t(plogits) * V) logits_.resize(size_t(plogits) * V);
-  const size_t aux_width = aux_layers_.size() * size_t(ex_.model().config().hidden_size);
-  aux_.assign(size_t(prompt_rows) * aux_width, 0.0f);
-  SpecExtra extra;
-  extra.seqs = pseqs;
-  extra.sampling = prows;
-  extra.next_ids = pnext.data();
-  extra.logits = want_logits ? logits_.data() : nullptr;
-  extra.aux = aux_;
-
-  const SpeculativeStats before = spec_->stats();
-  const double t_step = now();
-  try {
-    spec_->step_batch(batch, extra);
-  } catch (const std::exception& e) {
-    // Bad state (a budget, the watchdog): the sequences of this step cannot go on.
-    for (size_t b = 0; b < B; ++b) {
-      if (dec[b]->done) continue;
-      ChoiceEvent ev = std::move(events[b]);
-      ev.error = fmt::format("the engine failed: {}", e.what());
-      ev.choice = dec[b]->choice;
-      retire(*dec[b], std::move(ev));
-    }
-    for (Part& p : parts) {
-      ChoiceEvent ev;
-      ev.error = fmt::format("the engine failed: {}", e.what());
-      ev.choice = p.slot->choice;
-      retire(*p.slot, std::move(ev));
-    }
-    std::lock_guard<std::mutex> lk(mu_);
-    failure_ = e.what();
-    std::erase_if(slots_, [](const auto& s) { return s->done; });
-    return;
-  }
-  const double t_end = now();
-  counters_.steps.fetch_add(1);
-  const SpeculativeStats& after = spec_->stats();
-  counters_.spec_drafts.fetch_add(after.steps - before.steps);
-  counters_.spec_draft_tokens.fetch_add(after.drafted - before.drafted);
-  counters_.spec_accepted_tokens.fetch_add(after.accepted - before.accepted);
-  for (size_t k = 0; k < after.accepted_at.size(); ++k)
-    counters_.spec_accepted_at[k].fetch_add(after.accepted_at[k] - before.accepted_at[k]);
-  if (obs_.step)
-    obs_.step(t_end - t_step, int(B) * (spec_->options().num_draft_tokens + 1) + prompt_rows);
-  if (obs_.decode_batch) obs_.decode_batch(int(B));
-  for (size_t b = 0; b < B; ++b) {
-    Slot& s = *dec[b];
-    if (emitted[b] > 0 && obs_.inter_token_latency) {
-      const double gap = (t - s.t_last) / emitted[b];
-      // The first token's latency was not observed by take_token (gap -1), nor the others'.
-      for (int i = 0; i < emitted[b]; ++i) obs_.inter_token_latency(gap);
-    }
-    s.t_last = t;
-    if (running[b] && !s.done) send_tokens(s, std::move(events[b]), false);
-  }
-  // The prompt parts: their drafters observe the rows, then the prompt bookkeeping (and the
-  // first token where a prompt ended).
-  size_t at = 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const size_t n = size_t(parts[i].rows);
-    parts[i].slot->drafter->observe(
-        pseqs[i].tokens, parts[i].pos,
-        aux_width > 0 ? std::span<const float>(aux_).subspan(at * aux_width, n * aux_width)
-                      : std::span<const float>());
-    at += n;
-  }
-  const double tp = now();
-  for (const Part& p : parts) after_part(p, logits_.data(), pnext.data(), prows, tp);
-  std::erase_if(slots_, [](const auto& s) { return s->done; });
-  yield_to_readers();
+  cache_->insert(std::span<const int32_t>(s.history.data(), tokens), s.seq, logits);
 }
 
 // The slot's token drawn again from its logit row with its logit bias added and the ids its

@@ -131,7 +131,7 @@ def session(launcher, flags, stop="launcher"):
         for t in threads:
             t.join()
         out["concurrent"] = results
-        # The prompt again: the state kept at its last token but one is restored.
+        # The prompt again: its whole state and last logits come from the prefix cache.
         status, body = s.post("/v1/completions", golden_req)
         out["cached"] = (status, body["choices"][0]["text"],
                          body["usage"]["prompt_tokens_details"]["cached_tokens"])
@@ -153,7 +153,7 @@ single = session([], [])
 want = single["greedy"][1]
 check(single["greedy"][0] == 200 and single["greedy"][2] == clean,
       f"the single-process server completes the golden prompt ({clean} tokens)")
-check(single["cached"] == (200, want, len(greedy["prompt_ids"]) - 1),
+check(single["cached"] == (200, want, len(greedy["prompt_ids"])),
       f"the single-process server restores the golden prompt from its prefix cache "
       f"({single['cached']})")
 
@@ -171,7 +171,7 @@ for flags, stop in ((["--tp", "2"], "rank 0"), (["--ep", "2"], "launcher"),
           f"({got['greedy'][1]!r} vs {want!r})")
     check(all(t == want for t in got["concurrent"]),
           f"{name}: four concurrent golden requests give the same text")
-    check(got["cached"] == (200, want, len(greedy["prompt_ids"]) - 1),
+    check(got["cached"] == (200, want, len(greedy["prompt_ids"])),
           f"{name}: the golden request restored from the prefix cache gives the same text "
           f"({got['cached']})")
     check(got["sampled"][0] == 200 and got["sampled"][1] == ["length", "length"] and

@@ -86,10 +86,10 @@ TEST(ServerPrefixCache, NextTurnsSharedPrefixesAndRepeatsHitAndKeepTheSoloTokens
   run(c, 0, "departs at 20");
   // ... which the next prompt with the same 20 tokens restores.
   run(cat(std::vector<int32_t>(p.begin(), p.begin() + 20), ids(12, 4)), 20, "shares 20");
-  // The first prompt again: its own entry is no proper prefix (its last token must be fed), the
-  // 20-token one is; a state is then kept at its last token but one, which a third send restores.
-  run(p, 20, "repeat");
-  run(p, 29, "repeat again");
+  // The first prompt again: its own entry, kept with its last row's logits, gives the first draw
+  // with nothing fed (and the same tokens).
+  run(p, 30, "repeat");
+  run(p, 30, "repeat again");
   // Prompt logprobs need every prompt row: no restore.
   {
     server::EngineRequest r = greedy_request(p, kTokens);
@@ -98,7 +98,7 @@ TEST(ServerPrefixCache, NextTurnsSharedPrefixesAndRepeatsHitAndKeepTheSoloTokens
     EXPECT_EQ(out.tokens, solo(p, kTokens));
     EXPECT_EQ(out.cached_tokens, 0);
   }
-  const int64_t hits = 39 + 20 + 20 + 29;
+  const int64_t hits = 39 + 20 + 30 + 30;
   EXPECT_EQ(loop.counters().prefix_cache_hits.load(), hits);
   // Every prompt token is looked up (7 requests) and each is either restored or prefilled.
   const int64_t looked_up = 30 + int64_t(b.size()) + int64_t(c.size()) + 32 + 30 + 30 + 30;
@@ -127,9 +127,9 @@ TEST(ServerPrefixCache, ConcurrentRequestsKeepTheirSoloTokens) {
   EXPECT_EQ(loop.counters().running.load(), 0);
 }
 
-// n > 1: the first choice keeps a state at the prompt's last token but one and its siblings
-// (waiting for it) restore it, so the prompt is prefilled once; every choice samples exactly what
-// it samples without the cache.
+// n > 1: the first choice keeps the prompt's state and last logits, and its siblings (waiting for
+// it) restore them, so the prompt is prefilled once; every choice samples exactly what it samples
+// without the cache.
 TEST(ServerPrefixCache, ChoicesOfOnePromptPrefillItOnce) {
   test::ServedModel m(4);
   const std::vector<int32_t> p = ids(40, 9), other = ids(20, 11);
@@ -166,8 +166,8 @@ TEST(ServerPrefixCache, ChoicesOfOnePromptPrefillItOnce) {
   const auto with_cache = serve(12, &cached_rows, &cached);
   EXPECT_EQ(with_cache, plain);
   EXPECT_EQ(plain_rows, 3 * 40 + 20);
-  EXPECT_EQ(cached_rows, 40 + 2 * 1 + 20);
-  EXPECT_EQ(cached, (std::vector<int>{0, 39, 39, 0}));
+  EXPECT_EQ(cached_rows, 40 + 20);
+  EXPECT_EQ(cached, (std::vector<int>{0, 40, 40, 0}));
 }
 
 TEST(ServerPrefixCache, APoolWithoutRoomForTheEntriesIsAnError) {

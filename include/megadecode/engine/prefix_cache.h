@@ -40,6 +40,9 @@ class PrefixCache {
     // The longest common prefix of the prompt with any entry (>= cached): where the prompt
     // departs from what was cached before, a position worth keeping a state at.
     int64_t shared = 0;
+    // An entry of exactly the prompt's tokens that kept the logits of its last row (-1: none):
+    // restore_whole() gives the prompt's state and the logits of its first draw, no row fed.
+    int whole = -1;
   };
   // A proper prefix only: the rest of the prompt, at least one token, gives the logits of the
   // first draw.
@@ -47,11 +50,15 @@ class PrefixCache {
   // `into` (a sequence of a pool of the same model) becomes a copy of the match's entry, which
   // becomes the most recently used.
   void restore(const Match& m, SequenceState& into);
+  void restore_whole(const Match& m, SequenceState& into, std::vector<float>& logits);
 
-  // Keeps a copy of `from`, the state after consuming `tokens` (from.pos == tokens.size()).
-  // False when it keeps nothing: too short, already kept (then it is touched), or no slot and
-  // pages left in the pool even after evicting every entry.
-  bool insert(std::span<const int32_t> tokens, const SequenceState& from);
+  // Keeps a copy of `from`, the state after consuming `tokens` (from.pos == tokens.size()), and
+  // the logits of the last token's row if given (a prompt's end: the same prompt again then
+  // feeds nothing). False when it keeps nothing new: too short, already kept (then it is touched,
+  // and takes the logits if it had none), or no slot and pages left in the pool even after
+  // evicting every entry.
+  bool insert(std::span<const int32_t> tokens, const SequenceState& from,
+              std::span<const float> logits = {});
 
   // Evicts entries (least recently used first) until the pool has a free slot, or none is left.
   void free_a_slot();
@@ -66,6 +73,7 @@ class PrefixCache {
   struct Entry {
     std::vector<int32_t> tokens;
     SequenceState state;
+    std::vector<float> logits;  // the last token's row (empty: not kept)
     uint64_t used = 0;
   };
   void evict_lru();

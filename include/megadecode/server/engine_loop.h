@@ -190,6 +190,9 @@ class EngineLoop {
   };
   void add_prompt_parts(int budget, int chunk, std::vector<Part>& parts, std::vector<StepSeq>& seqs,
                         std::vector<SampleRow>& rows, int& logit_rows);
+  // Whether the part ends a prompt whose state the prefix cache will keep with its last logits
+  // (the step then returns them to the host).
+  bool keeps_logits(const Part& p) const;
   void after_part(const Part& p, const float* logits, const int32_t* next_ids,
                   std::span<const SampleRow> rows, double t);
   int32_t host_draw(Slot& s, std::span<const float> logits, const SampleRow& row, int32_t drawn);
@@ -197,7 +200,12 @@ class EngineLoop {
   // Prefix cache: a new slot continues from the longest cached prefix of its prompt (and is told
   // where to keep a state of its own); a slot's state is kept after `tokens` of its history.
   void restore_prefix(Slot& s);
-  void keep_prefix(Slot& s, size_t tokens);
+  void keep_prefix(Slot& s, size_t tokens, std::span<const float> logits = {});
+  // A slot whose whole prompt was restored: its first token, drawn from the cached logits.
+  void draw_from_cache(Slot& s);
+  // The rest of a drawn token's way (forced test tokens, the constraint, take_token, the event);
+  // row: its logit row (empty: none on the host).
+  void emit(Slot& s, int32_t id, std::span<const float> row, double t);
   void retire(Slot& s, ChoiceEvent e);  // the slot's last event: it leaves after this step
   // One generated token of a slot (its history, counters, latency observations, stop ids, text
   // and limits), added to e, the slot's event of this step (row: its logit row, for logprobs;
@@ -227,8 +235,8 @@ class EngineLoop {
     bool fork;  // a later choice of the request has the same prompt (n > 1)
   };
   // With the prefix cache, a choice whose earlier sibling is still prefilling the same prompt
-  // waits for the state the sibling keeps at the prompt's last token but one (n > 1 prefills a
-  // prompt once).
+  // waits for the state (and logits) the sibling keeps at the prompt's end, and restores it
+  // (n > 1 prefills a prompt once).
   bool waits_for_sibling(const Pending& p) const;
   mutable std::mutex mu_;
   std::condition_variable cv_;
