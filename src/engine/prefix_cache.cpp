@@ -88,7 +88,7 @@ void PrefixCache::free_a_slot() {
 
 size_t PrefixCache::bytes() const {
   size_t b = 0;
-  for (const Entry& e : entries_) b += e.state.bytes();
+  for (const Entry& e : entries_) b += e.state.bytes() + e.logits.size() * sizeof(float);
   return b;
 }
 

@@ -277,7 +277,10 @@ bool EngineLoop::admit() {
       continue;
     }
     try {
-      if (cache_) cache_->free_a_slot();  // (the pool is sized so that this evicts nothing)
+      if (cache_) {
+        cache_->free_a_slot();  // (the pool is sized so that this evicts nothing)
+        count_cache();
+      }
       s->seq = ex_.new_sequence();
       // max_tokens 0 (echo: the prompt only) never draws; the sampler wants at least 1.
       SamplingParams sp = s->spec.sampling;
@@ -623,6 +626,12 @@ void EngineLoop::keep_prefix(Slot& s, size_t tokens, std::span<const float> logi
   // not (nothing known to happen) is skipped rather than cached wrong.
   if (int64_t(tokens) != s.seq.pos || tokens > s.history.size()) return;
   cache_->insert(std::span<const int32_t>(s.history.data(), tokens), s.seq, logits);
+  count_cache();
+}
+
+void EngineLoop::count_cache() {
+  counters_.prefix_cache_entries.store(cache_->size());
+  counters_.prefix_cache_bytes.store(int64_t(cache_->bytes()));
 }
 
 // The slot's token drawn again from its logit row with its logit bias added and the ids its

@@ -82,6 +82,10 @@ std::string Metrics::render(const EngineCounters& e) const {
         e.prefix_cache_queries.load(), "counter");
   gauge("megadecode_prefix_cache_hits_total", "prompt tokens restored from the prefix cache",
         e.prefix_cache_hits.load(), "counter");
+  gauge("megadecode_prefix_cache_entries", "sequence states the prefix cache holds",
+        e.prefix_cache_entries.load());
+  gauge("megadecode_prefix_cache_bytes", "state-pool bytes the prefix cache holds",
+        e.prefix_cache_bytes.load());
   if (e.speculative) {  // the names of vLLM's spec_decode counters
     gauge("megadecode_spec_decode_num_drafts_total",
           "speculative verifications (one per decoding sequence per verify step)",

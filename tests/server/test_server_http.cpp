@@ -257,6 +257,16 @@ TEST_F(ServerHttp, PrefixCacheHitsAreReportedInUsageAndMetrics) {
   ASSERT_NE(at, std::string::npos);
   EXPECT_GE(std::stol(m->body.substr(at + 36)), 80);
   EXPECT_NE(m->body.find("megadecode_prefix_cache_queries_total"), std::string::npos);
+  // What it holds: entries (at most the 8 slots given to it) and their bytes.
+  const size_t e = m->body.find("\nmegadecode_prefix_cache_entries ");
+  ASSERT_NE(e, std::string::npos);
+  const long entries = std::stol(m->body.substr(e + 33));
+  EXPECT_GE(entries, 1);
+  EXPECT_LE(entries, 8);
+  const size_t b = m->body.find("\nmegadecode_prefix_cache_bytes ");
+  ASSERT_NE(b, std::string::npos);
+  EXPECT_GE(std::stol(m->body.substr(b + 31)),
+            entries * long(server_->m.ex->states().slot_bytes()));
 }
 
 TEST_F(ServerHttp, ChatStreamEqualsNonStream) {

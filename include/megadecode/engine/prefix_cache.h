@@ -67,7 +67,7 @@ class PrefixCache {
   int size() const { return int(entries_.size()); }
   int capacity() const { return capacity_; }
   int64_t min_tokens() const { return min_tokens_; }
-  size_t bytes() const;  // pool memory the entries hold
+  size_t bytes() const;  // memory the entries hold (their pool slots and pages, and logits)
 
  private:
   struct Entry {

@@ -106,6 +106,8 @@ struct EngineCounters {
   // Prefix cache (vLLM's counters): prompt tokens of the sequences looked up, and of those the
   // tokens restored instead of prefilled.
   std::atomic<int64_t> prefix_cache_queries{0}, prefix_cache_hits{0};
+  // ... and what it holds now: entries, and their pool memory in bytes.
+  std::atomic<int64_t> prefix_cache_entries{0}, prefix_cache_bytes{0};
   // Speculative decoding: sequences verified (a step verifies each decoding sequence once), the
   // drafts they verified and accepted, and per draft position k the acceptances of draft k + 1.
   bool speculative = false;  // set before the engine thread starts
@@ -201,6 +203,7 @@ class EngineLoop {
   // where to keep a state of its own); a slot's state is kept after `tokens` of its history.
   void restore_prefix(Slot& s);
   void keep_prefix(Slot& s, size_t tokens, std::span<const float> logits = {});
+  void count_cache();  // the counters of what the cache holds
   // A slot whose whole prompt was restored: its first token, drawn from the cached logits.
   void draw_from_cache(Slot& s);
   // The rest of a drawn token's way (forced test tokens, the constraint, take_token, the event);
