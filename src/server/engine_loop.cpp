@@ -451,21 +451,27 @@ void EngineLoop::step() {
   for (const Part& p : parts) decode_batch += p.slot->prefilling() ? 0 : 1;
   if (obs_.decode_batch && decode_batch > 0) obs_.decode_batch(decode_batch);
 
-  if (spec_) {
-    size_t at = 0;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      const size_t n = size_t(parts[i].rows);
-      parts[i].slot->drafter->observe(
-          seqs[i].tokens, parts[i].pos,
-          aux_width > 0 ? std::span<const float>(aux_).subspan(at * aux_width, n * aux_width)
-                        : std::span<const float>());
-      at += n;
-    }
-  }
+  if (spec_) observe_parts(parts, seqs, aux_width);
+  end_parts(parts, want_logits ? logits.data() : nullptr, next_ids.data(), rows);
+}
 
+void EngineLoop::observe_parts(std::span<const Part> parts, std::span<const StepSeq> seqs,
+                               size_t aux_width) {
+  size_t at = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const size_t n = size_t(parts[i].rows);
+    parts[i].slot->drafter->observe(
+        seqs[i].tokens, parts[i].pos,
+        aux_width > 0 ? std::span<const float>(aux_).subspan(at * aux_width, n * aux_width)
+                      : std::span<const float>());
+    at += n;
+  }
+}
+
+void EngineLoop::end_parts(std::span<const Part> parts, const float* logits,
+                           const int32_t* next_ids, std::span<const SampleRow> rows) {
   const double t = now();
-  for (const Part& p : parts)
-    after_part(p, want_logits ? logits.data() : nullptr, next_ids.data(), rows, t);
+  for (const Part& p : parts) after_part(p, logits, next_ids, rows, t);
   std::erase_if(slots_, [](const auto& s) { return s->done; });
   yield_to_readers();
 }

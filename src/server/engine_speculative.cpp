@@ -114,20 +114,8 @@ void EngineLoop::speculative_step(bool prefilling) {
   }
   // The prompt parts: their drafters observe the rows, then the prompt bookkeeping (and the
   // first token where a prompt ended).
-  size_t at = 0;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const size_t n = size_t(parts[i].rows);
-    parts[i].slot->drafter->observe(
-        pseqs[i].tokens, parts[i].pos,
-        aux_width > 0 ? std::span<const float>(aux_).subspan(at * aux_width, n * aux_width)
-                      : std::span<const float>());
-    at += n;
-  }
-  const double tp = now_seconds();
-  for (const Part& p : parts)
-    after_part(p, want_logits ? logits_.data() : nullptr, pnext.data(), prows, tp);
-  std::erase_if(slots_, [](const auto& s) { return s->done; });
-  yield_to_readers();
+  observe_parts(parts, pseqs, aux_width);
+  end_parts(parts, want_logits ? logits_.data() : nullptr, pnext.data(), prows);
 }
 
 }  // namespace md::server

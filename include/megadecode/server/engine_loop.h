@@ -197,6 +197,11 @@ class EngineLoop {
   bool keeps_logits(const Part& p) const;
   void after_part(const Part& p, const float* logits, const int32_t* next_ids,
                   std::span<const SampleRow> rows, double t);
+  // After a step: the drafters observe the parts' rows (aux rows in aux_, aux_width a row).
+  void observe_parts(std::span<const Part> parts, std::span<const StepSeq> seqs, size_t aux_width);
+  // After a step: every part's after_part, then the finished slots leave and the readers run.
+  void end_parts(std::span<const Part> parts, const float* logits, const int32_t* next_ids,
+                 std::span<const SampleRow> rows);
   int32_t host_draw(Slot& s, std::span<const float> logits, const SampleRow& row, int32_t drawn);
   void finish(Slot& s, const std::string& reason, ChoiceEvent e);
   // Prefix cache: a new slot continues from the longest cached prefix of its prompt (and is told
