@@ -430,15 +430,7 @@ void EngineLoop::step() {
     ex_.step(seqs, want_logits ? logits_.data() : nullptr, next_ids.data(), rows, so);
   } catch (const std::exception& e) {
     // Bad state (a budget, the watchdog): the sequences of this step cannot go on.
-    for (Part& p : parts) {
-      ChoiceEvent ev;
-      ev.error = fmt::format("the engine failed: {}", e.what());
-      ev.choice = p.slot->choice;
-      retire(*p.slot, std::move(ev));
-    }
-    std::lock_guard<std::mutex> lk(mu_);
-    failure_ = e.what();
-    std::erase_if(slots_, [](const auto& s) { return s->done; });
+    fail_parts(parts, e.what());
     return;
   }
   counters_.steps.fetch_add(1);
@@ -453,6 +445,18 @@ void EngineLoop::step() {
 
   if (spec_) observe_parts(parts, seqs, aux_width);
   end_parts(parts, want_logits ? logits.data() : nullptr, next_ids.data(), rows);
+}
+
+void EngineLoop::fail_parts(std::span<const Part> parts, const std::string& why) {
+  for (const Part& p : parts) {
+    ChoiceEvent ev;
+    ev.error = fmt::format("the engine failed: {}", why);
+    ev.choice = p.slot->choice;
+    retire(*p.slot, std::move(ev));
+  }
+  std::lock_guard<std::mutex> lk(mu_);
+  failure_ = why;
+  std::erase_if(slots_, [](const auto& s) { return s->done; });
 }
 
 void EngineLoop::observe_parts(std::span<const Part> parts, std::span<const StepSeq> seqs,

@@ -80,15 +80,7 @@ void EngineLoop::speculative_step(bool prefilling) {
       ev.choice = dec[b]->choice;
       retire(*dec[b], std::move(ev));
     }
-    for (Part& p : parts) {
-      ChoiceEvent ev;
-      ev.error = fmt::format("the engine failed: {}", e.what());
-      ev.choice = p.slot->choice;
-      retire(*p.slot, std::move(ev));
-    }
-    std::lock_guard<std::mutex> lk(mu_);
-    failure_ = e.what();
-    std::erase_if(slots_, [](const auto& s) { return s->done; });
+    fail_parts(parts, e.what());
     return;
   }
   const double t_end = now_seconds();

@@ -197,6 +197,8 @@ class EngineLoop {
   bool keeps_logits(const Part& p) const;
   void after_part(const Part& p, const float* logits, const int32_t* next_ids,
                   std::span<const SampleRow> rows, double t);
+  // A step that threw: its parts' sequences end with the error, which /health then reports.
+  void fail_parts(std::span<const Part> parts, const std::string& why);
   // After a step: the drafters observe the parts' rows (aux rows in aux_, aux_width a row).
   void observe_parts(std::span<const Part> parts, std::span<const StepSeq> seqs, size_t aux_width);
   // After a step: every part's after_part, then the finished slots leave and the readers run.
