@@ -96,6 +96,36 @@ void BM_MaskSchemaInteger(benchmark::State& s) {
   run(s, schema_program(), "{\"days\": 12");
 }
 
+// Structured outputs (server/structured_outputs.h): a regex in a state where most bytes go on
+// (free text of a class), one where few do (digits), and a choice among names.
+std::shared_ptr<const md::ConstraintProgram> regex_program(const char* pattern) {
+  ConstraintElement e;
+  e.kind = ConstraintElement::Kind::kRegex;
+  e.regex = md::RegexDfa::compile(pattern);
+  return md::server::structured_output_program(md::TemplateKind::kKimi, false, kimi_tokenizer(),
+                                               {*kimi_tokenizer().special_id("<|im_end|>")},
+                                               std::move(e));
+}
+void BM_MaskRegexText(benchmark::State& s) {
+  run(s, regex_program("[A-Z][^\\n]{0,200}\\."), "The answer is");
+}
+void BM_MaskRegexDigits(benchmark::State& s) {
+  run(s, regex_program("\\d{3}-\\d{4}( x\\d{1,4})?"), "555-1");
+}
+void BM_MaskChoice(benchmark::State& s) {
+  ConstraintElement e;
+  e.kind = ConstraintElement::Kind::kName;
+  e.names = {"negative", "neutral", "positive"};
+  run(s,
+      md::server::structured_output_program(md::TemplateKind::kKimi, false, kimi_tokenizer(),
+                                            {*kimi_tokenizer().special_id("<|im_end|>")},
+                                            std::move(e)),
+      "ne");
+}
+
+BENCHMARK(BM_MaskRegexText)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskRegexDigits)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskChoice)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MaskSchemaKey)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MaskSchemaEnum)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MaskSchemaString)->Unit(benchmark::kMicrosecond);

@@ -58,11 +58,14 @@ int hex_value(char c) {
 
 class RegexParser {
  public:
-  RegexParser(std::string_view pattern, Regex& r) : whole_(pattern), r_(r) {}
+  RegexParser(std::string_view pattern, Regex& r, int max_nodes)
+      : whole_(pattern), r_(r), max_nodes_(max_nodes) {}
 
-  void run() {
-    // A search: each top-level alternative is anchored by its own ^ and $, and is otherwise
-    // free to start and end anywhere in the string.
+  // A search: each top-level alternative is anchored by its own ^ and $, and is otherwise
+  // free to start and end anywhere in the string. A full match: every alternative is anchored at
+  // both ends (a ^ or $ there is allowed and changes nothing).
+  void run(Regex::Match mode) {
+    const bool full = mode == Regex::Match::kFull;
     Frag all{-1, {}};
     for (std::string_view alt : top_level_alternatives()) {
       const bool at_start = !alt.empty() && alt.front() == '^';
@@ -73,8 +76,8 @@ class RegexParser {
       i_ = 0;
       Frag f = alternation();
       if (i_ != p_.size()) fail(fmt::format("an unmatched '{}'", p_[i_]));
-      if (!at_start) f = concat(star(chars({{0, kMaxCp}})), f);
-      if (!at_end) f = concat(f, star(chars({{0, kMaxCp}})));
+      if (!at_start && !full) f = concat(star(chars({{0, kMaxCp}})), f);
+      if (!at_end && !full) f = concat(f, star(chars({{0, kMaxCp}})));
       all = all.start < 0 ? f : either(all, f);
     }
     r_.match_ = empty_node();
@@ -95,11 +98,11 @@ class RegexParser {
   }
 
   int add(Regex::Node n) {
-    if (r_.nodes_.size() >= size_t(Regex::kMaxStates))
+    if (r_.nodes_.size() >= size_t(max_nodes_))
       fail(
           fmt::format("more than {} states once its repetitions are expanded (too large for the "
                       "decoding constraint)",
-                      Regex::kMaxStates));
+                      max_nodes_));
     r_.nodes_.push_back(std::move(n));
     return int(r_.nodes_.size()) - 1;
   }
@@ -284,8 +287,14 @@ class RegexParser {
     Frag f = nothing();
     for (int k = 0; k < lo; ++k) f = concat(f, k == 0 ? a : copy());
     if (hi < 0) return concat(f, star(lo == 0 ? a : copy()));
-    for (int k = lo; k < hi; ++k) f = concat(f, optional(k == 0 ? a : copy()));
-    return f;
+    if (hi == lo) return f;
+    // The optional copies nested, (x(x(x)?)?)?, not in a row, x?x?x?: the same strings, but
+    // one way to read each, so a state set holds one position in the run, not all of them.
+    std::vector<Frag> copies;
+    for (int k = lo; k < hi; ++k) copies.push_back(k == 0 ? a : copy());
+    Frag tail = optional(copies.back());
+    for (size_t k = copies.size() - 1; k-- > 0;) tail = optional(concat(copies[k], tail));
+    return concat(f, tail);
   }
 
   Frag atom() {
@@ -443,12 +452,19 @@ class RegexParser {
   std::string_view whole_, p_;
   size_t i_ = 0;
   Regex& r_;
+  int max_nodes_;
 };
 
-std::shared_ptr<const Regex> Regex::compile(std::string_view pattern) {
+std::shared_ptr<const Regex> Regex::compile(std::string_view pattern, Match mode) {
   auto r = std::make_shared<Regex>();
-  RegexParser(pattern, *r).run();
+  RegexParser(pattern, *r, kMaxStates).run(mode);
   r->finish();
+  return r;
+}
+
+std::shared_ptr<const Regex> Regex::parse(std::string_view pattern, Match mode, int max_nodes) {
+  auto r = std::make_shared<Regex>();
+  RegexParser(pattern, *r, max_nodes).run(mode);
   return r;
 }
 

@@ -359,6 +359,9 @@ ConstraintProgram::ConstraintProgram(std::vector<ConstraintElement> elements)
           fail("schemas by name need a name element before them with as many names");
         break;
       }
+      case Kind::kRegex:
+        if (!e.regex) fail("a regex element needs its automaton");
+        break;
       case Kind::kStop:
         break;
     }
@@ -406,6 +409,7 @@ struct TokenConstraint::State {
   std::array<uint32_t, kMaxPatterns> forbid{};  // kFree: progress in each forbidden pattern
   JsonState json;
   JsonSchemaCursor schema;  // kJson with a schema
+  int32_t dfa = 0;          // kRegex: the automaton's state
   int32_t name = -1;        // the name the last kName element matched (kept across elements)
 };
 
@@ -425,6 +429,7 @@ void enter(const Elements& el, S& s, int pc) {
     const ConstraintElement& e = el[size_t(pc)];
     s.lo = 0;
     s.hi = uint32_t(e.names.size());
+    if (e.kind == Kind::kRegex) s.dfa = e.regex->start();
     if (e.kind == Kind::kStop && e.stop_ids.empty()) s.pc = int(el.size());
   }
 }
@@ -552,6 +557,19 @@ bool step(const Elements& el, S& s, ConstraintSymbol sym) {
         if (s.json.mode == J::kDone) enter(el, s, s.pc + 1);
         return true;
       }
+      case Kind::kRegex: {
+        if (byte) {
+          const int32_t t = e.regex->step(s.dfa, b);
+          if (t != RegexDfa::kDead) {
+            s.dfa = t;
+            return true;
+          }
+        }
+        // Nothing continues a match: the element is done if the text so far is one.
+        if (!e.regex->accepts(s.dfa)) return false;
+        enter(el, s, s.pc + 1);
+        continue;
+      }
       case Kind::kFree:
         for (size_t k = 0; k < e.forbidden.size(); ++k) {
           s.forbid[k] = pattern_step(e.forbidden[k], s.forbid[k], sym);
@@ -569,8 +587,12 @@ bool step(const Elements& el, S& s, ConstraintSymbol sym) {
             return true;
           }
         return false;
-      case Kind::kStop:  // decided per token by allowed(); no symbol goes on past it
-        return false;
+      case Kind::kStop:  // reached by a symbol that ended the element before: a stop id ends all
+        if (byte ||
+            std::find(e.stop_ids.begin(), e.stop_ids.end(), int32_t(sym)) == e.stop_ids.end())
+          return false;
+        s.pc = n;
+        return true;
     }
     return false;
   }
@@ -646,12 +668,29 @@ int64_t TokenConstraint::allowed(std::span<uint8_t> mask) const {
     const ConstraintElement& cur = el[size_t(state_->pc)];
     const bool in_string = cur.kind == Kind::kJson && state_->json.clean_string() &&
                            (!schema_of(cur, *state_) || state_->schema.free_string());
+    // In a regex, the automaton alone judges the bytes until the match cannot go on.
+    const bool in_regex = cur.kind == Kind::kRegex && first.pc == state_->pc;
     for (int32_t id : ids) {
       const uint32_t from = v.offset_[size_t(id)] + 1, to = v.offset_[size_t(id) + 1];
       bool ok = true;
       if (free_text) {
         // Bytes never start a pattern (they start with a special), so none is under way after.
       } else if (in_string && v.plain_string_[size_t(id)]) {
+      } else if (in_regex) {
+        int32_t d = first.dfa;
+        uint32_t i = from;
+        for (; i < to; ++i) {
+          const int32_t t = cur.regex->step(d, uint8_t(v.bytes_[i]));
+          if (t == RegexDfa::kDead) break;
+          d = t;
+        }
+        if (i < to && !cur.regex->accepts(d)) {
+          ok = false;
+        } else if (i < to) {  // the match ends inside the token: the rest is the next element's
+          State s = first;
+          s.dfa = d;
+          for (; i < to && ok; ++i) ok = step(el, s, byte_symbol(uint8_t(v.bytes_[i])));
+        }
       } else {
         State s = first;
         for (uint32_t i = from; i < to && ok; ++i) ok = step(el, s, byte_symbol(uint8_t(v.bytes_[i])));

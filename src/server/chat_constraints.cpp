@@ -1,4 +1,5 @@
-// tool_choice and response_format as constraint programs (server/chat_constraints.h). The markup is the templates'
+// tool_choice, response_format and structured outputs as constraint programs
+// (server/chat_constraints.h). The markup is the templates'
 // (src/tokenizer/chat_template.cpp, chat_template_k3.cpp), element for element, so that
 // split_tool_calls parses what the constraint lets through.
 #include "megadecode/server/chat_constraints.h"
@@ -200,18 +201,18 @@ std::shared_ptr<const ConstraintProgram> tool_choice_program(
                                          : kimi_program(choice, functions, tok, stop_ids);
 }
 
-std::shared_ptr<const ConstraintProgram> json_object_program(
+std::shared_ptr<const ConstraintProgram> structured_output_program(
     TemplateKind format, bool thinking, const Tokenizer& tok, const std::vector<int32_t>& stop_ids,
-    std::shared_ptr<const JsonSchema> schema) {
+    ConstraintElement body) {
   Builder b(tok);
   if (format != TemplateKind::kKimiK3) {
-    b.json(schema);
+    b.push(std::move(body));
     ConstraintElement stop;
     stop.kind = Kind::kStop;
     stop.stop_ids = stop_ids;
     return b.push(std::move(stop)).done();
   }
-  if (thinking) {  // think freely; the JSON starts where the response channel opens
+  if (thinking) {  // think freely; the answer starts where the response channel opens
     ConstraintElement free;
     free.kind = Kind::kFree;
     free.trigger = {special_symbol(b.id("<|open|>"))};
@@ -219,8 +220,17 @@ std::shared_ptr<const ConstraintProgram> json_object_program(
     free.trigger.push_back(special_symbol(b.id("<|sep|>")));
     b.push(std::move(free));
   }
-  b.json(std::move(schema)).special("<|close|>").text("response").special("<|sep|>");
+  b.push(std::move(body)).special("<|close|>").text("response").special("<|sep|>");
   return b.done();
+}
+
+std::shared_ptr<const ConstraintProgram> json_object_program(
+    TemplateKind format, bool thinking, const Tokenizer& tok, const std::vector<int32_t>& stop_ids,
+    std::shared_ptr<const JsonSchema> schema) {
+  ConstraintElement body;
+  body.kind = Kind::kJson;
+  body.schema = std::move(schema);
+  return structured_output_program(format, thinking, tok, stop_ids, std::move(body));
 }
 
 }  // namespace md::server

@@ -7,8 +7,9 @@
 
 #include "json_fields.h"
 #include "megadecode/base/error.h"
-#include "megadecode/server/request.h"
 #include "megadecode/server/chat_constraints.h"
+#include "megadecode/server/request.h"
+#include "megadecode/server/structured_outputs.h"
 #include "megadecode/text/generator.h"
 
 namespace md::server {
@@ -260,9 +261,30 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
   r.chat_template = ctx.generator->template_kind();  // known: encode_chat rendered with it
   parse_length(j, ctx, r, /*def=*/0);  // chat: the rest of the context, as vLLM
   final_check(r);
-  // The output's shape: a tool_choice that calls (or forbids calling) wins over response_format.
+  // The output's shape: a tool_choice that calls (or forbids calling), response_format or
+  // structured outputs; structured outputs beside either of the others is an error.
   const ToolChoice choice = parse_tool_choice(j, tools);
-  if (!tools.empty() && choice.mode != ToolChoice::Mode::kAuto) {
+  std::optional<StructuredOutput> structured = parse_structured_outputs(j);
+  if (structured) {
+    if (!tools.empty() && choice.mode != ToolChoice::Mode::kAuto)
+      throw invalid_field(
+          structured->param,
+          fmt::format("'{}' cannot be combined with tool_choice '{}'", structured->param,
+                      choice.mode == ToolChoice::Mode::kNone ? "none" : "required"));
+    if (!options.response_format.is_null())
+      throw invalid_field(structured->param, fmt::format("'{}' cannot be combined with "
+                                                         "response_format",
+                                                         structured->param));
+    if (add_generation_prompt) {
+      try {
+        r.constraint =
+            structured_output_program(r.chat_template, options.thinking, ctx.generator->tokenizer(),
+                                      r.sampling.stop_token_ids, std::move(structured->body));
+      } catch (const Error& e) {
+        throw invalid_field(structured->param, e.what());
+      }
+    }
+  } else if (!tools.empty() && choice.mode != ToolChoice::Mode::kAuto) {
     std::vector<std::string> names;
     for (const json& t : tools) names.push_back(t["function"]["name"].get<std::string>());
     // Each function's arguments' schema: its `parameters`.
@@ -298,6 +320,7 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
         } catch (const Error& e) {
           throw invalid_field("response_format.json_schema.schema", e.what());
         }
+        require_object_root(*schema, "response_format.json_schema.schema");
       }
     }
     try {

@@ -64,6 +64,26 @@ ordered_json sampling_fields() {
   };
 }
 
+// vLLM's structured outputs (server/structured_outputs.h), on both generation endpoints.
+void structured_output_fields(ordered_json& props) {
+  const ordered_json choice = {
+      {"type", "array"}, {"items", str()}, {"minItems", 1}, {"nullable", true}};
+  const ordered_json schema = {{"oneOf", {{{"type", "object"}}, str()}}, {"nullable", true}};
+  props["structured_outputs"] = {{"type", "object"},
+                                 {"nullable", true},
+                                 {"properties",
+                                  {{"json", schema},
+                                   {"regex", {{"type", "string"}, {"nullable", true}}},
+                                   {"choice", choice},
+                                   {"json_object", boolean()},
+                                   {"disable_fallback", boolean()}}},
+                                 {"additionalProperties", false}};
+  props["guided_json"] = schema;
+  props["guided_regex"] = {{"type", "string"}, {"nullable", true}};
+  props["guided_choice"] = choice;
+  props["guided_decoding_backend"] = {{"type", "string"}, {"nullable", true}};
+}
+
 ordered_json json_response(const char* schema, const char* what) {
   return {{"description", what}, {"content", {{"application/json", {{"schema", ref(schema)}}}}}};
 }
@@ -101,6 +121,7 @@ std::string openapi_json(const std::string& model_name) {
                                           {{"type", "array"}, {"items", ids()}, {"minItems", 1}}}}};
   completion["properties"]["echo"] = boolean();
   completion["properties"]["logprobs"] = integer(0, 20);
+  structured_output_fields(completion["properties"]);
 
   ordered_json part = {
       {"type", "object"},
@@ -125,6 +146,15 @@ std::string openapi_json(const std::string& model_name) {
   chat["properties"]["tools"] = {{"type", "array"}, {"items", {{"type", "object"}}}};
   chat["properties"]["tool_choice"] = {{"oneOf", {str(), {{"type", "object"}}}}};
   chat["properties"]["chat_template_kwargs"] = {{"type", "object"}};
+  chat["properties"]["response_format"] = {
+      {"type", "object"},
+      {"nullable", true},
+      {"required", {"type"}},
+      {"properties",
+       {{"type", {{"type", "string"}, {"enum", {"text", "json_object", "json_schema"}}}},
+        {"json_schema",
+         {{"type", "object"}, {"properties", {{"schema", {{"type", "object"}}}}}}}}}};
+  structured_output_fields(chat["properties"]);
 
   ordered_json usage = {
       {"type", "object"},

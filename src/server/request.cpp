@@ -10,6 +10,7 @@
 
 #include "json_fields.h"
 #include "megadecode/base/error.h"
+#include "megadecode/server/structured_outputs.h"
 #include "megadecode/text/generator.h"
 
 namespace md::server {
@@ -292,6 +293,14 @@ CompletionRequest parse_completion_request(std::string_view body, const ParseCon
                                               r.prompts.size(), ctx.max_choices));
   parse_length(j, ctx, r, /*def=*/16);  // OpenAI's default for completions
   final_check(r);
+  // Structured outputs: the whole continuation, then a stop token (no template around it).
+  if (std::optional<StructuredOutput> so = parse_structured_outputs(j)) {
+    std::vector<ConstraintElement> el(2);
+    el[0] = std::move(so->body);
+    el[1].kind = ConstraintElement::Kind::kStop;
+    el[1].stop_ids = r.sampling.stop_token_ids;
+    r.constraint = std::make_shared<const ConstraintProgram>(std::move(el));
+  }
   return r;
 }
 

@@ -9,8 +9,10 @@
 // `(?:...)`, `(?<name>...)`, alternation `|`, quantifiers `* + ? {m} {m,} {m,n}` (lazy `?`
 // accepted: it changes which match a search finds, not whether one exists), `^` at the start and
 // `$` at the end. JSON Schema patterns are searches: without `^` (`$`) the match may start (end)
-// anywhere in the string. Not supported (an md::Error naming it): backreferences, lookaround,
-// word boundaries, anchors elsewhere, more than kMaxStates states after expanding repetitions.
+// anywhere in the string; Match::kFull compiles a pattern that must match the whole string (what
+// a `regex` structured output asks for: engine/regex_dfa.h). Not supported (an md::Error naming
+// it): backreferences, lookaround, word boundaries, anchors elsewhere, more than kMaxStates states
+// after expanding repetitions.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -26,8 +28,10 @@ class Regex {
   static constexpr int kMaxStates = 256;
   using States = std::array<uint64_t, kMaxStates / 64>;
 
+  enum class Match { kSearch, kFull };
   // Throws md::Error naming the pattern and what in it is not supported.
-  static std::shared_ptr<const Regex> compile(std::string_view pattern);
+  static std::shared_ptr<const Regex> compile(std::string_view pattern,
+                                              Match mode = Match::kSearch);
 
   States start() const { return closure_[size_t(start_)]; }
   // After code point c: the states that can still reach the match (empty: no match possible).
@@ -45,6 +49,10 @@ class Regex {
 
  private:
   friend class RegexParser;
+  friend class RegexDfa;
+  // The nodes alone (no closures: start(), step() and accepts() cannot be used), up to
+  // max_nodes of them: what RegexDfa compiles further, with sets of any size.
+  static std::shared_ptr<const Regex> parse(std::string_view pattern, Match mode, int max_nodes);
   using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // sorted, disjoint, inclusive
   struct Node {
     Ranges ranges;         // a character node (non-empty ranges): consumes one in them

@@ -20,10 +20,13 @@
 //              kMaxJsonDepth), done at its closing brace; with a `schema`, one that follows it
 //              (engine/json_schema.h); with `schema_by_name`, the schema of the name the last
 //              kName element matched (its index among that element's sorted names; null: any)
+//   kRegex     UTF-8 text that the whole regular expression matches (engine/regex_dfa.h); the
+//              longest the next symbol allows: done when the next symbol cannot continue a match
+//              and the text so far is one
 //   kFree      anything, except that no `forbidden` pattern may be completed; done when its
 //              `trigger` pattern has just been completed (never, without one)
 //   kBranch    one of `branches`' specials, then on at that branch's target element
-//   kStop      only `stop_ids` (when there are none, anything)
+//   kStop      only `stop_ids` (when there are none, anything); one of them ends the program
 // A pattern is a symbol sequence (special ids and bytes); a trigger must end with a special and a
 // forbidden pattern must start with one, so that both are decided at token boundaries cheaply.
 #pragma once
@@ -35,6 +38,7 @@
 #include <vector>
 
 #include "megadecode/engine/json_schema.h"
+#include "megadecode/engine/regex_dfa.h"
 
 namespace md {
 
@@ -49,7 +53,7 @@ inline ConstraintSymbol byte_symbol(uint8_t b) { return kByteSymbol + b; }
 void append_text_symbols(std::vector<ConstraintSymbol>& out, std::string_view text);
 
 struct ConstraintElement {
-  enum class Kind { kSpecial, kText, kName, kDigits, kJson, kFree, kBranch, kStop };
+  enum class Kind { kSpecial, kText, kName, kDigits, kJson, kRegex, kFree, kBranch, kStop };
   Kind kind = Kind::kFree;
   int32_t special = -1;                              // kSpecial
   std::string text;                                  // kText
@@ -61,6 +65,7 @@ struct ConstraintElement {
   int max_digits = 4;                                // kDigits (a call's index)
   std::shared_ptr<const JsonSchema> schema;          // kJson (null: any object)
   std::vector<std::shared_ptr<const JsonSchema>> schema_by_name;  // kJson
+  std::shared_ptr<const RegexDfa> regex;                          // kRegex
 };
 
 constexpr int kMaxJsonDepth = 64;

@@ -1,7 +1,8 @@
 // What a chat request asks of the shape of its output, enforced while decoding as constraint
 // programs (engine/token_constraint.h): `tool_choice` in the model's own tool-call markup, so the
 // calls come out as the model writes them and the tool-call parser (server/tool_calls.h) reads
-// them back; and `response_format` json_object / json_schema as one JSON object.
+// them back; `response_format` json_object / json_schema as one JSON object; and vLLM's
+// structured outputs (server/structured_outputs.h) in the same place.
 //
 //   none      no tool-call section may start (Kimi: <|tool_calls_section_begin|> and
 //             <|tool_call_begin|> never drawn; K3: no <|open|>tools)
@@ -50,5 +51,11 @@ std::shared_ptr<const ConstraintProgram> tool_choice_program(
 std::shared_ptr<const ConstraintProgram> json_object_program(
     TemplateKind format, bool thinking, const Tokenizer& tokenizer,
     const std::vector<int32_t>& stop_ids, std::shared_ptr<const JsonSchema> schema = nullptr);
+
+// The same for any answer element `body` (a JSON object, a regex, one of given names:
+// server/structured_outputs.h): where json_object_program puts its object, `body` goes.
+std::shared_ptr<const ConstraintProgram> structured_output_program(
+    TemplateKind format, bool thinking, const Tokenizer& tokenizer,
+    const std::vector<int32_t>& stop_ids, ConstraintElement body);
 
 }  // namespace md::server

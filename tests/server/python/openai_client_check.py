@@ -141,6 +141,33 @@ def main():
             print(f"parse(): {parsed} of 6 sampled answers complete and valid")
             check(parsed >= 3, f"parse(): {parsed} of 6 sampled answers complete and valid")
 
+            # vLLM's structured outputs, passed as the SDK passes extra fields: a choice (chat,
+            # streamed) and a regex (completions), sampled from the random model.
+            choices = ["positive", "negative", "neutral"]
+            for seed in range(3):
+                text = "".join(
+                    c.choices[0].delta.content or ""
+                    for c in client.chat.completions.create(
+                        model="tiny", messages=[{"role": "user", "content": "classify"}],
+                        max_tokens=10, temperature=1, seed=seed, stream=True,
+                        extra_body={"structured_outputs": {"choice": choices}})
+                    if c.choices)
+                check(text in choices, f"structured_outputs.choice seed {seed}: {text!r}")
+            pattern = r"[A-Z]{2}-\d{3}"
+            for seed in range(3):
+                r = client.completions.create(model="tiny", prompt="code:", max_tokens=12,
+                                              temperature=1, seed=seed,
+                                              extra_body={"guided_regex": pattern})
+                check(r.choices[0].finish_reason == "stop" and
+                      re.fullmatch(pattern, r.choices[0].text) is not None,
+                      f"guided_regex seed {seed}: {r.choices[0].text!r}")
+            try:
+                client.completions.create(model="tiny", prompt="x", max_tokens=2,
+                                          extra_body={"structured_outputs": {"grammar": "x"}})
+                check(False, "structured_outputs.grammar accepted")
+            except openai.BadRequestError as e:
+                check(e.body["param"] == "structured_outputs.grammar", "grammar refused by name")
+
             # logit_bias as the SDK sends it ({"id": bias}): +100 on one token makes every
             # greedy token that one (its text: /detokenize of it four times).
             forced = 5

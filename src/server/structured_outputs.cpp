@@ -1,0 +1,147 @@
+// vLLM's structured outputs as a constraint element (server/structured_outputs.h).
+#include "megadecode/server/structured_outputs.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "json_fields.h"
+#include "megadecode/base/error.h"
+#include "megadecode/engine/json_regex.h"
+#include "megadecode/engine/json_schema.h"
+#include "megadecode/engine/regex_dfa.h"
+
+namespace md::server {
+
+using namespace detail;  // NOLINT(google-build-using-namespace): the field getters
+using Kind = ConstraintElement::Kind;
+
+namespace {
+
+// A JSON object following `schema` (an object, or its JSON text); its root must allow objects.
+ConstraintElement json_element(const json& schema, const std::string& param) {
+  json s = schema;
+  if (schema.is_string()) {
+    try {
+      s = json::parse(schema.get<std::string>());
+    } catch (const json::exception& e) {
+      throw invalid_field(param, fmt::format("'{}' is not valid JSON: {}", param, e.what()));
+    }
+  }
+  if (!s.is_object() && !s.is_boolean())
+    throw invalid_field(param, fmt::format("'{}' must be a JSON Schema object", param),
+                        "invalid_type");
+  ConstraintElement e;
+  e.kind = Kind::kJson;
+  try {
+    e.schema = JsonSchema::compile(s);
+  } catch (const Error& err) {
+    throw invalid_field(param, err.what());
+  }
+  require_object_root(*e.schema, param);
+  return e;
+}
+
+ConstraintElement regex_element(const json& v, const std::string& param) {
+  const std::string pattern = as_string(v, param);
+  ConstraintElement e;
+  e.kind = Kind::kRegex;
+  try {
+    e.regex = RegexDfa::compile(pattern);
+  } catch (const Error& err) {
+    throw invalid_field(param, err.what());
+  }
+  return e;
+}
+
+ConstraintElement choice_element(const json& v, const std::string& param) {
+  if (!v.is_array() || v.empty())
+    throw invalid_field(param, fmt::format("'{}' must be a non-empty list of strings", param),
+                        "invalid_type");
+  if (v.size() > 4096)
+    throw invalid_field(
+        param, fmt::format("'{}' has {} entries; at most 4096 are allowed", param, v.size()));
+  ConstraintElement e;
+  e.kind = Kind::kName;
+  for (size_t i = 0; i < v.size(); ++i) {
+    std::string s = as_string(v[i], fmt::format("{}.{}", param, i));
+    if (s.empty()) throw invalid_field(param, fmt::format("'{}.{}' is an empty string", param, i));
+    e.names.push_back(std::move(s));
+  }
+  std::sort(e.names.begin(), e.names.end());
+  e.names.erase(std::unique(e.names.begin(), e.names.end()), e.names.end());
+  return e;
+}
+
+bool set_true(const json& obj, const char* name) {
+  const json* v = field(obj, name);
+  if (!v) return false;
+  if (!v->is_boolean())
+    throw invalid_field(name, fmt::format("'{}' must be a boolean", name), "invalid_type");
+  return v->get<bool>();
+}
+
+}  // namespace
+
+void require_object_root(const JsonSchema& schema, const std::string& param) {
+  if (schema.resolve(schema.root(), kJsonObject) < 0)
+    throw invalid_field(param,
+                        "the schema must allow a JSON object at its root (the answer is one "
+                        "object)");
+}
+
+std::optional<StructuredOutput> parse_structured_outputs(const json& request) {
+  std::optional<StructuredOutput> out;
+  auto take = [&](std::string param, ConstraintElement e) {
+    if (out)
+      throw invalid_field(param, fmt::format("'{}' and '{}' both constrain the output; give one",
+                                             out->param, param));
+    out = StructuredOutput{std::move(e), std::move(param)};
+  };
+  if (const json* so = field(request, "structured_outputs")) {
+    if (!so->is_object())
+      throw invalid_field("structured_outputs", "'structured_outputs' must be an object",
+                          "invalid_type");
+    for (const auto& [key, value] : so->items()) {
+      const std::string param = "structured_outputs." + key;
+      if (value.is_null()) continue;
+      if (key == "json") {
+        take(param, json_element(value, param));
+      } else if (key == "regex") {
+        take(param, regex_element(value, param));
+      } else if (key == "choice") {
+        take(param, choice_element(value, param));
+      } else if (key == "json_object") {
+        if (set_true(*so, "json_object")) take(param, json_element(json::object(), param));
+      } else if (key == "grammar" || key == "structural_tag" || key == "whitespace_pattern") {
+        throw invalid_field(param,
+                            fmt::format("'{}' is not supported (megadecode enforces json, "
+                                        "json_object, regex and choice)",
+                                        param),
+                            "unsupported_parameter");
+      } else if (key == "disable_any_whitespace" || key == "disable_additional_properties") {
+        if (set_true(*so, key.c_str()))
+          throw invalid_field(param, fmt::format("'{}': true is not supported", param),
+                              "unsupported_parameter");
+      } else if (key == "disable_fallback") {
+        set_true(*so, key.c_str());  // (one backend here: nothing to fall back from)
+      } else {
+        throw invalid_field(param, fmt::format("unknown field '{}'", param));
+      }
+    }
+  }
+  // The fields vLLM had before 0.12.
+  if (const json* v = field(request, "guided_json"))
+    take("guided_json", json_element(*v, "guided_json"));
+  if (const json* v = field(request, "guided_regex"))
+    take("guided_regex", regex_element(*v, "guided_regex"));
+  if (const json* v = field(request, "guided_choice"))
+    take("guided_choice", choice_element(*v, "guided_choice"));
+  reject_if_given(request, "guided_grammar", "megadecode enforces json, regex and choice");
+  reject_if_given(request, "guided_whitespace_pattern", "JSON whitespace is not configurable");
+  if (const json* b = field(request, "guided_decoding_backend"))
+    as_string(*b, "guided_decoding_backend");  // (one backend here)
+  return out;
+}
+
+}  // namespace md::server
