@@ -95,11 +95,16 @@ std::shared_ptr<const RegexDfa> RegexDfa::compile(std::string_view pattern) {
 std::shared_ptr<const RegexDfa> RegexDfa::build(const Regex& regex) {
   const auto& nodes = regex.nodes_;
   const int n = int(nodes.size());
+  // Each character node's UTF-8 byte sequences (none for a node of surrogates only).
+  std::vector<std::vector<Sequence>> seqs(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i)
+    for (const auto& [lo, hi] : nodes[size_t(i)].ranges)
+      utf8_sequences(lo, std::min<uint32_t>(hi, 0x10FFFF), seqs[size_t(i)]);
   // Live nodes: those from which the match can be reached (backwards from it).
   std::vector<std::vector<int>> into(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
     const Regex::Node& x = nodes[size_t(i)];
-    if (!x.ranges.empty() && x.next >= 0) into[size_t(x.next)].push_back(i);
+    if (!seqs[size_t(i)].empty() && x.next >= 0) into[size_t(x.next)].push_back(i);
     for (int e : x.eps)
       if (e >= 0) into[size_t(e)].push_back(i);
   }
@@ -144,9 +149,6 @@ std::shared_ptr<const RegexDfa> RegexDfa::build(const Regex& regex) {
   for (int i = 0; i < n; ++i) {
     const Regex::Node& node = nodes[size_t(i)];
     if (node.ranges.empty() || !live[size_t(i)]) continue;
-    std::vector<Sequence> seqs;
-    for (const auto& [lo, hi] : node.ranges)
-      utf8_sequences(lo, std::min<uint32_t>(hi, 0x10FFFF), seqs);
     // A trie of the sequences' ranges (a prefix shared by several sequences is one state) whose
     // tails of whole continuation bytes are shared too: "r more bytes 80-BF" is one state per
     // node and r, whatever led there. (Without this, each position of `.{0,200}` would take
@@ -171,7 +173,7 @@ std::shared_ptr<const RegexDfa> RegexDfa::build(const Regex& regex) {
         if (e.lo == r.lo && e.hi == r.hi && e.to == to) return;
       edges[size_t(at)].push_back({r.lo, r.hi, to});
     };
-    for (const Sequence& s : seqs) {
+    for (const Sequence& s : seqs[size_t(i)]) {
       int at = i;
       size_t k = 0;
       for (; k + 1 < s.size(); ++k) {

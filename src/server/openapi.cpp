@@ -75,12 +75,15 @@ void structured_output_fields(ordered_json& props) {
                                   {{"json", schema},
                                    {"regex", {{"type", "string"}, {"nullable", true}}},
                                    {"choice", choice},
+                                   {"grammar", {{"type", "string"}, {"nullable", true}}},
                                    {"json_object", boolean()},
                                    {"disable_fallback", boolean()}}},
                                  {"additionalProperties", false}};
   props["guided_json"] = schema;
   props["guided_regex"] = {{"type", "string"}, {"nullable", true}};
   props["guided_choice"] = choice;
+  props["guided_grammar"] = {{"type", "string"}, {"nullable", true}};
+  props["grammar"] = {{"type", "string"}, {"nullable", true}};
   props["guided_decoding_backend"] = {{"type", "string"}, {"nullable", true}};
 }
 

@@ -7,6 +7,7 @@
 
 #include "json_fields.h"
 #include "megadecode/base/error.h"
+#include "megadecode/engine/gbnf.h"
 #include "megadecode/engine/json_regex.h"
 #include "megadecode/engine/json_schema.h"
 #include "megadecode/engine/regex_dfa.h"
@@ -48,6 +49,19 @@ ConstraintElement regex_element(const json& v, const std::string& param) {
   e.kind = Kind::kRegex;
   try {
     e.regex = RegexDfa::compile(pattern);
+  } catch (const Error& err) {
+    throw invalid_field(param, err.what());
+  }
+  return e;
+}
+
+// A GBNF grammar without recursion (engine/gbnf.h), run as the regex element.
+ConstraintElement grammar_element(const json& v, const std::string& param) {
+  const std::string grammar = as_string(v, param);
+  ConstraintElement e;
+  e.kind = Kind::kRegex;
+  try {
+    e.regex = compile_gbnf(grammar);
   } catch (const Error& err) {
     throw invalid_field(param, err.what());
   }
@@ -113,10 +127,12 @@ std::optional<StructuredOutput> parse_structured_outputs(const json& request) {
         take(param, choice_element(value, param));
       } else if (key == "json_object") {
         if (set_true(*so, "json_object")) take(param, json_element(json::object(), param));
-      } else if (key == "grammar" || key == "structural_tag" || key == "whitespace_pattern") {
+      } else if (key == "grammar") {
+        take(param, grammar_element(value, param));
+      } else if (key == "structural_tag" || key == "whitespace_pattern") {
         throw invalid_field(param,
                             fmt::format("'{}' is not supported (megadecode enforces json, "
-                                        "json_object, regex and choice)",
+                                        "json_object, regex, choice and grammar)",
                                         param),
                             "unsupported_parameter");
       } else if (key == "disable_any_whitespace" || key == "disable_additional_properties") {
@@ -137,7 +153,10 @@ std::optional<StructuredOutput> parse_structured_outputs(const json& request) {
     take("guided_regex", regex_element(*v, "guided_regex"));
   if (const json* v = field(request, "guided_choice"))
     take("guided_choice", choice_element(*v, "guided_choice"));
-  reject_if_given(request, "guided_grammar", "megadecode enforces json, regex and choice");
+  if (const json* v = field(request, "guided_grammar"))
+    take("guided_grammar", grammar_element(*v, "guided_grammar"));
+  // llama.cpp's server field.
+  if (const json* v = field(request, "grammar")) take("grammar", grammar_element(*v, "grammar"));
   reject_if_given(request, "guided_whitespace_pattern", "JSON whitespace is not configurable");
   if (const json* b = field(request, "guided_decoding_backend"))
     as_string(*b, "guided_decoding_backend");  // (one backend here)

@@ -277,6 +277,7 @@ TEST_F(ServerRequest, MutationsNeverCrash) {
       R"({"messages":[{"role":"user","content":"p"}],"response_format":{"type":"json_schema","json_schema":{"name":"p","schema":{"type":"object","properties":{"a":{"type":"string","pattern":"^[A-Z]{2}-\\d{3}(x|y)*[^\\s]?$","maxLength":9},"b":{"type":"number","minimum":-1.5,"exclusiveMaximum":10},"c":{"type":"string","format":"date-time"},"d":{"type":"integer","exclusiveMinimum":true,"minimum":3}}}}}})",
       R"({"prompt":"q","structured_outputs":{"regex":"[A-Z]{2}-\\d{3}( (ok|no))?\\u00e9*"},"guided_decoding_backend":"x"})",
       R"({"messages":[{"role":"user","content":"c"}],"structured_outputs":{"choice":["yes","no","n/a"]}})",
+      R"({"prompt":"g","grammar":"root ::= item{1,3}\nitem ::= [a-z]+ \"\\n\" # items"})",
       R"({"messages":[{"role":"user","content":"g"}],"guided_json":{"type":"object","properties":{"a":{"type":"integer"}}},"guided_regex":null})",
       R"({"messages":[{"role":"user","content":"t"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"q":{"type":"string"}},"required":["q"]}}}],"tool_choice":{"type":"function","function":{"name":"f"}},"logit_bias":{"3":-5}})",
   };

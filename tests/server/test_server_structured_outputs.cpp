@@ -1,7 +1,8 @@
 // vLLM's structured outputs (server/structured_outputs.h) through the engine, on the tiny random
 // checkpoint: sampled at temperature 1 from random weights, every finished answer is one of the
-// choices, matches the whole regex, or parses and follows the schema, on completions and chat,
-// through `structured_outputs` and the older `guided_*` fields; the request errors name the field.
+// choices, matches the whole regex, is the grammar's, or parses and follows the schema, on
+// completions and chat, through `structured_outputs`, the older `guided_*` fields and llama.cpp's
+// `grammar`; the request errors name the field.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -86,6 +87,21 @@ TEST(ServerStructuredOutputs, ChoicesRegexesAndSchemasHoldTheAnswer) {
       EXPECT_TRUE(s == "yes" || s == "no" || s == "yes!" || s == "no!") << s;
     b.erase("guided_regex");
 
+    // A GBNF grammar: structured_outputs.grammar, vLLM's guided_grammar, llama.cpp's grammar.
+    const std::string grammar =
+        "root ::= answer (\", \" answer){0,2}\nanswer ::= (\"yes\" | \"no\") [0-9]?";
+    const std::regex language("(yes|no)[0-9]?(, (yes|no)[0-9]?){0,2}");
+    for (const char* field : {"structured_outputs", "guided_grammar", "grammar"}) {
+      if (std::string(field) == "structured_outputs")
+        b[field] = {{"grammar", grammar}};
+      else
+        b[field] = grammar;
+      got = finished_answers(m, loop, b, chat);
+      EXPECT_GE(got.size(), 3u) << field;
+      for (const std::string& s : got) EXPECT_TRUE(std::regex_match(s, language)) << s;
+      b.erase(field);
+    }
+
     const json schema = json::parse(R"({"type": "object", "additionalProperties": false,
         "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}, "ok": {"type": "boolean"}},
         "required": ["n", "ok"]})");
@@ -136,7 +152,9 @@ TEST(ServerStructuredOutputs, RequestErrorsNameTheField) {
       {json{{"structured_outputs", {{"json", {{"type", "array"}}}}}}, "structured_outputs.json"},
       {json{{"structured_outputs", {{"json", "{not json"}}}}, "structured_outputs.json"},
       {json{{"structured_outputs", {{"json", 3}}}}, "structured_outputs.json"},
-      {json{{"structured_outputs", {{"grammar", "root ::= \"a\""}}}}, "structured_outputs.grammar"},
+      {json{{"structured_outputs", {{"grammar", "root ::= \"(\" root \")\" | \"x\""}}}},
+       "structured_outputs.grammar"},
+      {json{{"structured_outputs", {{"grammar", 5}}}}, "structured_outputs.grammar"},
       {json{{"structured_outputs", {{"structural_tag", "{}"}}}},
        "structured_outputs.structural_tag"},
       {json{{"structured_outputs", {{"disable_any_whitespace", true}}}},
@@ -145,7 +163,9 @@ TEST(ServerStructuredOutputs, RequestErrorsNameTheField) {
       {json{{"structured_outputs", {{"regex", "a"}, {"choice", {"b"}}}}},
        "structured_outputs.regex"},
       {json{{"structured_outputs", {{"regex", "a"}}}, {"guided_choice", {"b"}}}, "guided_choice"},
-      {json{{"guided_grammar", "root ::= \"a\""}}, "guided_grammar"},
+      {json{{"guided_grammar", "root ::= item\nitem ::= <x>"}}, "guided_grammar"},
+      {json{{"grammar", "item ::= \"a\""}}, "grammar"},
+      {json{{"grammar", "root ::= \"a\""}, {"guided_regex", "b"}}, "grammar"},
       {json{{"guided_regex", "a"}, {"response_format", {{"type", "json_object"}}}}, "guided_regex"},
   };
   for (const auto& [fields, param] : cases) {

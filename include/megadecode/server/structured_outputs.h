@@ -6,12 +6,15 @@
 //   "structured_outputs": {"json_object": true}   one JSON object
 //   "structured_outputs": {"regex": PATTERN}      text that PATTERN matches as a whole
 //   "structured_outputs": {"choice": [S, ...]}    exactly one of the strings
+//   "structured_outputs": {"grammar": GBNF}       text of the grammar's `root` (engine/gbnf.h:
+//                                                 grammars without recursion)
 //
 // and the same as the top-level fields vLLM had before 0.12 (`guided_json`, `guided_regex`,
-// `guided_choice`; `guided_decoding_backend` is accepted and ignored). At most one of them. Not
-// enforced, so refused with a 400 naming them: `grammar` / `guided_grammar`, `structural_tag`,
-// `whitespace_pattern`, `disable_any_whitespace` and `disable_additional_properties` set.
-// Patterns are the ECMAScript subset of engine/json_regex.h, run as engine/regex_dfa.h.
+// `guided_choice`, `guided_grammar`; `guided_decoding_backend` is accepted and ignored) and
+// llama.cpp's `grammar`. At most one of them. Not enforced, so refused with a 400 naming them:
+// `structural_tag`, `whitespace_pattern`, `disable_any_whitespace` and
+// `disable_additional_properties` set. Patterns are the ECMAScript subset of
+// engine/json_regex.h, run as engine/regex_dfa.h.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <optional>

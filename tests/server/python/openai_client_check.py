@@ -161,12 +161,21 @@ def main():
                 check(r.choices[0].finish_reason == "stop" and
                       re.fullmatch(pattern, r.choices[0].text) is not None,
                       f"guided_regex seed {seed}: {r.choices[0].text!r}")
+            grammar = 'root ::= answer (", " answer)?\nanswer ::= "yes" | "no"'
+            r = client.completions.create(model="tiny", prompt="answers:", max_tokens=12,
+                                          temperature=1, seed=1,
+                                          extra_body={"structured_outputs": {"grammar": grammar}})
+            check(r.choices[0].finish_reason == "stop" and
+                  re.fullmatch(r"(yes|no)(, (yes|no))?", r.choices[0].text) is not None,
+                  f"structured_outputs.grammar: {r.choices[0].text!r}")
             try:
-                client.completions.create(model="tiny", prompt="x", max_tokens=2,
-                                          extra_body={"structured_outputs": {"grammar": "x"}})
-                check(False, "structured_outputs.grammar accepted")
+                client.completions.create(
+                    model="tiny", prompt="x", max_tokens=2,
+                    extra_body={"structured_outputs": {"grammar": 'root ::= "(" root ")" | "x"'}})
+                check(False, "a recursive grammar accepted")
             except openai.BadRequestError as e:
-                check(e.body["param"] == "structured_outputs.grammar", "grammar refused by name")
+                check(e.body["param"] == "structured_outputs.grammar",
+                      "a recursive grammar refused by name")
 
             # logit_bias as the SDK sends it ({"id": bias}): +100 on one token makes every
             # greedy token that one (its text: /detokenize of it four times).
