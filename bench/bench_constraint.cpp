@@ -123,6 +123,49 @@ void BM_MaskChoice(benchmark::State& s) {
       "ne");
 }
 
+// A recursive grammar (engine/grammar.h): JSON as GBNF, inside a string and where a value starts.
+std::shared_ptr<const md::ConstraintProgram> json_grammar_program() {
+  ConstraintElement e;
+  e.kind = ConstraintElement::Kind::kGrammar;
+  e.grammar = md::Grammar::compile_gbnf(R"G(
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( member ("," ws member)* )? "}" ws
+member ::= string ":" ws value
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x00-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= "-"? ([0-9] | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)? ws
+ws     ::= [ \t\n]{0,8}
+)G");
+  return md::server::structured_output_program(md::TemplateKind::kKimi, false, kimi_tokenizer(),
+                                               {*kimi_tokenizer().special_id("<|im_end|>")},
+                                               std::move(e));
+}
+void BM_MaskGrammarString(benchmark::State& s) {
+  run(s, json_grammar_program(), "{\"city\": [{\"name\": \"Par");
+}
+void BM_MaskGrammarValue(benchmark::State& s) {
+  run(s, json_grammar_program(), "{\"city\": [{\"name\":");
+}
+
+// The first mask in a state: the per-frame splits computed (grammar_masks.h) for a constraint
+// that has not seen the state before (the prefix's own masks are not taken).
+void BM_MaskGrammarValueFirst(benchmark::State& state) {
+  const md::Tokenizer& tok = kimi_tokenizer();
+  auto vocab = std::make_shared<const md::ConstraintVocab>(tok, tok.vocab_size());
+  const auto program = json_grammar_program();
+  const std::vector<int32_t> prefix = tok.encode("{\"city\": [{\"name\":", true);
+  std::vector<uint8_t> mask(size_t(vocab->size()));
+  for (auto _ : state) {
+    md::TokenConstraint c(program, vocab);
+    for (int32_t id : prefix) c.accept(id);
+    benchmark::DoNotOptimize(c.allowed(mask));
+  }
+}
+
+BENCHMARK(BM_MaskGrammarString)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskGrammarValueFirst)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MaskGrammarValue)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MaskRegexText)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MaskRegexDigits)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MaskChoice)->Unit(benchmark::kMicrosecond);

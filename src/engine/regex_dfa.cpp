@@ -93,7 +93,14 @@ std::shared_ptr<const RegexDfa> RegexDfa::compile(std::string_view pattern) {
 }
 
 std::shared_ptr<const RegexDfa> RegexDfa::build(const Regex& regex) {
-  const auto& nodes = regex.nodes_;
+  std::vector<Node> nodes;
+  nodes.reserve(regex.nodes_.size());
+  for (const Regex::Node& x : regex.nodes_) nodes.push_back({x.ranges, -1, x.next, x.eps});
+  return build(nodes, regex.start_, regex.match_);
+}
+
+std::shared_ptr<const RegexDfa> RegexDfa::build(const std::vector<Node>& nodes, int start,
+                                                int match) {
   const int n = int(nodes.size());
   // Each character node's UTF-8 byte sequences (none for a node of surrogates only).
   std::vector<std::vector<Sequence>> seqs(static_cast<size_t>(n));
@@ -103,14 +110,14 @@ std::shared_ptr<const RegexDfa> RegexDfa::build(const Regex& regex) {
   // Live nodes: those from which the match can be reached (backwards from it).
   std::vector<std::vector<int>> into(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
-    const Regex::Node& x = nodes[size_t(i)];
-    if (!seqs[size_t(i)].empty() && x.next >= 0) into[size_t(x.next)].push_back(i);
+    const Node& x = nodes[size_t(i)];
+    if ((!seqs[size_t(i)].empty() || x.call >= 0) && x.next >= 0) into[size_t(x.next)].push_back(i);
     for (int e : x.eps)
       if (e >= 0) into[size_t(e)].push_back(i);
   }
   std::vector<uint8_t> live(static_cast<size_t>(n), 0);
-  std::vector<int> stack{regex.match_};
-  live[size_t(regex.match_)] = 1;
+  std::vector<int> stack{match};
+  live[size_t(match)] = 1;
   while (!stack.empty()) {
     const int k = stack.back();
     stack.pop_back();
@@ -120,7 +127,8 @@ std::shared_ptr<const RegexDfa> RegexDfa::build(const Regex& regex) {
         stack.push_back(from);
       }
   }
-  // closure(i): the live character nodes and the match reachable from i through empty nodes.
+  // closure(i): the live character and call nodes and the match reachable from i through empty
+  // nodes.
   std::vector<std::vector<int>> closure(static_cast<size_t>(n));
   std::vector<uint8_t> closed(static_cast<size_t>(n), 0);
   std::vector<int> seen_at(static_cast<size_t>(n), -1);
@@ -133,8 +141,8 @@ std::shared_ptr<const RegexDfa> RegexDfa::build(const Regex& regex) {
       todo.pop_back();
       if (k < 0 || seen_at[size_t(k)] == i) continue;
       seen_at[size_t(k)] = i;
-      const Regex::Node& x = nodes[size_t(k)];
-      if ((!x.ranges.empty() || k == regex.match_) && live[size_t(k)]) c.push_back(k);
+      const Node& x = nodes[size_t(k)];
+      if ((!x.ranges.empty() || x.call >= 0 || k == match) && live[size_t(k)]) c.push_back(k);
       for (int e : x.eps) todo.push_back(e);
     }
     closed[size_t(i)] = 1;
@@ -147,7 +155,7 @@ std::shared_ptr<const RegexDfa> RegexDfa::build(const Regex& regex) {
   std::vector<int> owner(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) owner[size_t(i)] = i;
   for (int i = 0; i < n; ++i) {
-    const Regex::Node& node = nodes[size_t(i)];
+    const Node& node = nodes[size_t(i)];
     if (node.ranges.empty() || !live[size_t(i)]) continue;
     // A trie of the sequences' ranges (a prefix shared by several sequences is one state) whose
     // tails of whole continuation bytes are shared too: "r more bytes 80-BF" is one state per
@@ -218,7 +226,7 @@ std::shared_ptr<const RegexDfa> RegexDfa::build(const Regex& regex) {
   // Stage 2: subsets. A subset is its bits plus whether it holds the match.
   auto add_closure = [&](int i, Bits& bits, bool& accept) {
     for (int k : closure_of(i)) {
-      if (k == regex.match_)
+      if (k == match)
         accept = true;
       else
         set(bits, k);
@@ -246,7 +254,7 @@ std::shared_ptr<const RegexDfa> RegexDfa::build(const Regex& regex) {
   {
     Bits bits(words, 0);
     bool accept = false;
-    add_closure(regex.start_, bits, accept);
+    add_closure(start, bits, accept);
     if (intern(bits, accept) == kDead) throw Error("the regular expression matches no string");
   }
   int64_t work = 0;
@@ -274,7 +282,30 @@ std::shared_ptr<const RegexDfa> RegexDfa::build(const Regex& regex) {
         }
       dfa->next_.push_back(intern(bits, accept));
     }
+    // Call edges: per rule called by a member, the members' successors after the call.
+    struct Called {
+      int rule;
+      Bits bits;
+      bool accept;
+    };
+    std::vector<Called> called;
+    for (size_t w = 0; w < words && w * 64 < size_t(n); ++w)
+      for (uint64_t m = members[w]; m; m &= m - 1) {
+        const int k = int(w * 64) + __builtin_ctzll(m);
+        if (k >= n || nodes[size_t(k)].call < 0) continue;
+        const int rule = nodes[size_t(k)].call;
+        auto it = std::find_if(called.begin(), called.end(),
+                               [&](const Called& c) { return c.rule == rule; });
+        if (it == called.end()) it = called.insert(called.end(), {rule, Bits(words, 0), false});
+        add_closure(nodes[size_t(k)].next, it->bits, it->accept);
+      }
+    for (const Called& c : called) {
+      const int32_t to = intern(c.bits, c.accept);  // may grow subsets
+      dfa->calls_.resize(subsets.size());
+      dfa->calls_[s].push_back({c.rule, to});
+    }
   }
+  dfa->calls_.resize(subsets.size());
   dfa->more_.resize(subsets.size());
   for (size_t s = 0; s < subsets.size(); ++s)
     for (int c = 0; c < dfa->classes_; ++c)

@@ -9,6 +9,8 @@
 // copy of the state, which is a few dozen bytes of plain data.
 #include "megadecode/engine/token_constraint.h"
 
+#include "grammar_masks.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -362,6 +364,9 @@ ConstraintProgram::ConstraintProgram(std::vector<ConstraintElement> elements)
       case Kind::kRegex:
         if (!e.regex) fail("a regex element needs its automaton");
         break;
+      case Kind::kGrammar:
+        if (!e.grammar) fail("a grammar element needs its grammar");
+        break;
       case Kind::kStop:
         break;
     }
@@ -410,6 +415,7 @@ struct TokenConstraint::State {
   JsonState json;
   JsonSchemaCursor schema;  // kJson with a schema
   int32_t dfa = 0;          // kRegex: the automaton's state
+  std::shared_ptr<const Grammar::Stacks> stacks;  // kGrammar: the pushdown automaton's state
   int32_t name = -1;        // the name the last kName element matched (kept across elements)
 };
 
@@ -430,6 +436,8 @@ void enter(const Elements& el, S& s, int pc) {
     s.lo = 0;
     s.hi = uint32_t(e.names.size());
     if (e.kind == Kind::kRegex) s.dfa = e.regex->start();
+    if (e.kind == Kind::kGrammar)
+      s.stacks = std::make_shared<const Grammar::Stacks>(e.grammar->start());
     if (e.kind == Kind::kStop && e.stop_ids.empty()) s.pc = int(el.size());
   }
 }
@@ -570,6 +578,18 @@ bool step(const Elements& el, S& s, ConstraintSymbol sym) {
         enter(el, s, s.pc + 1);
         continue;
       }
+      case Kind::kGrammar: {
+        if (byte) {
+          Grammar::Stacks t = e.grammar->step(*s.stacks, b);
+          if (!t.empty()) {
+            s.stacks = std::make_shared<const Grammar::Stacks>(std::move(t));
+            return true;
+          }
+        }
+        if (!s.stacks->done) return false;  // as kRegex: the longest answer the symbols allow
+        enter(el, s, s.pc + 1);
+        continue;
+      }
       case Kind::kFree:
         for (size_t k = 0; k < e.forbidden.size(); ++k) {
           s.forbid[k] = pattern_step(e.forbidden[k], s.forbid[k], sym);
@@ -653,6 +673,15 @@ int64_t TokenConstraint::allowed(std::span<uint8_t> mask) const {
   for (int32_t id : v.specials_) {
     State s = *state_;
     if (step(el, s, special_symbol(id))) count += mask[size_t(id)] = 1;
+  }
+  if (e.kind == Kind::kGrammar) {  // (grammar_masks.h)
+    if (!grammar_masks_) grammar_masks_ = std::make_unique<detail::GrammarMasks>();
+    const detail::TokenBytes tb{v.offset_.data(), v.bytes_.data(), v.special_.data(), v.size_};
+    const size_t after = size_t(state_->pc) + 1;
+    const bool bytes_follow = after < el.size() && el[after].kind != Kind::kStop &&
+                              el[after].kind != Kind::kSpecial && el[after].kind != Kind::kBranch;
+    return count + grammar_masks_->add(*e.grammar, *state_->stacks, tb, mask, bytes_follow,
+                                       [&](int32_t id) { return allows(id); });
   }
   for (int b = 0; b < 256; ++b) {
     const std::vector<int32_t>& ids = v.by_first_byte_[size_t(b)];

@@ -8,6 +8,7 @@
 #include "json_fields.h"
 #include "megadecode/base/error.h"
 #include "megadecode/engine/gbnf.h"
+#include "megadecode/engine/grammar.h"
 #include "megadecode/engine/json_regex.h"
 #include "megadecode/engine/json_schema.h"
 #include "megadecode/engine/regex_dfa.h"
@@ -55,13 +56,20 @@ ConstraintElement regex_element(const json& v, const std::string& param) {
   return e;
 }
 
-// A GBNF grammar without recursion (engine/gbnf.h), run as the regex element.
+// A GBNF grammar: with recursion, the grammar element (engine/grammar.h); without, written out
+// as one pattern and run as the regex element (engine/gbnf.h), whose masks are cheaper.
 ConstraintElement grammar_element(const json& v, const std::string& param) {
   const std::string grammar = as_string(v, param);
   ConstraintElement e;
-  e.kind = Kind::kRegex;
   try {
-    e.regex = compile_gbnf(grammar);
+    std::shared_ptr<const Grammar> g = Grammar::compile_gbnf(grammar);
+    if (g->recursive()) {
+      e.kind = Kind::kGrammar;
+      e.grammar = std::move(g);
+    } else {
+      e.kind = Kind::kRegex;
+      e.regex = compile_gbnf(grammar);
+    }
   } catch (const Error& err) {
     throw invalid_field(param, err.what());
   }

@@ -9,7 +9,7 @@
 // `.` (any character), rule names, ( groups ), each followed by * + ? {m} {m,} {m,n}; `#`
 // comments to the end of the line. A rule may span lines: a new one starts at `name ::=`.
 // Errors (md::Error) give the line and column: a syntax error, an undefined rule, no `root`, a
-// recursive rule (recursion needs a pushdown automaton, which this is not), token references
+// recursive rule (recursion needs a pushdown automaton: engine/grammar.h), token references
 // (<...>), or a grammar too large once written out.
 #pragma once
 #include <memory>

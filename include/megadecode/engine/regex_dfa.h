@@ -37,6 +37,24 @@ class RegexDfa {
   // From a parsed or compiled Regex (its nodes; its own closures are not used).
   static std::shared_ptr<const RegexDfa> build(const Regex& regex);
 
+  // A node graph as Regex's (a character node: `ranges` and `next`; an empty node: `eps`; the
+  // match: neither), plus call nodes (`call` >= 0, `next`): a grammar rule's body
+  // (engine/grammar.h), where a call node stands for a whole string of rule `call`. The
+  // automaton then has call edges beside its byte transitions.
+  struct Node {
+    std::vector<std::pair<uint32_t, uint32_t>> ranges;
+    int call = -1;
+    int next = -1;
+    std::vector<int> eps;
+  };
+  static std::shared_ptr<const RegexDfa> build(const std::vector<Node>& nodes, int start,
+                                               int match);
+  struct Call {
+    int32_t rule;  // the rule called
+    int32_t to;    // the state once its string has been read
+  };
+  const std::vector<Call>& calls(int32_t s) const { return calls_[size_t(s)]; }
+
   int32_t start() const { return 0; }
   // The state after byte b (kDead: no string that goes on this way matches).
   int32_t step(int32_t s, uint8_t b) const {
@@ -53,6 +71,7 @@ class RegexDfa {
   int classes_ = 0;
   std::vector<int32_t> next_;  // [state][class]
   std::vector<uint8_t> accept_, more_;
+  std::vector<std::vector<Call>> calls_;  // per state (empty for a plain regex)
 };
 
 }  // namespace md

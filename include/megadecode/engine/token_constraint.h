@@ -23,6 +23,8 @@
 //   kRegex     UTF-8 text that the whole regular expression matches (engine/regex_dfa.h); the
 //              longest the next symbol allows: done when the next symbol cannot continue a match
 //              and the text so far is one
+//   kGrammar   UTF-8 text of a context-free grammar's root rule (engine/grammar.h), the longest
+//              the next symbol allows, as kRegex
 //   kFree      anything, except that no `forbidden` pattern may be completed; done when its
 //              `trigger` pattern has just been completed (never, without one)
 //   kBranch    one of `branches`' specials, then on at that branch's target element
@@ -37,12 +39,16 @@
 #include <string_view>
 #include <vector>
 
+#include "megadecode/engine/grammar.h"
 #include "megadecode/engine/json_schema.h"
 #include "megadecode/engine/regex_dfa.h"
 
 namespace md {
 
 class Tokenizer;
+namespace detail {
+class GrammarMasks;
+}
 
 // A symbol of the output stream: a special token id (>= 0) or a byte (kByte + its value).
 using ConstraintSymbol = int64_t;
@@ -53,7 +59,18 @@ inline ConstraintSymbol byte_symbol(uint8_t b) { return kByteSymbol + b; }
 void append_text_symbols(std::vector<ConstraintSymbol>& out, std::string_view text);
 
 struct ConstraintElement {
-  enum class Kind { kSpecial, kText, kName, kDigits, kJson, kRegex, kFree, kBranch, kStop };
+  enum class Kind {
+    kSpecial,
+    kText,
+    kName,
+    kDigits,
+    kJson,
+    kRegex,
+    kGrammar,
+    kFree,
+    kBranch,
+    kStop
+  };
   Kind kind = Kind::kFree;
   int32_t special = -1;                              // kSpecial
   std::string text;                                  // kText
@@ -66,6 +83,7 @@ struct ConstraintElement {
   std::shared_ptr<const JsonSchema> schema;          // kJson (null: any object)
   std::vector<std::shared_ptr<const JsonSchema>> schema_by_name;  // kJson
   std::shared_ptr<const RegexDfa> regex;                          // kRegex
+  std::shared_ptr<const Grammar> grammar;                         // kGrammar
 };
 
 constexpr int kMaxJsonDepth = 64;
@@ -126,6 +144,7 @@ class TokenConstraint {
   std::shared_ptr<const ConstraintProgram> program_;
   std::shared_ptr<const ConstraintVocab> vocab_;
   std::unique_ptr<State> state_;
+  mutable std::unique_ptr<detail::GrammarMasks> grammar_masks_;  // kGrammar's, made when needed
 };
 
 }  // namespace md

@@ -6,8 +6,8 @@
 //   "structured_outputs": {"json_object": true}   one JSON object
 //   "structured_outputs": {"regex": PATTERN}      text that PATTERN matches as a whole
 //   "structured_outputs": {"choice": [S, ...]}    exactly one of the strings
-//   "structured_outputs": {"grammar": GBNF}       text of the grammar's `root` (engine/gbnf.h:
-//                                                 grammars without recursion)
+//   "structured_outputs": {"grammar": GBNF}       text of the grammar's `root` (engine/grammar.h;
+//                                                 without recursion, engine/gbnf.h's automaton)
 //
 // and the same as the top-level fields vLLM had before 0.12 (`guided_json`, `guided_regex`,
 // `guided_choice`, `guided_grammar`; `guided_decoding_backend` is accepted and ignored) and

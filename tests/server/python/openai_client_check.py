@@ -168,14 +168,22 @@ def main():
             check(r.choices[0].finish_reason == "stop" and
                   re.fullmatch(r"(yes|no)(, (yes|no))?", r.choices[0].text) is not None,
                   f"structured_outputs.grammar: {r.choices[0].text!r}")
+            nested = 'root ::= "x" | "(" root ")"'
+            r = client.completions.create(model="tiny", prompt="nest:", max_tokens=40,
+                                          temperature=1, seed=2,
+                                          extra_body={"guided_grammar": nested})
+            t = r.choices[0].text
+            check(r.choices[0].finish_reason == "length" or
+                  re.fullmatch(r"\(*x\)*", t) is not None and t.count("(") == t.count(")"),
+                  f"a recursive guided_grammar: {t!r}")
             try:
                 client.completions.create(
                     model="tiny", prompt="x", max_tokens=2,
-                    extra_body={"structured_outputs": {"grammar": 'root ::= "(" root ")" | "x"'}})
-                check(False, "a recursive grammar accepted")
+                    extra_body={"structured_outputs": {"grammar": 'root ::= root "x" | "x"'}})
+                check(False, "a left-recursive grammar accepted")
             except openai.BadRequestError as e:
                 check(e.body["param"] == "structured_outputs.grammar",
-                      "a recursive grammar refused by name")
+                      "a left-recursive grammar refused by name")
 
             # logit_bias as the SDK sends it ({"id": bias}): +100 on one token makes every
             # greedy token that one (its text: /detokenize of it four times).

@@ -1,0 +1,105 @@
+// The grammar element of constrained decoding (engine/token_constraint.h, kGrammar) on the tiny
+// checkpoint's BPE vocabulary: every mask agrees with the one-by-one check (which steps the
+// pushdown automaton byte by byte, without the per-frame split of grammar_masks.h), the stop
+// token comes exactly when the text is a whole answer, and random walks end in answers of the
+// grammar (nested JSON checked by a parser; arithmetic by a small evaluator's grammar).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "megadecode/engine/token_constraint.h"
+#include "megadecode/tokenizer/tokenizer.h"
+#include "test_util.h"
+
+namespace md {
+namespace {
+
+using Kind = ConstraintElement::Kind;
+
+const Tokenizer& bpe_tokenizer() {
+  static const Tokenizer tok = Tokenizer::load(test::shared_text_checkpoint("tiny", 31));
+  return tok;
+}
+
+std::shared_ptr<const ConstraintProgram> grammar_program(const char* gbnf, int32_t stop) {
+  std::vector<ConstraintElement> el(2);
+  el[0].kind = Kind::kGrammar;
+  el[0].grammar = Grammar::compile_gbnf(gbnf);
+  el[1].kind = Kind::kStop;
+  el[1].stop_ids = {stop};
+  return std::make_shared<const ConstraintProgram>(std::move(el));
+}
+
+// Whether the whole of s is an answer of g.
+bool whole(const Grammar& g, const std::string& s) {
+  Grammar::Stacks st = g.start();
+  for (char c : s) {
+    st = g.step(st, uint8_t(c));
+    if (st.empty()) return false;
+  }
+  return st.done;
+}
+
+const char* kJson = R"G(
+root   ::= "{" ws ( member ("," ws member)* )? "}"
+value  ::= "{" ws ( member ("," ws member)* )? "}" ws | "[" ws ( value ("," ws value)* )? "]" ws | string | [0-9]{1,3} ws | ("true" | "null") ws
+member ::= string ":" ws value
+string ::= "\"" [a-z ]{0,6} "\"" ws
+ws     ::= " "?
+)G";
+
+TEST(GrammarConstraint, RandomWalksThroughTheMasksEndInAnswers) {
+  const Tokenizer& tok = bpe_tokenizer();
+  const int64_t v = tok.vocab_size();
+  auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
+  const int32_t stop = *tok.special_id("<|im_end|>");
+  const std::pair<const char*, const char*> grammars[] = {
+      {kJson, "}]\""},
+      {"root ::= expr\nexpr ::= term ((\"+\" | \"-\") term)*\nterm ::= [0-9]{1,2} | \"(\" expr "
+       "\")\"",
+       ")"},
+  };
+  std::mt19937_64 rng(3);
+  for (const auto& [gbnf, lean] : grammars) {
+    SCOPED_TRACE(gbnf);
+    const auto program = grammar_program(gbnf, stop);
+    const Grammar& g = *program->elements()[0].grammar;
+    int completed = 0;
+    for (int walk = 0; walk < 12; ++walk) {
+      TokenConstraint c(program, vocab);
+      std::string text;
+      std::vector<uint8_t> m(static_cast<size_t>(v));
+      for (int step = 0; step < 80 && !c.finished(); ++step) {
+        c.allowed(m);
+        std::vector<int32_t> allowed, leaning;
+        for (int32_t id = 0; id < v; ++id) {
+          ASSERT_EQ(m[size_t(id)], c.allows(id) ? 1 : 0)
+              << "id " << id << " after '" << text << "'";
+          if (!m[size_t(id)]) continue;
+          allowed.push_back(id);
+          if (!tok.is_special(id) &&
+              tok.token_bytes(id).find_first_of(lean) != std::string_view::npos)
+            leaning.push_back(id);
+        }
+        ASSERT_FALSE(allowed.empty()) << text;
+        ASSERT_EQ(m[size_t(stop)] == 1, whole(g, text)) << "'" << text << "'";
+        const auto& pool = !leaning.empty() && rng() % 2 ? leaning : allowed;
+        const int32_t id = m[size_t(stop)] && rng() % 3 == 0 ? stop : pool[rng() % pool.size()];
+        c.accept(id);
+        ASSERT_FALSE(c.broken());
+        if (id != stop) text += tok.token_bytes(id);
+      }
+      if (!c.finished()) continue;
+      ++completed;
+      EXPECT_TRUE(whole(g, text)) << text;
+      if (gbnf == kJson) {
+        EXPECT_TRUE(nlohmann::json::accept(text)) << text;
+      }
+    }
+    EXPECT_GE(completed, 4);
+  }
+}
+
+}  // namespace
+}  // namespace md
