@@ -7,6 +7,8 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -123,20 +125,14 @@ void BM_MaskChoice(benchmark::State& s) {
       "ne");
 }
 
-// A recursive grammar (engine/grammar.h): JSON as GBNF, inside a string and where a value starts.
+// A recursive grammar (engine/grammar.h): JSON as GBNF (tests/data/grammars/json.gbnf), inside a
+// string and where a value starts.
 std::shared_ptr<const md::ConstraintProgram> json_grammar_program() {
   ConstraintElement e;
   e.kind = ConstraintElement::Kind::kGrammar;
-  e.grammar = md::Grammar::compile_gbnf(R"G(
-root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
-object ::= "{" ws ( member ("," ws member)* )? "}" ws
-member ::= string ":" ws value
-array  ::= "[" ws ( value ("," ws value)* )? "]" ws
-string ::= "\"" ( [^"\\\x00-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
-number ::= "-"? ([0-9] | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)? ws
-ws     ::= [ \t\n]{0,8}
-)G");
+  std::ifstream f(std::string(MD_BENCH_TOKENIZER_DIR) + "/../grammars/json.gbnf");
+  e.grammar = md::Grammar::compile_gbnf(
+      std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()));
   return md::server::structured_output_program(md::TemplateKind::kKimi, false, kimi_tokenizer(),
                                                {*kimi_tokenizer().special_id("<|im_end|>")},
                                                std::move(e));

@@ -10,182 +10,112 @@
 
 #include "gbnf_parse.h"
 #include "megadecode/base/error.h"
+#include "nfa_builder.h"
 
 namespace md {
 namespace {
 
+using detail::complement;
+using detail::normalized;
 using gbnf::Alternatives;
 using gbnf::Item;
-using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
 using Node = RegexDfa::Node;
-constexpr uint32_t kMaxCp = 0x10FFFF;
-
-Ranges normalized(Ranges r) {
-  std::sort(r.begin(), r.end());
-  Ranges out;
-  for (const auto& [lo, hi] : r) {
-    if (!out.empty() && lo <= out.back().second + 1)
-      out.back().second = std::max(out.back().second, hi);
-    else
-      out.emplace_back(lo, hi);
-  }
-  return out;
-}
-Ranges complement(const Ranges& r) {
-  Ranges out;
-  uint32_t at = 0;
-  for (const auto& [lo, hi] : normalized(r)) {
-    if (lo > at) out.emplace_back(at, lo - 1);
-    at = hi + 1;
-  }
-  if (at <= kMaxCp) out.emplace_back(at, kMaxCp);
-  return out;
-}
+using Builder = detail::NfaBuilder<Node>;
+using Frag = Builder::Frag;
 
 // One rule's body as a node graph (Thompson's construction, as engine/json_regex.cpp builds a
 // pattern's), a rule name becoming a call node.
 class Body {
  public:
-  struct Frag {
-    int start;
-    std::vector<std::pair<int, int>> holes;  // (node, -1: next; k >= 0: eps[k])
-  };
-  Body(const gbnf::Parser& p, const std::map<std::string, int>& index) : p_(p), index_(index) {}
+  Body(const gbnf::Parser& p, const std::map<std::string, int>& index)
+      : p_(p), index_(index), b(nodes, RegexDfa::kMaxNodes, [this] {
+          p_.fail(fmt::format("a rule with more than {} states once its repetitions are expanded",
+                              RegexDfa::kMaxNodes));
+        }) {}
 
   std::vector<Node> nodes;
 
-  int add(Node n) {
-    if (nodes.size() >= size_t(RegexDfa::kMaxNodes))
-      p_.fail(fmt::format("a rule with more than {} states once its repetitions are expanded",
-                          RegexDfa::kMaxNodes));
-    nodes.push_back(std::move(n));
-    return int(nodes.size()) - 1;
-  }
-  void patch(const std::vector<std::pair<int, int>>& holes, int target) {
-    for (const auto& [n, k] : holes) {
-      if (k < 0)
-        nodes[size_t(n)].next = target;
-      else
-        nodes[size_t(n)].eps[size_t(k)] = target;
-    }
-  }
   Frag alternatives(const Alternatives& a) {
     Frag all{-1, {}};
     for (const auto& seq : a.seqs) {
-      Frag f = nothing();
-      for (const Item& it : seq) f = concat(f, item(it));
-      all = all.start < 0 ? f : either(all, f);
+      Frag f = b.nothing();
+      for (const Item& it : seq)
+        f = b.concat(f, it.min == 1 && it.max == 1 ? atom(it) : b.repeat(it.min, it.max, [&] {
+          return atom(it);
+        }));
+      all = all.start < 0 ? f : b.either(all, f);
     }
     return all;
   }
+  // The rule's node graph, its start and its match.
+  void finish(const Frag& f, int& start, int& match) {
+    match = b.add({});
+    b.patch(f.holes, match);
+    start = f.start;
+  }
 
  private:
-  Frag chars(Ranges r) {
-    Node n;
-    n.ranges = std::move(r);
-    const int i = add(std::move(n));
-    return {i, {{i, -1}}};
-  }
-  Frag call(int rule) {
-    Node n;
-    n.call = rule;
-    const int i = add(std::move(n));
-    return {i, {{i, -1}}};
-  }
-  Frag nothing() {
-    Node n;
-    n.eps = {-1};
-    const int i = add(std::move(n));
-    return {i, {{i, 0}}};
-  }
-  Frag concat(Frag a, const Frag& b) {
-    patch(a.holes, b.start);
-    return {a.start, b.holes};
-  }
-  Frag either(Frag a, const Frag& b) {
-    Node n;
-    n.eps = {a.start, b.start};
-    const int s = add(std::move(n));
-    a.holes.insert(a.holes.end(), b.holes.begin(), b.holes.end());
-    return {s, a.holes};
-  }
-  Frag star(const Frag& a) {
-    Node n;
-    n.eps = {a.start, -1};
-    const int s = add(std::move(n));
-    patch(a.holes, s);
-    return {s, {{s, 1}}};
-  }
-  Frag optional(Frag a) {
-    Node n;
-    n.eps = {a.start, -1};
-    const int s = add(std::move(n));
-    a.holes.emplace_back(s, 1);
-    return {s, a.holes};
-  }
-
   Frag atom(const Item& it) {
     switch (it.kind) {
       case Item::Kind::kLiteral: {
-        Frag f = nothing();
-        for (uint32_t c : it.text) f = concat(f, chars({{c, c}}));
+        Frag f = b.nothing();
+        for (uint32_t c : it.text) f = b.concat(f, b.chars({{c, c}}));
         return f;
       }
       case Item::Kind::kClass:
-        return chars(it.negated ? complement(it.ranges) : normalized(it.ranges));
+        return b.chars(it.negated ? complement(it.ranges) : it.ranges);
       case Item::Kind::kAny:
-        return chars({{0, kMaxCp}});
+        return b.chars({{0, detail::kMaxCodePoint}});
       case Item::Kind::kRef: {
         const auto r = index_.find(it.name);
         if (r == index_.end()) p_.fail(fmt::format("the rule '{}' is not defined", it.name), it.at);
-        return call(r->second);
+        Node n;
+        n.call = r->second;
+        return b.one(std::move(n));
       }
       case Item::Kind::kGroup:
         return alternatives(*it.group);
     }
-    return nothing();
-  }
-  // The item with its repetition: min copies, then the optional ones nested (one way to read
-  // each string, as engine/json_regex.cpp expands counted repetitions) or a star.
-  Frag item(const Item& it) {
-    if (it.min == 1 && it.max == 1) return atom(it);
-    Frag f = nothing();
-    for (int k = 0; k < it.min; ++k) f = concat(f, atom(it));
-    if (it.max < 0) return concat(f, star(atom(it)));
-    if (it.max == it.min) return f;
-    std::vector<Frag> copies;
-    for (int k = it.min; k < it.max; ++k) copies.push_back(atom(it));
-    Frag tail = optional(copies.back());
-    for (size_t k = copies.size() - 1; k-- > 0;) tail = optional(concat(copies[k], tail));
-    return concat(f, tail);
+    return b.nothing();
   }
 
   const gbnf::Parser& p_;
   const std::map<std::string, int>& index_;
+
+ public:
+  Builder b;  // (declared after `nodes`, which it builds)
 };
 
-// Whether rule r's automaton reaches acceptance from its start, stepping on bytes when `bytes`
-// and on calls of the rules in `ok`.
-bool reaches_accept(const RegexDfa& d, const std::vector<uint8_t>& ok, bool bytes) {
+// Visits the states of d reachable from its start by bytes (when `bytes`) and by the call edges
+// that `follow(call)` admits; stops early when visit(state) returns true, and returns that.
+template <class Follow, class Visit>
+bool search(const RegexDfa& d, bool bytes, Follow&& follow, Visit&& visit) {
   std::vector<uint8_t> seen(static_cast<size_t>(d.states()), 0);
   std::vector<int32_t> todo{d.start()};
   seen[0] = 1;
+  auto push = [&](int32_t t) {
+    if (t != RegexDfa::kDead && !seen[size_t(t)]) {
+      seen[size_t(t)] = 1;
+      todo.push_back(t);
+    }
+  };
   while (!todo.empty()) {
     const int32_t s = todo.back();
     todo.pop_back();
-    if (d.accepts(s)) return true;
-    auto visit = [&](int32_t t) {
-      if (t != RegexDfa::kDead && !seen[size_t(t)]) {
-        seen[size_t(t)] = 1;
-        todo.push_back(t);
-      }
-    };
+    if (visit(s)) return true;
     for (const RegexDfa::Call& c : d.calls(s))
-      if (ok[size_t(c.rule)]) visit(c.to);
+      if (follow(c)) push(c.to);
     if (bytes)
-      for (int b = 0; b < 256; ++b) visit(d.step(s, uint8_t(b)));
+      for (int b = 0; b < 256; ++b) push(d.step(s, uint8_t(b)));
   }
   return false;
+}
+
+// Whether d reaches acceptance from its start by bytes (when `bytes`) and calls of rules in `ok`.
+bool reaches_accept(const RegexDfa& d, const std::vector<uint8_t>& ok, bool bytes) {
+  return search(
+      d, bytes, [&](const RegexDfa::Call& c) { return ok[size_t(c.rule)] != 0; },
+      [&](int32_t s) { return d.accepts(s); });
 }
 
 }  // namespace
@@ -203,12 +133,11 @@ std::shared_ptr<const Grammar> Grammar::compile_gbnf(std::string_view src) {
   auto g = std::make_shared<Grammar>();
   g->root_ = index.at("root");
   for (const auto& [name, def] : rules) {
-    Body b(p, index);
-    const Body::Frag f = b.alternatives(def.first);
-    const int match = b.add({});
-    b.patch(f.holes, match);
+    Body body(p, index);
+    int start = 0, match = 0;
+    body.finish(body.alternatives(def.first), start, match);
     try {
-      g->rules_.push_back(RegexDfa::build(b.nodes, f.start, match));
+      g->rules_.push_back(RegexDfa::build(body.nodes, start, match));
     } catch (const Error& e) {
       p.fail(fmt::format("the rule '{}': {}", name, e.what()), def.second);
     }
@@ -236,20 +165,12 @@ std::shared_ptr<const Grammar> Grammar::compile_gbnf(std::string_view src) {
   std::vector<std::vector<int>> calls(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
     const RegexDfa& d = g->rule(r);
-    std::vector<uint8_t> seen(static_cast<size_t>(d.states()), 0);
-    std::vector<int32_t> todo{d.start()};
-    seen[0] = 1;
-    while (!todo.empty()) {
-      const int32_t s = todo.back();
-      todo.pop_back();
-      for (const RegexDfa::Call& c : d.calls(s)) {
-        left[size_t(r)].push_back(c.rule);
-        if (nullable[size_t(c.rule)] && c.to != RegexDfa::kDead && !seen[size_t(c.to)]) {
-          seen[size_t(c.to)] = 1;
-          todo.push_back(c.to);
-        }
-      }
-    }
+    search(
+        d, false, [&](const RegexDfa::Call& c) { return nullable[size_t(c.rule)] != 0; },
+        [&](int32_t s) {
+          for (const RegexDfa::Call& c : d.calls(s)) left[size_t(r)].push_back(c.rule);
+          return false;
+        });
     for (int32_t s = 0; s < d.states(); ++s)
       for (const RegexDfa::Call& c : d.calls(s)) calls[size_t(r)].push_back(c.rule);
   }

@@ -8,36 +8,16 @@
 #include <algorithm>
 
 #include "megadecode/base/error.h"
+#include "nfa_builder.h"
 
 namespace md {
 
 namespace {
 
-using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
-constexpr uint32_t kMaxCp = 0x10FFFF;
-
-Ranges normalized(Ranges r) {
-  std::sort(r.begin(), r.end());
-  Ranges out;
-  for (const auto& [a, b] : r) {
-    if (!out.empty() && a <= out.back().second + 1)
-      out.back().second = std::max(out.back().second, b);
-    else
-      out.emplace_back(a, b);
-  }
-  return out;
-}
-
-Ranges complement(const Ranges& r) {
-  Ranges out;
-  uint32_t at = 0;
-  for (const auto& [a, b] : normalized(r)) {
-    if (a > at) out.emplace_back(at, a - 1);
-    at = b + 1;
-  }
-  if (at <= kMaxCp) out.emplace_back(at, kMaxCp);
-  return out;
-}
+using Ranges = detail::CodeRanges;
+using detail::complement;
+using detail::normalized;
+constexpr uint32_t kMaxCp = detail::kMaxCodePoint;
 
 const Ranges kDigit = {{'0', '9'}};
 const Ranges kWord = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
@@ -59,7 +39,12 @@ int hex_value(char c) {
 class RegexParser {
  public:
   RegexParser(std::string_view pattern, Regex& r, int max_nodes)
-      : whole_(pattern), r_(r), max_nodes_(max_nodes) {}
+      : whole_(pattern), r_(r), b_(r.nodes_, max_nodes, [this, max_nodes] {
+          fail(
+              fmt::format("more than {} states once its repetitions are expanded (too large for "
+                          "the decoding constraint)",
+                          max_nodes));
+        }) {}
 
   // A search: each top-level alternative is anchored by its own ^ and $, and is otherwise
   // free to start and end anywhere in the string. A full match: every alternative is anchored at
@@ -76,86 +61,20 @@ class RegexParser {
       i_ = 0;
       Frag f = alternation();
       if (i_ != p_.size()) fail(fmt::format("an unmatched '{}'", p_[i_]));
-      if (!at_start && !full) f = concat(star(chars({{0, kMaxCp}})), f);
-      if (!at_end && !full) f = concat(f, star(chars({{0, kMaxCp}})));
-      all = all.start < 0 ? f : either(all, f);
+      if (!at_start && !full) f = b_.concat(b_.star(b_.chars({{0, kMaxCp}})), f);
+      if (!at_end && !full) f = b_.concat(f, b_.star(b_.chars({{0, kMaxCp}})));
+      all = all.start < 0 ? f : b_.either(all, f);
     }
-    r_.match_ = empty_node();
-    patch(all.holes, r_.match_);
+    r_.match_ = b_.add({});
+    b_.patch(all.holes, r_.match_);
     r_.start_ = all.start;
   }
 
  private:
-  // A fragment: its first node and the successor slots left open (node, -1: a character node's
-  // next; k >= 0: an empty node's eps[k]).
-  struct Frag {
-    int start;
-    std::vector<std::pair<int, int>> holes;
-  };
+  using Frag = detail::NfaBuilder<Regex::Node>::Frag;
 
   [[noreturn]] void fail(const std::string& why) const {
     throw Error(fmt::format("pattern '{}': {}", whole_, why));
-  }
-
-  int add(Regex::Node n) {
-    if (r_.nodes_.size() >= size_t(max_nodes_))
-      fail(
-          fmt::format("more than {} states once its repetitions are expanded (too large for the "
-                      "decoding constraint)",
-                      max_nodes_));
-    r_.nodes_.push_back(std::move(n));
-    return int(r_.nodes_.size()) - 1;
-  }
-  int empty_node() { return add({}); }
-  Frag chars(Ranges r) {
-    Regex::Node n;
-    n.ranges = normalized(std::move(r));
-    if (n.ranges.empty()) n.ranges = {};  // (an empty class: a node nothing passes)
-    const int i = add(std::move(n));
-    return {i, {{i, -1}}};
-  }
-  Frag nothing() {  // the empty string
-    Regex::Node n;
-    n.eps = {-1};
-    const int i = add(std::move(n));
-    return {i, {{i, 0}}};
-  }
-  void patch(const std::vector<std::pair<int, int>>& holes, int target) {
-    for (const auto& [n, k] : holes) {
-      if (k < 0)
-        r_.nodes_[size_t(n)].next = target;
-      else
-        r_.nodes_[size_t(n)].eps[size_t(k)] = target;
-    }
-  }
-  Frag concat(Frag a, const Frag& b) {
-    patch(a.holes, b.start);
-    return {a.start, b.holes};
-  }
-  Frag either(Frag a, const Frag& b) {
-    Regex::Node n;
-    n.eps = {a.start, b.start};
-    const int s = add(std::move(n));
-    a.holes.insert(a.holes.end(), b.holes.begin(), b.holes.end());
-    return {s, a.holes};
-  }
-  Frag star(const Frag& a) {
-    Regex::Node n;
-    n.eps = {a.start, -1};
-    const int s = add(std::move(n));
-    patch(a.holes, s);
-    return {s, {{s, 1}}};
-  }
-  Frag plus(const Frag& a) {
-    const Frag s = star(a);
-    return {a.start, s.holes};
-  }
-  Frag optional(Frag a) {
-    Regex::Node n;
-    n.eps = {a.start, -1};
-    const int s = add(std::move(n));
-    a.holes.emplace_back(s, 1);
-    return {s, a.holes};
   }
 
   // The pattern split at its top-level '|' (outside groups, classes and escapes).
@@ -214,14 +133,14 @@ class RegexParser {
     Frag f = sequence();
     while (peek() == '|') {
       ++i_;
-      f = either(f, sequence());
+      f = b_.either(f, sequence());
     }
     return f;
   }
 
   Frag sequence() {
-    Frag f = nothing();
-    while (!at_end() && peek() != '|' && peek() != ')') f = concat(f, repeat());
+    Frag f = b_.nothing();
+    while (!at_end() && peek() != '|' && peek() != ')') f = b_.concat(f, repeat());
     return f;
   }
 
@@ -272,29 +191,23 @@ class RegexParser {
     // A quantifier on a quantifier is a syntax error (as JavaScript engines report it).
     if (const char n = peek(); n == '*' || n == '+' || n == '?' || (n == '{' && quantifier_at()))
       fail(fmt::format("nothing to repeat before '{}'", n));
-    if (q == '*') return star(a);
-    if (q == '+') return plus(a);
-    if (q == '?') return optional(a);
-    // x{lo,hi} = x (lo times) then x? (hi - lo times), or x* for no upper bound: each copy is
+    if (q == '*') return b_.star(a);
+    if (q == '+') return b_.plus(a);
+    if (q == '?') return b_.optional(a);
+    // x{lo,hi} (NfaBuilder::repeat): the first copy is the atom parsed above, each other one
     // the atom parsed again (fresh nodes).
     const size_t after = i_;
-    auto copy = [&]() {
+    bool first = true;
+    return b_.repeat(lo, hi, [&]() {
+      if (first) {
+        first = false;
+        return a;
+      }
       i_ = at;
       Frag c = atom();
       i_ = after;
       return c;
-    };
-    Frag f = nothing();
-    for (int k = 0; k < lo; ++k) f = concat(f, k == 0 ? a : copy());
-    if (hi < 0) return concat(f, star(lo == 0 ? a : copy()));
-    if (hi == lo) return f;
-    // The optional copies nested, (x(x(x)?)?)?, not in a row, x?x?x?: the same strings, but
-    // one way to read each, so a state set holds one position in the run, not all of them.
-    std::vector<Frag> copies;
-    for (int k = lo; k < hi; ++k) copies.push_back(k == 0 ? a : copy());
-    Frag tail = optional(copies.back());
-    for (size_t k = copies.size() - 1; k-- > 0;) tail = optional(concat(copies[k], tail));
-    return concat(f, tail);
+    });
   }
 
   Frag atom() {
@@ -322,12 +235,12 @@ class RegexParser {
         return f;
       }
       case '[':
-        return chars(char_class());
+        return b_.chars(char_class());
       case '.':
         ++i_;
-        return chars(complement(kLineTerminators));
+        return b_.chars(complement(kLineTerminators));
       case '\\':
-        return chars(escape(false));
+        return b_.chars(escape(false));
       case '^':
       case '$':
         fail(
@@ -341,7 +254,7 @@ class RegexParser {
         fail("an unmatched ')'");
       default: {
         const uint32_t cp = code_point();
-        return chars({{cp, cp}});
+        return b_.chars({{cp, cp}});
       }
     }
   }
@@ -452,7 +365,7 @@ class RegexParser {
   std::string_view whole_, p_;
   size_t i_ = 0;
   Regex& r_;
-  int max_nodes_;
+  detail::NfaBuilder<Regex::Node> b_;
 };
 
 std::shared_ptr<const Regex> Regex::compile(std::string_view pattern, Match mode) {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "constraint_walk.h"
 #include "megadecode/engine/token_constraint.h"
 #include "megadecode/tokenizer/tokenizer.h"
 #include "test_util.h"
@@ -67,34 +68,13 @@ TEST(GrammarConstraint, RandomWalksThroughTheMasksEndInAnswers) {
     const Grammar& g = *program->elements()[0].grammar;
     int completed = 0;
     for (int walk = 0; walk < 12; ++walk) {
-      TokenConstraint c(program, vocab);
-      std::string text;
-      std::vector<uint8_t> m(static_cast<size_t>(v));
-      for (int step = 0; step < 80 && !c.finished(); ++step) {
-        c.allowed(m);
-        std::vector<int32_t> allowed, leaning;
-        for (int32_t id = 0; id < v; ++id) {
-          ASSERT_EQ(m[size_t(id)], c.allows(id) ? 1 : 0)
-              << "id " << id << " after '" << text << "'";
-          if (!m[size_t(id)]) continue;
-          allowed.push_back(id);
-          if (!tok.is_special(id) &&
-              tok.token_bytes(id).find_first_of(lean) != std::string_view::npos)
-            leaning.push_back(id);
-        }
-        ASSERT_FALSE(allowed.empty()) << text;
-        ASSERT_EQ(m[size_t(stop)] == 1, whole(g, text)) << "'" << text << "'";
-        const auto& pool = !leaning.empty() && rng() % 2 ? leaning : allowed;
-        const int32_t id = m[size_t(stop)] && rng() % 3 == 0 ? stop : pool[rng() % pool.size()];
-        c.accept(id);
-        ASSERT_FALSE(c.broken());
-        if (id != stop) text += tok.token_bytes(id);
-      }
-      if (!c.finished()) continue;
+      const test::Walk w = test::walk_masks(tok, program, vocab, stop, lean, rng, 80,
+                                            [&](const std::string& t) { return whole(g, t); });
+      if (!w.finished) continue;
       ++completed;
-      EXPECT_TRUE(whole(g, text)) << text;
+      EXPECT_TRUE(whole(g, w.text)) << w.text;
       if (gbnf == kJson) {
-        EXPECT_TRUE(nlohmann::json::accept(text)) << text;
+        EXPECT_TRUE(nlohmann::json::accept(w.text)) << w.text;
       }
     }
     EXPECT_GE(completed, 4);

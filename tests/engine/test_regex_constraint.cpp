@@ -8,6 +8,7 @@
 #include <random>
 #include <regex>
 
+#include "constraint_walk.h"
 #include "megadecode/base/error.h"
 #include "megadecode/engine/token_constraint.h"
 #include "megadecode/tokenizer/tokenizer.h"
@@ -74,40 +75,13 @@ TEST(RegexConstraint, RandomWalksThroughTheMasksEndInAFullMatch) {
     const auto program = regex_program(pattern, stop);
     int completed = 0;
     for (int walk = 0; walk < 10; ++walk) {
-      TokenConstraint c(program, vocab);
-      std::vector<int32_t> ids;
-      std::string text;
-      std::vector<uint8_t> m(static_cast<size_t>(v));
-      for (int step = 0; step < 100 && !c.finished(); ++step) {
-        c.allowed(m);
-        std::vector<int32_t> allowed, leaning;
-        for (int32_t id = 0; id < v; ++id) {
-          ASSERT_EQ(m[size_t(id)], c.allows(id) ? 1 : 0)
-              << "id " << id << " after '" << text << "'";
-          if (!m[size_t(id)]) continue;
-          allowed.push_back(id);
-          if (*lean && !tok.is_special(id) &&
-              tok.token_bytes(id).find_first_of(lean) != std::string_view::npos)
-            leaning.push_back(id);
-        }
-        ASSERT_FALSE(allowed.empty()) << text;
-        // The stop token exactly when the text so far matches (and is whole characters).
-        const bool matches = std::regex_match(text, ref) && valid_utf8(text);
-        ASSERT_EQ(m[size_t(stop)] == 1, matches) << "'" << text << "'";
-        if (matches && allowed.size() == 1) {
-          ASSERT_EQ(allowed[0], stop);
-        }
-        const auto& pool = !leaning.empty() && rng() % 3 != 0 ? leaning : allowed;
-        const int32_t id = m[size_t(stop)] && rng() % 3 == 0 ? stop : pool[rng() % pool.size()];
-        c.accept(id);
-        ASSERT_FALSE(c.broken());
-        if (id != stop) text += tok.token_bytes(id);
-        ids.push_back(id);
-      }
-      if (!c.finished()) continue;
+      const test::Walk w = test::walk_masks(
+          tok, program, vocab, stop, lean, rng, 100,
+          // (and whole characters: a token may end inside one)
+          [&](const std::string& t) { return std::regex_match(t, ref) && valid_utf8(t); });
+      if (!w.finished) continue;
       ++completed;
-      EXPECT_EQ(ids.back(), stop);
-      EXPECT_TRUE(std::regex_match(text, ref)) << text;
+      EXPECT_TRUE(std::regex_match(w.text, ref)) << w.text;
     }
     EXPECT_GE(completed, 5);
   }
