@@ -468,9 +468,10 @@ class JsonSchemaCompiler {
   bool number_ = false, integer_ = false;
 };
 
-std::shared_ptr<const JsonSchema> JsonSchema::compile(const json& schema) {
+std::shared_ptr<const JsonSchema> JsonSchema::compile(const json& schema, bool any_root) {
   auto s = JsonSchemaCompiler(schema).run();
   const Node& root = s->node(0);
+  if (any_root) return s;
   if (!(root.kinds & kJsonObject) || !root.literals.empty() ||
       (!root.alt.empty() && root.alt[0] < 0))
     throw Error(

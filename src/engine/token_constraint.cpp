@@ -60,7 +60,7 @@ uint32_t pattern_step(const std::vector<ConstraintSymbol>& p, uint32_t done, Con
 // ---- JSON: one object, byte by byte ------------------------------------------------------------
 
 enum class J : uint8_t {
-  kStart,     // before the top-level '{'
+  kStart,     // before the top-level '{' (any value: its first byte)
   kObjFirst,  // after '{': a key or '}'
   kObjKey,    // after ',' in an object: a key
   kColon,     // after a key
@@ -86,6 +86,7 @@ constexpr std::array<std::string_view, 3> kLiterals = {"true", "false", "null"};
 
 struct JsonState {
   J mode = J::kStart;
+  bool any_root = false;  // the answer is any JSON value, not only an object
   bool key = false;     // the string being read is an object key
   uint8_t depth = 0;    // open containers
   uint8_t u_left = 0;   // hex digits left of a \u escape
@@ -101,6 +102,21 @@ struct JsonState {
 
   // Inside a string with no character, escape or surrogate pair half done.
   bool clean_string() const { return mode == J::kStr && utf_left == 0 && !low_needed; }
+  // Where a value that just ended goes: the container's ',' or bracket, or (a top-level scalar
+  // of any_root) the end.
+  J after_value() const { return depth == 0 ? J::kDone : J::kAfter; }
+  // A top-level number (any_root) that could end here: it ends at the first symbol that does not
+  // go on with it, which belongs to what follows.
+  bool root_number_whole() const {
+    return depth == 0 &&
+           (mode == J::kNumZero || mode == J::kNumInt || mode == J::kNumFrac || mode == J::kNumExp);
+  }
+  bool continues_number(uint8_t b) const {
+    return is_digit(b) && mode != J::kNumZero ? true
+           : b == '.'                         ? mode == J::kNumZero || mode == J::kNumInt
+           : b == 'e' || b == 'E'             ? mode != J::kNumExp
+                                              : false;
+  }
 
   bool top_is_object() const { return (objects >> (depth - 1)) & 1u; }
   bool push(bool object) {
@@ -158,7 +174,7 @@ struct JsonState {
     }
     if (low_needed && b != '\\') return false;  // a high surrogate's \u must follow at once
     if (b < 0x20) return false;
-    if (b == '"') mode = key ? J::kColon : J::kAfter;
+    if (b == '"') mode = key ? J::kColon : after_value();
     if (b == '\\') mode = J::kStrEsc;
     if (b < 0x80) return true;
     // A UTF-8 lead byte (RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF).
@@ -207,7 +223,7 @@ struct JsonState {
       if (ws_ok) space = 0;
       switch (mode) {
         case J::kStart:
-          return b == '{' && push(true);
+          return any_root ? value(b) : b == '{' && push(true);
         case J::kObjFirst:
           if (b == '}') {
             pop();
@@ -299,7 +315,7 @@ struct JsonState {
         case J::kLit: {
           const std::string_view l = kLiterals[lit];
           if (b != uint8_t(l[lit_pos])) return false;
-          if (++lit_pos == l.size()) mode = J::kAfter;
+          if (++lit_pos == l.size()) mode = after_value();
           return true;
         }
         case J::kDone:
@@ -436,6 +452,7 @@ void enter(const Elements& el, S& s, int pc) {
     s.lo = 0;
     s.hi = uint32_t(e.names.size());
     if (e.kind == Kind::kRegex) s.dfa = e.regex->start();
+    s.json.any_root = e.kind == Kind::kJson && e.any_value;
     if (e.kind == Kind::kGrammar)
       s.stacks = std::make_shared<const Grammar::Stacks>(e.grammar->start());
     if (e.kind == Kind::kStop && e.stop_ids.empty()) s.pc = int(el.size());
@@ -553,14 +570,22 @@ bool step(const Elements& el, S& s, ConstraintSymbol sym) {
         enter(el, s, s.pc + 1);
         continue;
       case Kind::kJson: {
+        if (s.json.depth == 0 && s.json.root_number_whole() &&
+            (!byte || !s.json.continues_number(b))) [[unlikely]] {
+          // A top-level number ends at the symbol after it, which goes to the next element.
+          const JsonSchema* schema = schema_of(e, s);
+          if (schema && !s.schema.scalar_end(*schema)) return false;
+          enter(el, s, s.pc + 1);
+          continue;
+        }
         if (!byte) return false;
         const J before = s.json.mode;
         const JsonSchema* schema = schema_of(e, s);
         if (schema && !schema_step(*schema, s.schema, s.json, b)) return false;
         if (!s.json.step(b)) return false;
         // A string or literal value ends with its last byte (a number at the byte after it).
-        if (schema && s.json.mode == J::kAfter && (before == J::kStr || before == J::kLit) &&
-            !s.schema.scalar_end(*schema))
+        if (schema && (s.json.mode == J::kAfter || s.json.mode == J::kDone) &&
+            (before == J::kStr || before == J::kLit) && !s.schema.scalar_end(*schema))
           return false;
         if (s.json.mode == J::kDone) enter(el, s, s.pc + 1);
         return true;

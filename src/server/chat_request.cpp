@@ -320,7 +320,6 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
         } catch (const Error& e) {
           throw invalid_field("response_format.json_schema.schema", e.what());
         }
-        require_object_root(*schema, "response_format.json_schema.schema");
       }
     }
     try {

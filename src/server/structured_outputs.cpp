@@ -20,7 +20,8 @@ using Kind = ConstraintElement::Kind;
 
 namespace {
 
-// A JSON object following `schema` (an object, or its JSON text); its root must allow objects.
+// A JSON value following `schema` (an object, or its JSON text; vLLM's `json` takes any schema:
+// an array or a string at the root too).
 ConstraintElement json_element(const json& schema, const std::string& param) {
   json s = schema;
   if (schema.is_string()) {
@@ -35,12 +36,12 @@ ConstraintElement json_element(const json& schema, const std::string& param) {
                         "invalid_type");
   ConstraintElement e;
   e.kind = Kind::kJson;
+  e.any_value = true;
   try {
-    e.schema = JsonSchema::compile(s);
+    e.schema = JsonSchema::compile(s, /*any_root=*/true);
   } catch (const Error& err) {
     throw invalid_field(param, err.what());
   }
-  require_object_root(*e.schema, param);
   return e;
 }
 
@@ -105,13 +106,6 @@ bool set_true(const json& obj, const char* name) {
 
 }  // namespace
 
-void require_object_root(const JsonSchema& schema, const std::string& param) {
-  if (schema.resolve(schema.root(), kJsonObject) < 0)
-    throw invalid_field(param,
-                        "the schema must allow a JSON object at its root (the answer is one "
-                        "object)");
-}
-
 std::optional<StructuredOutput> parse_structured_outputs(const json& request) {
   std::optional<StructuredOutput> out;
   auto take = [&](std::string param, ConstraintElement e) {
@@ -134,7 +128,11 @@ std::optional<StructuredOutput> parse_structured_outputs(const json& request) {
       } else if (key == "choice") {
         take(param, choice_element(value, param));
       } else if (key == "json_object") {
-        if (set_true(*so, "json_object")) take(param, json_element(json::object(), param));
+        if (set_true(*so, "json_object")) {  // one object, as response_format's json_object
+          ConstraintElement e;
+          e.kind = Kind::kJson;
+          take(param, std::move(e));
+        }
       } else if (key == "grammar") {
         take(param, grammar_element(value, param));
       } else if (key == "structural_tag" || key == "whitespace_pattern") {

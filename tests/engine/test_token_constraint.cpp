@@ -6,7 +6,9 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 
+#include "constraint_walk.h"
 #include "megadecode/base/error.h"
 #include "megadecode/engine/json_schema.h"
 #include "megadecode/engine/token_constraint.h"
@@ -163,6 +165,51 @@ TEST(TokenConstraint, MasksAgreeWithOneByOneChecksAndRandomWalksEndInJson) {
     EXPECT_TRUE(j.is_object()) << text;
   }
   EXPECT_GE(completed, 12);
+}
+
+// any_value: any JSON value at the top (vLLM's `json` structured output): random walks end in
+// text a JSON parser accepts, the stop token exactly at a whole value; a top-level number ends
+// at the symbol after it.
+TEST(TokenConstraint, AnyJsonValueAtTheTop) {
+  const Tokenizer& tok = bpe_tokenizer();
+  const int64_t v = tok.vocab_size();
+  auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
+  const int32_t stop = *tok.special_id("<|im_end|>");
+  std::vector<ConstraintElement> el(2);
+  el[0].kind = Kind::kJson;
+  el[0].any_value = true;
+  el[1].kind = Kind::kStop;
+  el[1].stop_ids = {stop};
+  const auto program = std::make_shared<const ConstraintProgram>(el);
+  std::mt19937_64 rng(21);
+  int finished = 0;
+  std::set<char> firsts;
+  for (int walk = 0; walk < 30; ++walk) {
+    const test::Walk w =
+        test::walk_masks(tok, program, vocab, stop, "\"]}0123456789el", rng, 80,
+                         [](const std::string& t) { return nlohmann::json::accept(t); });
+    if (!w.finished) continue;
+    ++finished;
+    EXPECT_TRUE(nlohmann::json::accept(w.text)) << w.text;
+    const size_t first = w.text.find_first_not_of(" \t\n\r");
+    if (first != std::string::npos) firsts.insert(w.text[first]);
+  }
+  EXPECT_GE(finished, 15);
+  EXPECT_GE(firsts.size(), 3u);  // values of several kinds, not only objects
+  // "12": the stop token, more digits, a fraction or an exponent may follow; a blank may not.
+  TokenConstraint c(program, vocab);
+  for (int32_t id : tok.encode_ordinary("12")) c.accept(id);
+  ASSERT_FALSE(c.broken());
+  EXPECT_TRUE(c.allows(stop));
+  for (const char* more : {"3", ".", "e"})
+    EXPECT_TRUE(c.allows(tok.encode_ordinary(more)[0])) << more;
+  EXPECT_FALSE(c.allows(tok.encode_ordinary(" ")[0]));
+  // With a schema: an array of integers at the top.
+  el[0].schema = JsonSchema::compile(
+      nlohmann::json::parse(R"({"type": "array", "items": {"type": "integer"}})"), true);
+  TokenConstraint a(std::make_shared<const ConstraintProgram>(el), vocab);
+  EXPECT_FALSE(a.allows(tok.encode_ordinary("{")[0]));
+  EXPECT_TRUE(a.allows(tok.encode_ordinary("[")[0]));
 }
 
 TEST(TokenConstraint, BadProgramsAreErrors) {

@@ -99,7 +99,10 @@ class JsonSchema {
     double multiple_of = 0;  // integers: multipleOf (0: none); bounded is then set too
   };
   // Throws md::Error naming the unsupported or contradictory part (a JSON pointer into `schema`).
-  static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema);
+  // any_root: the value may be of any kind the root allows (else the root must allow an object:
+  // the answer of response_format and of tool arguments is one object).
+  static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema,
+                                                   bool any_root = false);
   const Node& node(int i) const { return nodes_[size_t(i)]; }
   int root() const { return 0; }
   // The node a value starting with kind `k` follows at node i (through anyOf); -1 when none.

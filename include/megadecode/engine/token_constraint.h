@@ -15,7 +15,9 @@
 //              when the next symbol cannot continue any name; the element after a kName must not
 //              start with a byte that can continue one)
 //   kDigits    1 to max_digits ASCII digits (done at the first symbol that is not one)
-//   kJson      one JSON object (RFC 8259; strings of valid UTF-8 and paired surrogate escapes;
+//   kJson      one JSON object (with `any_value`, any JSON value: a top-level number ends at
+//              the first symbol that does not go on with it) (RFC 8259; strings of valid UTF-8
+//              and paired surrogate escapes;
 //              whitespace between tokens at most kMaxJsonSpace bytes in a row, nesting at most
 //              kMaxJsonDepth), done at its closing brace; with a `schema`, one that follows it
 //              (engine/json_schema.h); with `schema_by_name`, the schema of the name the last
@@ -81,6 +83,7 @@ struct ConstraintElement {
   std::vector<int32_t> stop_ids;                     // kStop
   int max_digits = 4;                                // kDigits (a call's index)
   std::shared_ptr<const JsonSchema> schema;          // kJson (null: any object)
+  bool any_value = false;  // kJson: any JSON value following `schema`, not only an object
   std::vector<std::shared_ptr<const JsonSchema>> schema_by_name;  // kJson
   std::shared_ptr<const RegexDfa> regex;                          // kRegex
   std::shared_ptr<const Grammar> grammar;                         // kGrammar

@@ -1,8 +1,8 @@
 // vLLM's structured outputs: a request field that fixes the shape of the whole answer, on
 // /v1/completions and /v1/chat/completions alike (vLLM's `StructuredOutputsParams`):
 //
-//   "structured_outputs": {"json": SCHEMA}        one JSON value... an object following SCHEMA
-//                                                 (a schema object, or its JSON text)
+//   "structured_outputs": {"json": SCHEMA}        one JSON value following SCHEMA (a schema
+//                                                 object, or its JSON text; any root type)
 //   "structured_outputs": {"json_object": true}   one JSON object
 //   "structured_outputs": {"regex": PATTERN}      text that PATTERN matches as a whole
 //   "structured_outputs": {"choice": [S, ...]}    exactly one of the strings
@@ -31,10 +31,5 @@ struct StructuredOutput {
 
 // What the request asks for (nullopt: nothing). Throws ApiError naming the field at fault.
 std::optional<StructuredOutput> parse_structured_outputs(const nlohmann::json& request);
-
-// Throws ApiError (on `param`) when no JSON object follows `schema` at its root: the kJson
-// element writes one object (a schema of an array or a string at the root is refused, not left
-// to an empty mask).
-void require_object_root(const JsonSchema& schema, const std::string& param);
 
 }  // namespace md::server
