@@ -53,10 +53,12 @@ class RegexParser {
     const bool full = mode == Regex::Match::kFull;
     Frag all{-1, {}};
     for (std::string_view alt : top_level_alternatives()) {
-      const bool at_start = !alt.empty() && alt.front() == '^';
-      if (at_start) alt.remove_prefix(1);
-      const bool at_end = ends_with_anchor(alt);
-      if (at_end) alt.remove_suffix(1);
+      // ^ and $, or Python's \A and \Z (vLLM's regexes are Python's).
+      const bool at_start = alt.starts_with('^') || alt.starts_with("\\A");
+      if (at_start) alt.remove_prefix(alt.front() == '^' ? 1 : 2);
+      const size_t end_anchor = ends_with_anchor(alt);
+      const bool at_end = end_anchor > 0;
+      alt.remove_suffix(end_anchor);
       p_ = alt;
       i_ = 0;
       Frag f = alternation();
@@ -104,12 +106,18 @@ class RegexParser {
     return out;
   }
 
-  // Whether s ends with a '$' that is not escaped.
-  static bool ends_with_anchor(std::string_view s) {
-    if (s.empty() || s.back() != '$') return false;
-    size_t slashes = 0;
-    for (size_t k = s.size() - 1; k > 0 && s[k - 1] == '\\'; --k) ++slashes;
-    return slashes % 2 == 0;
+  // The length of the end anchor s ends with: a '$' that is not escaped (1), Python's \Z (2),
+  // or none (0).
+  static size_t ends_with_anchor(std::string_view s) {
+    auto escaped = [&](size_t at) {  // s[at] follows an odd run of backslashes
+      size_t slashes = 0;
+      for (size_t k = at; k > 0 && s[k - 1] == '\\'; --k) ++slashes;
+      return slashes % 2 == 1;
+    };
+    if (s.empty()) return 0;
+    if (s.back() == '$' && !escaped(s.size() - 1)) return 1;
+    if (s.ends_with("\\Z") && escaped(s.size() - 1)) return 2;
+    return 0;
   }
 
   bool at_end() const { return i_ >= p_.size(); }
@@ -220,8 +228,11 @@ class RegexParser {
           const std::string_view rest = p_.substr(i_);
           if (rest.starts_with("?:")) {
             i_ += 2;
-          } else if (rest.starts_with("?<") && !rest.starts_with("?<=") &&
-                     !rest.starts_with("?<!")) {
+          } else if (rest.starts_with("?P=")) {
+            fail("backreferences are not supported");
+          } else if ((rest.starts_with("?<") && !rest.starts_with("?<=") &&
+                      !rest.starts_with("?<!")) ||
+                     rest.starts_with("?P<")) {  // a name, ECMAScript's or Python's spelling
             const size_t close = p_.find('>', i_);
             if (close == std::string_view::npos) fail("an unterminated group name");
             i_ = close + 1;
@@ -304,6 +315,11 @@ class RegexParser {
         return one(hex(2));
       case 'u':
         return one(hex(4));
+      case 'A':
+      case 'Z':
+        fail(
+            "\\A and \\Z are supported only at the start and end of the pattern (or of a "
+            "top-level alternative)");
       case 'b':
         if (in_class) return one(8);
         fail("word boundaries (\\b, \\B) are not supported");

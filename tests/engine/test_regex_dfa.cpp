@@ -214,6 +214,23 @@ TEST(RegexDfa, AFinishedMatchCannotContinueAndLimitsAreErrors) {
   }
 }
 
+// Python's spellings, which vLLM's regexes use: named groups (?P<name>...), \A and \Z anchors.
+TEST(RegexDfa, PythonSpellings) {
+  const auto d = RegexDfa::compile("\\A(?P<area>\\d{3})-(?P<line>\\d{4})\\Z|x\\Z");
+  EXPECT_TRUE(dfa_matches(*d, "555-1234"));
+  EXPECT_TRUE(dfa_matches(*d, "x"));
+  EXPECT_FALSE(dfa_matches(*d, "555-123"));
+  EXPECT_FALSE(dfa_matches(*d, "x555-1234"));
+  // A search: \A and \Z anchor as ^ and $ do.
+  const auto r = Regex::compile("\\Aab\\Z");
+  EXPECT_TRUE(r->accepts(r->step(r->step(r->start(), 'a'), 'b')));
+  EXPECT_FALSE(dfa_matches(*RegexDfa::build(*Regex::compile("\\Aab")), "xab"));
+  EXPECT_TRUE(dfa_matches(*RegexDfa::build(*Regex::compile("ab\\\\Z")), "ab\\Zx"));  // \\ then Z
+  for (const char* bad : {"(?P<a>x)(?P=a)", "a\\Ab", "a\\Zb"}) {
+    EXPECT_THROW(RegexDfa::compile(bad), Error) << bad;
+  }
+}
+
 TEST(RegexDfa, LongRepetitionsPastTheNfaBoundCompile) {
   // 300 optional copies: more NFA nodes than Regex::compile allows (JSON Schema patterns), within
   // RegexDfa::compile's bound.

@@ -6,13 +6,13 @@
 //
 // Supported: literals (UTF-8), `.`, classes `[...]` / `[^...]` with ranges and `\d \w \s \D \W
 // \S`, escapes (`\n \r \t \f \v \0 \xHH \uHHHH` and escaped syntax characters), groups `(...)`,
-// `(?:...)`, `(?<name>...)`, alternation `|`, quantifiers `* + ? {m} {m,} {m,n}` (lazy `?`
-// accepted: it changes which match a search finds, not whether one exists), `^` at the start and
-// `$` at the end. JSON Schema patterns are searches: without `^` (`$`) the match may start (end)
-// anywhere in the string; Match::kFull compiles a pattern that must match the whole string (what
-// a `regex` structured output asks for: engine/regex_dfa.h). Not supported (an md::Error naming
-// it): backreferences, lookaround, word boundaries, anchors elsewhere, more than kMaxStates states
-// after expanding repetitions.
+// `(?:...)`, `(?<name>...)` (and Python's `(?P<name>...)`), alternation `|`, quantifiers `* + ?
+// {m} {m,} {m,n}` (lazy `?` accepted: it changes which match a search finds, not whether one
+// exists), `^` (Python's `\A`) at the start and `$` (`\Z`) at the end. JSON Schema patterns
+// are searches: without `^` (`$`) the match may start (end) anywhere in the string; Match::kFull
+// compiles a pattern that must match the whole string (what a `regex` structured output asks for:
+// engine/regex_dfa.h). Not supported (an md::Error naming it): backreferences, lookaround, word
+// boundaries, anchors elsewhere, more than kMaxStates states after expanding repetitions.
 #pragma once
 #include <array>
 #include <cstdint>
