@@ -581,7 +581,7 @@ void EngineLoop::draw_from_cache(Slot& s) {
   }
   const SampleRow row = s.sampler->prepare(s.history);
   const int32_t id =
-      s.host_draw() ? host_draw(s, logits, row, -1) : sample_row(row, logits, scratch_);
+      s.host_draw() ? host_draw(s, logits, row, -1) : sample_row(row, logits, draw_scratch_.sample);
   emit(s, id, logits, now());
 }
 
@@ -644,29 +644,11 @@ void EngineLoop::count_cache() {
   counters_.prefix_cache_bytes.store(int64_t(cache_->bytes()));
 }
 
-// The slot's token drawn again from its logit row with its logit bias added and the ids its
-// constraint refuses at -inf, by the same SampleRow (its uniform included) the step drew `drawn`
-// with. Without a bias, the step's own draw stands when it is allowed and greedy (the argmax of
-// the allowed ids is then the same id).
+// The slot's token drawn again under its constraint and logit bias (engine/constrained_draw.h).
 int32_t EngineLoop::host_draw(Slot& s, std::span<const float> logits, const SampleRow& row,
                               int32_t drawn) {
-  const size_t V = logits.size();
-  const auto& bias = s.spec.logit_bias;
-  const bool masked = s.constrained();
-  if (masked) {
-    mask_.resize(V);
-    if (s.constraint->allowed(mask_) == 0 && bias.empty())
-      return drawn;  // broken: nothing to enforce
-    if (bias.empty() && row.greedy() && drawn >= 0 && size_t(drawn) < V && mask_[size_t(drawn)])
-      return drawn;
-  }
-  masked_.assign(logits.begin(), logits.end());
-  for (const auto& [id, b] : bias)
-    if (size_t(id) < V) masked_[size_t(id)] += b;
-  if (masked && !s.constraint->broken())
-    for (size_t i = 0; i < V; ++i)
-      if (!mask_[i]) masked_[i] = -std::numeric_limits<float>::infinity();
-  return sample_row(row, masked_, scratch_);
+  return constrained_draw(s.constrained() ? &*s.constraint : nullptr, s.spec.logit_bias, logits,
+                          row, drawn, draw_scratch_);
 }
 
 bool EngineLoop::take_token(Slot& s, int32_t id, std::span<const float> row, double t, double gap,

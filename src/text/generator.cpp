@@ -187,9 +187,25 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
     }
     return int(r.tokens.size()) < params.max_tokens;
   };
+  // A constraint (set_constraint): every token drawn on the host from the masked logits by the
+  // step's SampleRow, as the server's engine loop draws them (engine/constrained_draw.h).
+  std::optional<TokenConstraint> constraint;
+  if (constraint_) {
+    MD_CHECK(!spec_,
+             "constrained decoding (a grammar, regex, JSON schema or choice) runs without "
+             "speculative decoding");
+    if (!constraint_vocab_) constraint_vocab_ = std::make_shared<const ConstraintVocab>(tok_, V);
+    constraint.emplace(constraint_, constraint_vocab_);
+  }
+  auto draw = [&](const SampleRow& row, int32_t drawn) {
+    const int32_t id = constrained_draw(&*constraint, {}, logits, row, drawn, draw_scratch_);
+    constraint->accept(id);
+    return id;
+  };
   // The first token comes from the prompt's logits; the sequence has consumed all of history but
   // its last token from then on.
-  history.push_back(sampler.sample(logits, history));
+  history.push_back(constraint ? draw(sampler.prepare(history), -1)
+                               : sampler.sample(logits, history));
   if (spec_) {
     const SpeculativeStats before = spec_->stats();
     r.speculative = true;
@@ -210,15 +226,19 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt,
     int32_t planned = -1;  // the next id the executor's plan sampled, if any
     while (take(history.back())) {
       const int32_t next = history.back();
+      std::optional<SampleRow> row;
       if (executor_) {
         SequenceState* sp = &seq_;
-        const SampleRow spec = sampler.prepare(history);  // plain data the plan samples with
+        row = sampler.prepare(history);  // plain data the plan samples with
         executor_->step(std::span(&sp, 1), std::span(&next, 1), logits.data(), &planned,
-                        std::span(&spec, 1));
+                        std::span(&*row, 1));
       } else {
         model_.forward(seq_, std::span(&next, 1), logits.data(), false);
       }
-      history.push_back(planned >= 0 ? planned : sampler.sample(logits, history));
+      if (constraint)
+        history.push_back(draw(row ? *row : sampler.prepare(history), planned));
+      else
+        history.push_back(planned >= 0 ? planned : sampler.sample(logits, history));
       planned = -1;
     }
   }

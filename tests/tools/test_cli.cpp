@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "megadecode/base/bf16.h"
 #include "megadecode/base/threads.h"
@@ -207,6 +208,62 @@ TEST_F(Cli, RunStreamsTextAndJson) {
   auto r2 =
       test::run_cli("run --model " + model() + " --prompt 'Hello' -n 5 -t 0 --raw --json --seed 9");
   EXPECT_EQ(nlohmann::json::parse(r2.out)["tokens"], j["tokens"]);
+}
+
+// The answer's shape from the command line (structured outputs): llama.cpp's --grammar and
+// --json-schema, a regex, a choice; sampled at temperature 1, every answer follows it.
+TEST_F(Cli, RunHoldsTheAnswerToAGrammarSchemaRegexOrChoice) {
+  test::TempDir d("grammar");
+  {
+    std::ofstream(d / "g.gbnf")
+        << "root ::= item (\", \" item)?\nitem ::= (\"yes\" | \"no\") [0-9]\n";
+  }
+  struct Case {
+    std::string flags;
+    std::string language;  // an ECMAScript regex of the answers (empty: JSON, checked below)
+  };
+  const Case cases[] = {
+      {"--grammar-file " + (d / "g.gbnf"), "(yes|no)[0-9](, (yes|no)[0-9])?"},
+      {"--grammar 'root ::= \"(\" root \")\" | \"x\"'", "\\(*x\\)*"},
+      {"--regex '[A-Z]{2}-[0-9]{3}'", "[A-Z]{2}-[0-9]{3}"},
+      {"--choice red --choice green", "red|green"},
+      {"--json-schema '{\"type\": \"array\", \"items\": {\"enum\": [1, 2]}, \"maxItems\": 2}'", ""},
+  };
+  for (const Case& c : cases) {
+    int finished = 0;
+    for (const char* mode : {"--raw", "--chat", "--raw --executor megakernel"}) {
+      for (int seed : {1, 2}) {
+        auto r = test::run_cli("run --model " + model() + " --prompt 'answer' -t 1 -n 60 --json " +
+                               mode + " --seed " + std::to_string(seed) + " " + c.flags);
+        ASSERT_EQ(r.status, 0) << c.flags << ": " << r.err;
+        const auto j = nlohmann::json::parse(r.out);
+        if (j["finish_reason"] != "stop") continue;  // (60 tokens of a long answer)
+        ++finished;
+        const std::string text = j["text"];
+        if (!c.language.empty()) {
+          EXPECT_TRUE(std::regex_match(text, std::regex(c.language))) << c.flags << ": " << text;
+          continue;
+        }
+        const auto a = nlohmann::json::parse(text);
+        EXPECT_TRUE(a.is_array() && a.size() <= 2) << text;
+        for (const auto& x : a) EXPECT_TRUE(x == 1 || x == 2) << text;
+      }
+    }
+    EXPECT_GE(finished, 2) << c.flags;  // fixed seeds: the same runs finish every time
+  }
+  expect_one_line_error(
+      test::run_cli("run --model " + model() + " --prompt x --regex a --choice b"),
+      "give one of --grammar");
+  expect_one_line_error(test::run_cli("run --model " + model() + " --prompt x --regex '(a'"),
+                        "--regex: pattern '(a': an unterminated group");
+  expect_one_line_error(test::run_cli("run --model " + model() +
+                                      " --prompt x --grammar 'root ::= root \"a\" | \"b\"'"),
+                        "--grammar: grammar, line 1 column 1: the rule 'root' is left-recursive");
+  expect_one_line_error(test::run_cli("run --model " + model() + " --prompt x --json-schema '{'"),
+                        "--json-schema: not valid JSON");
+  expect_one_line_error(
+      test::run_cli("run --model " + model() + " --prompt x --grammar-file /nonexistent.gbnf"),
+      "cannot open /nonexistent.gbnf");
 }
 
 TEST_F(Cli, ChatReplTakesTurnsAndResets) {

@@ -10,6 +10,9 @@
 
 #include "common.h"
 #include "megadecode/base/error.h"
+#include "megadecode/server/chat_constraints.h"
+#include "megadecode/server/request.h"
+#include "megadecode/server/structured_outputs.h"
 #include "megadecode/text/generator.h"
 
 namespace md::cli {
@@ -79,6 +82,71 @@ struct ThinkingFlags {
     return o;
   }
 };
+
+// The shape of the answer, as the server's structured outputs take it (docs/server.md
+// "Structured outputs"): llama.cpp's --grammar / --grammar-file / --json-schema, and a regex or a
+// choice.
+struct ConstraintFlags {
+  std::string grammar, grammar_file, regex, json_schema, json_schema_file;
+  std::vector<std::string> choice;
+  void add(CLI::App* c) {
+    c->add_option("--grammar", grammar, "a GBNF grammar the answer follows (llama.cpp's syntax)");
+    c->add_option("--grammar-file", grammar_file, "read the GBNF grammar from a file");
+    c->add_option("--regex", regex, "a regular expression the whole answer matches");
+    c->add_option("--json-schema", json_schema,
+                  "a JSON Schema the answer (one JSON value) follows");
+    c->add_option("--json-schema-file", json_schema_file, "read the JSON Schema from a file");
+    c->add_option("--choice", choice, "the answer is exactly one of these (repeatable)");
+  }
+  // The program for the answer (null: none): after the chat template's generation prompt when
+  // `chat`, else the raw continuation; then a stop token of `p`.
+  std::shared_ptr<const ConstraintProgram> program(const Generator& g, bool chat,
+                                                   const ChatOptions& options,
+                                                   const SamplingParams& p) const;
+};
+
+std::shared_ptr<const ConstraintProgram> ConstraintFlags::program(const Generator& g, bool chat,
+                                                                  const ChatOptions& options,
+                                                                  const SamplingParams& p) const {
+  // As the request field it would be: (flag, key, value).
+  std::vector<std::tuple<const char*, const char*, nlohmann::json>> given;
+  if (!grammar.empty()) given.emplace_back("--grammar", "grammar", grammar);
+  if (!grammar_file.empty())
+    given.emplace_back("--grammar-file", "grammar", read_file(grammar_file));
+  if (!regex.empty()) given.emplace_back("--regex", "regex", regex);
+  auto schema = [](const std::string& text, const char* flag) {
+    try {
+      return nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("{}: not valid JSON: {}", flag, e.what()));
+    }
+  };
+  if (!json_schema.empty())
+    given.emplace_back("--json-schema", "json", schema(json_schema, "--json-schema"));
+  if (!json_schema_file.empty())
+    given.emplace_back("--json-schema-file", "json",
+                       schema(read_file(json_schema_file), "--json-schema-file"));
+  if (!choice.empty()) given.emplace_back("--choice", "choice", choice);
+  if (given.empty()) return nullptr;
+  MD_CHECK(given.size() == 1,
+           "give one of --grammar, --grammar-file, --regex, --json-schema, --json-schema-file "
+           "and --choice");
+  const auto& [flag, key, value] = given[0];
+  std::optional<server::StructuredOutput> so;
+  try {
+    so = server::parse_structured_outputs({{"structured_outputs", {{key, value}}}});
+  } catch (const server::ApiError& e) {
+    throw Error(fmt::format("{}: {}", flag, e.message));
+  }
+  if (chat)
+    return server::structured_output_program(g.template_kind(), options.thinking, g.tokenizer(),
+                                             p.stop_token_ids, std::move(so->body));
+  std::vector<ConstraintElement> el(2);
+  el[0] = std::move(so->body);
+  el[1].kind = ConstraintElement::Kind::kStop;
+  el[1].stop_ids = p.stop_token_ids;
+  return std::make_shared<const ConstraintProgram>(std::move(el));
+}
 
 // Streams a generation to stdout: the answer, and with --show-thinking the reasoning before it.
 // Which decoder runs the decode steps of run/chat: the reference path or a plan executor.
@@ -204,6 +272,7 @@ void register_text_commands(CLI::App& app) {
       SamplingFlags s;
       ThinkingFlags t;
       DecoderFlags d;
+      ConstraintFlags k;
       std::string prompt, prompt_file, system, chat_template;
       bool raw = false, chat = false, json = false;
     };
@@ -213,6 +282,7 @@ void register_text_commands(CLI::App& app) {
     o->s.add(c);
     o->t.add(c);
     o->d.add(c);
+    o->k.add(c);
     auto* po = c->add_option("--prompt,-p", o->prompt, "the prompt text");
     auto* pf = c->add_option("--prompt-file", o->prompt_file, "read the prompt from a file");
     c->add_option("--system", o->system, "system message (chat mode)");
@@ -244,6 +314,7 @@ void register_text_commands(CLI::App& app) {
       }
       MD_CHECK(!ids.empty(), "the prompt is empty (no tokens to start from)");
       SamplingParams p = o->s.params(g);
+      g.set_constraint(o->k.program(g, !o->raw, o->t.options(), p));
       if (o->json) {
         GenerationResult r = g.generate(ids, p);
         nlohmann::json j = {{"text", r.text},
@@ -272,6 +343,7 @@ void register_text_commands(CLI::App& app) {
       SamplingFlags s;
       ThinkingFlags t;
       DecoderFlags d;
+      ConstraintFlags k;
       std::string system, chat_template;
     };
     auto o = std::make_shared<Opts>();
@@ -280,6 +352,7 @@ void register_text_commands(CLI::App& app) {
     o->s.add(c);
     o->t.add(c);
     o->d.add(c);
+    o->k.add(c);
     c->add_option("--system", o->system, "system message");
     c->add_option("--chat-template", o->chat_template,
                   "template kind overriding the checkpoint's (kimi, kimi-k3)");
@@ -294,6 +367,7 @@ void register_text_commands(CLI::App& app) {
       const ChatOptions chat_options = o->t.options();
       g.render({{"user", "", "", "", {}, ""}}, true, chat_options);  // fail early: bad template
       SamplingParams p = o->s.params(g);
+      g.set_constraint(o->k.program(g, true, chat_options, p));
       const bool tty = isatty(0);
       std::vector<ChatMessage> history;
       auto start = [&] {

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "megadecode/engine/constrained_draw.h"
 #include "megadecode/engine/prefix_cache.h"
 #include "megadecode/engine/sampler.h"
 #include "megadecode/engine/token_constraint.h"
@@ -263,9 +264,7 @@ class EngineLoop {
   std::vector<float> aux_;                    // a plain step's aux rows (engine thread only)
   // Constrained choices (engine thread only): the vocabulary for the masks, a mask, a masked row.
   std::shared_ptr<const ConstraintVocab> constraint_vocab_;
-  std::vector<uint8_t> mask_;
-  std::vector<float> masked_;
-  SampleScratch scratch_;
+  ConstrainedDrawScratch draw_scratch_;
   std::thread thread_;
 };
 

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "megadecode/engine/constrained_draw.h"
 #include "megadecode/engine/model.h"
 #include "megadecode/engine/sampler.h"
 #include "megadecode/exec/executor.h"
@@ -113,6 +114,13 @@ class Generator {
     return spec_ ? &spec_->stats() : nullptr;
   }
 
+  // Hold the following generations' tokens to a constraint program (engine/token_constraint.h:
+  // a grammar, a regex, a JSON schema, a choice, as the server builds them); null: none. Each
+  // generate() starts the program over. Not with speculative decoding (generate() refuses it).
+  void set_constraint(std::shared_ptr<const ConstraintProgram> program) {
+    constraint_ = std::move(program);
+  }
+
   void reset();  // forget the sequence
   const Tokenizer& tokenizer() const { return tok_; }
   Model& model() { return model_; }
@@ -127,6 +135,9 @@ class Generator {
   Executor* executor_ = nullptr;
   int prefill_chunk_ = 16;
   std::unique_ptr<SpeculativeDecoder> spec_;
+  std::shared_ptr<const ConstraintProgram> constraint_;
+  std::shared_ptr<const ConstraintVocab> constraint_vocab_;  // built at the first constraint
+  ConstrainedDrawScratch draw_scratch_;
 };
 
 }  // namespace md
