@@ -13,8 +13,24 @@
 
 #include "megadecode/engine/token_constraint.h"
 #include "megadecode/tokenizer/tokenizer.h"
+#include "test_util.h"
 
 namespace md::test {
+
+// The tiny test checkpoint's BPE tokenizer: multi-byte tokens, tokens that end mid-character.
+inline const Tokenizer& bpe_test_tokenizer() {
+  static const Tokenizer tok = Tokenizer::load(shared_text_checkpoint("tiny", 31));
+  return tok;
+}
+
+// The elements, then a stop element taking `stop`.
+inline std::shared_ptr<const ConstraintProgram> then_stop(std::vector<ConstraintElement> el,
+                                                          int32_t stop) {
+  el.emplace_back();
+  el.back().kind = ConstraintElement::Kind::kStop;
+  el.back().stop_ids = {stop};
+  return std::make_shared<const ConstraintProgram>(std::move(el));
+}
 
 struct Walk {
   bool finished = false;  // the stop token was drawn

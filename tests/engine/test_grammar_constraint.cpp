@@ -18,18 +18,11 @@ namespace {
 
 using Kind = ConstraintElement::Kind;
 
-const Tokenizer& bpe_tokenizer() {
-  static const Tokenizer tok = Tokenizer::load(test::shared_text_checkpoint("tiny", 31));
-  return tok;
-}
-
 std::shared_ptr<const ConstraintProgram> grammar_program(const char* gbnf, int32_t stop) {
-  std::vector<ConstraintElement> el(2);
+  std::vector<ConstraintElement> el(1);
   el[0].kind = Kind::kGrammar;
   el[0].grammar = Grammar::compile_gbnf(gbnf);
-  el[1].kind = Kind::kStop;
-  el[1].stop_ids = {stop};
-  return std::make_shared<const ConstraintProgram>(std::move(el));
+  return test::then_stop(std::move(el), stop);
 }
 
 // Whether the whole of s is an answer of g.
@@ -51,7 +44,7 @@ ws     ::= " "?
 )G";
 
 TEST(GrammarConstraint, RandomWalksThroughTheMasksEndInAnswers) {
-  const Tokenizer& tok = bpe_tokenizer();
+  const Tokenizer& tok = test::bpe_test_tokenizer();
   const int64_t v = tok.vocab_size();
   auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
   const int32_t stop = *tok.special_id("<|im_end|>");

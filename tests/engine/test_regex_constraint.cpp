@@ -19,11 +19,6 @@ namespace {
 
 using Kind = ConstraintElement::Kind;
 
-const Tokenizer& bpe_tokenizer() {
-  static const Tokenizer tok = Tokenizer::load(test::shared_text_checkpoint("tiny", 31));
-  return tok;
-}
-
 // [regex, then `text` if any, then the stop token].
 std::shared_ptr<const ConstraintProgram> regex_program(const std::string& pattern, int32_t stop,
                                                        const std::string& text = "") {
@@ -35,10 +30,7 @@ std::shared_ptr<const ConstraintProgram> regex_program(const std::string& patter
     el.back().kind = Kind::kText;
     el.back().text = text;
   }
-  el.emplace_back();
-  el.back().kind = Kind::kStop;
-  el.back().stop_ids = {stop};
-  return std::make_shared<const ConstraintProgram>(std::move(el));
+  return test::then_stop(std::move(el), stop);
 }
 
 bool valid_utf8(const std::string& s) {
@@ -52,7 +44,7 @@ bool valid_utf8(const std::string& s) {
 }
 
 TEST(RegexConstraint, RandomWalksThroughTheMasksEndInAFullMatch) {
-  const Tokenizer& tok = bpe_tokenizer();
+  const Tokenizer& tok = test::bpe_test_tokenizer();
   const int64_t v = tok.vocab_size();
   auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
   const int32_t stop = *tok.special_id("<|im_end|>");
@@ -88,7 +80,7 @@ TEST(RegexConstraint, RandomWalksThroughTheMasksEndInAFullMatch) {
 }
 
 TEST(RegexConstraint, AFinishedMatchAllowsOnlyTheStopTokenAndTheElementAfterIt) {
-  const Tokenizer& tok = bpe_tokenizer();
+  const Tokenizer& tok = test::bpe_test_tokenizer();
   const int64_t v = tok.vocab_size();
   auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
   const int32_t stop = *tok.special_id("<|im_end|>");

@@ -33,8 +33,7 @@ std::shared_ptr<const ConstraintProgram> json_then_stop(int32_t stop) {
 
 // The BPE tokenizer of the tiny test checkpoint: multi-byte tokens, for the masks' fast paths.
 const Tokenizer& bpe_tokenizer() {
-  static const Tokenizer tok = Tokenizer::load(test::shared_text_checkpoint("tiny", 31));
-  return tok;
+  return test::bpe_test_tokenizer();
 }
 
 std::vector<uint8_t> mask_of(const TokenConstraint& c, int64_t v) {
@@ -175,12 +174,10 @@ TEST(TokenConstraint, AnyJsonValueAtTheTop) {
   const int64_t v = tok.vocab_size();
   auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
   const int32_t stop = *tok.special_id("<|im_end|>");
-  std::vector<ConstraintElement> el(2);
+  std::vector<ConstraintElement> el(1);
   el[0].kind = Kind::kJson;
   el[0].any_value = true;
-  el[1].kind = Kind::kStop;
-  el[1].stop_ids = {stop};
-  const auto program = std::make_shared<const ConstraintProgram>(el);
+  const auto program = test::then_stop(el, stop);
   std::mt19937_64 rng(21);
   int finished = 0;
   std::set<char> firsts;
@@ -207,7 +204,7 @@ TEST(TokenConstraint, AnyJsonValueAtTheTop) {
   // With a schema: an array of integers at the top.
   el[0].schema = JsonSchema::compile(
       nlohmann::json::parse(R"({"type": "array", "items": {"type": "integer"}})"), true);
-  TokenConstraint a(std::make_shared<const ConstraintProgram>(el), vocab);
+  TokenConstraint a(test::then_stop(el, stop), vocab);
   EXPECT_FALSE(a.allows(tok.encode_ordinary("{")[0]));
   EXPECT_TRUE(a.allows(tok.encode_ordinary("[")[0]));
 }
