@@ -132,15 +132,25 @@ std::shared_ptr<const Grammar> Grammar::compile_gbnf(std::string_view src) {
   }
   auto g = std::make_shared<Grammar>();
   g->root_ = index.at("root");
+  // One construction budget and one state bound for all the rules together: a request's grammar
+  // of many large rules is refused like one large pattern, not built for minutes into gigabytes.
+  int64_t budget = RegexDfa::kMaxWork;
+  int64_t states = 0;
   for (const auto& [name, def] : rules) {
     Body body(p, index);
     int start = 0, match = 0;
     body.finish(body.alternatives(def.first), start, match);
     try {
-      g->rules_.push_back(RegexDfa::build(body.nodes, start, match));
+      g->rules_.push_back(RegexDfa::build(body.nodes, start, match, &budget));
     } catch (const Error& e) {
       p.fail(fmt::format("the rule '{}': {}", name, e.what()), def.second);
     }
+    states += g->rules_.back()->states();
+    if (states > kMaxStates)
+      p.fail(fmt::format("the grammar's rules need more than {} automaton states together (too "
+                         "large for constrained decoding)",
+                         kMaxStates),
+             def.second);
   }
   const int n = int(names.size());
   auto at = [&](int r) { return rules.at(names[size_t(r)]).second; };

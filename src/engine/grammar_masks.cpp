@@ -25,7 +25,9 @@ const GrammarMasks::Split& GrammarMasks::split(const Grammar& g, Grammar::Frame 
                                                const TokenBytes& v) {
   const auto key = std::make_pair(top.rule, top.state);
   if (const auto it = cache_.find(key); it != cache_.end()) return it->second;
+  if (cache_.size() >= kMaxSplits) cache_.clear();
   Split& out = cache_[key];
+  out.whole.assign((size_t(v.size) + 63) / 64, 0);
   const RegexDfa& d = g.rule(top.rule);
   for (int64_t id = 0; id < v.size; ++id) {
     if (v.special[id] != 0) continue;
@@ -40,7 +42,7 @@ const GrammarMasks::Split& GrammarMasks::split(const Grammar& g, Grammar::Frame 
       if (i + 1 < to && (d.accepts(s) || !d.calls(s).empty())) may_leave = true;
     }
     if (i == to)
-      out.whole.push_back(int32_t(id));
+      out.whole[size_t(id) >> 6] |= uint64_t{1} << (id & 63);
     else if (may_leave)
       out.uncertain.push_back(int32_t(id));
   }
@@ -55,8 +57,12 @@ int64_t GrammarMasks::add(const Grammar& g, const Grammar::Stacks& stacks, const
   std::vector<int32_t> unsure, merged;
   for (const Grammar::Stack& st : stacks.stacks) {
     const Split& s = split(g, st.back(), v);
-    for (int32_t id : s.whole)
-      if (!mask[size_t(id)]) count += mask[size_t(id)] = 1;
+    for (size_t w = 0; w < s.whole.size(); ++w)
+      for (uint64_t b = s.whole[w]; b; b &= b - 1) {
+        const size_t id = w * 64 + size_t(__builtin_ctzll(b));
+        count += !mask[id];
+        mask[id] = 1;
+      }
     merged.clear();
     std::merge(unsure.begin(), unsure.end(), s.uncertain.begin(), s.uncertain.end(),
                std::back_inserter(merged), ByBytes{v});

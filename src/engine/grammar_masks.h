@@ -38,9 +38,12 @@ class GrammarMasks {
 
  private:
   struct Split {
-    std::vector<int32_t> whole;      // read whole inside the frame's rule
-    std::vector<int32_t> uncertain;  // may leave the rule partway
+    std::vector<uint64_t> whole;     // bit per id: read whole inside the frame's rule
+    std::vector<int32_t> uncertain;  // may leave the rule partway (in byte order)
   };
+  // Splits kept at most (~20 KB each on a 163,840-id vocabulary, plus the uncertain ids); the
+  // cache starts over when full (a grammar whose generation visits more frames recomputes).
+  static constexpr size_t kMaxSplits = 256;
   const Split& split(const Grammar& g, Grammar::Frame top, const TokenBytes& v);
   std::map<std::pair<int32_t, int32_t>, Split> cache_;
 };

@@ -100,7 +100,9 @@ std::shared_ptr<const RegexDfa> RegexDfa::build(const Regex& regex) {
 }
 
 std::shared_ptr<const RegexDfa> RegexDfa::build(const std::vector<Node>& nodes, int start,
-                                                int match) {
+                                                int match, int64_t* budget) {
+  int64_t own = kMaxWork;
+  int64_t& left = budget ? *budget : own;
   const int n = int(nodes.size());
   // Each character node's UTF-8 byte sequences (none for a node of surrogates only).
   std::vector<std::vector<Sequence>> seqs(static_cast<size_t>(n));
@@ -257,11 +259,10 @@ std::shared_ptr<const RegexDfa> RegexDfa::build(const std::vector<Node>& nodes, 
     add_closure(start, bits, accept);
     if (intern(bits, accept) == kDead) throw Error("the regular expression matches no string");
   }
-  int64_t work = 0;
   for (size_t s = 0; s < subsets.size(); ++s) {
     const Bits members = subsets[s];  // (a copy: interning below may grow `subsets`)
-    for (uint64_t w : members) work += __builtin_popcountll(w) * int64_t(dfa->classes_);
-    if (work > kMaxWork)
+    for (uint64_t w : members) left -= __builtin_popcountll(w) * int64_t(dfa->classes_);
+    if (left < 0)
       throw Error(
           "the regular expression is too complex to compile for constrained decoding (its "
           "automaton's states hold too many positions)");

@@ -2,6 +2,7 @@
 // arithmetic) accept exactly their language, byte by byte (every prefix of an accepted string
 // keeps a stack, `done` exactly at a whole answer); a non-recursive grammar reads as its single
 // automaton does (engine/gbnf.h); left recursion and rules without a finite string are errors.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -145,6 +146,24 @@ TEST(Grammar, LeftRecursionAndEndlessRulesAreErrors) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos)
           << grammar << " -> " << e.what();
     }
+  }
+}
+
+// The rules' automata are bounded together: many rules that each fit are refused when their
+// states add up past Grammar::kMaxStates (a request cannot build gigabytes of tables).
+TEST(Grammar, RulesAreBoundedTogether) {
+  std::string g = "root ::= r0";
+  for (int r = 0; r < 24; ++r) {
+    g += fmt::format(" | r{}", r + 1);
+    g += fmt::format("\nr{} ::= \"{}\" [a-z]{{0,3000}}", r, r);
+  }
+  g += "\nr24 ::= \"(\" root \")\"";
+  try {
+    Grammar::compile_gbnf(g);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("automaton states together"), std::string::npos)
+        << e.what();
   }
 }
 

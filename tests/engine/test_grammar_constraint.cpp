@@ -74,5 +74,29 @@ TEST(GrammarConstraint, RandomWalksThroughTheMasksEndInAnswers) {
   }
 }
 
+// A generation that visits more top frames than the mask cache keeps (kMaxSplits, 256): the
+// cache starts over and the masks still agree with the one-by-one check.
+TEST(GrammarConstraint, MasksStayRightPastTheSplitCache) {
+  const Tokenizer& tok = test::bpe_test_tokenizer();
+  const int64_t v = tok.vocab_size();
+  auto vocab = std::make_shared<const ConstraintVocab>(tok, v);
+  const int32_t stop = *tok.special_id("<|im_end|>");
+  // 400 letters in one rule: each position is a state of its own.
+  const auto program = grammar_program("root ::= \"(\" root \")\" | [a-z]{400} \".\"", stop);
+  TokenConstraint c(program, vocab);
+  std::vector<uint8_t> m(static_cast<size_t>(v));
+  const int32_t a = tok.encode_ordinary("a")[0];
+  for (int k = 0; k < 400; ++k) {
+    c.allowed(m);
+    for (int32_t id = 0; id < v; ++id)
+      ASSERT_EQ(m[size_t(id)], c.allows(id) ? 1 : 0) << "id " << id << " at letter " << k;
+    ASSERT_TRUE(m[size_t(a)]);
+    c.accept(a);
+  }
+  c.allowed(m);
+  EXPECT_TRUE(m[size_t(tok.encode_ordinary(".")[0])]);
+  EXPECT_FALSE(m[size_t(a)]);
+}
+
 }  // namespace
 }  // namespace md

@@ -11,7 +11,8 @@
 //
 // Compile-time checks (md::Error with the line and column): GBNF syntax and undefined rules (as
 // engine/gbnf.h), a rule that derives no finite string, left recursion (a rule that can reach
-// itself before reading a byte: the closure would never end). Run-time bounds: stacks deeper than
+// itself before reading a byte: the closure would never end), more than kMaxStates automaton
+// states over all rules. Run-time bounds: stacks deeper than
 // kMaxDepth frames are not entered, and at most kMaxStacks stacks are kept (ambiguous grammars);
 // both only ever refuse text, never accept text outside the grammar.
 #pragma once
@@ -29,6 +30,9 @@ class Grammar {
  public:
   static constexpr int kMaxDepth = 256;
   static constexpr int kMaxStacks = 256;
+  // All the rules' automaton states together (their construction also shares one budget of
+  // RegexDfa::kMaxWork).
+  static constexpr int64_t kMaxStates = 1 << 16;
 
   struct Frame {
     int32_t rule, state;

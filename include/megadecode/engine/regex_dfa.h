@@ -47,8 +47,10 @@ class RegexDfa {
     int next = -1;
     std::vector<int> eps;
   };
-  static std::shared_ptr<const RegexDfa> build(const std::vector<Node>& nodes, int start,
-                                               int match);
+  // `budget`: construction work left (as kMaxWork counts it) shared by several builds (a
+  // grammar's rules), decreased by this one's; null: kMaxWork for this build alone.
+  static std::shared_ptr<const RegexDfa> build(const std::vector<Node>& nodes, int start, int match,
+                                               int64_t* budget = nullptr);
   struct Call {
     int32_t rule;  // the rule called
     int32_t to;    // the state once its string has been read
