@@ -252,19 +252,34 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
     r.top_logprobs = int(as_int(*tl, "top_logprobs", 0, 20));
     if (!r.logprobs) throw invalid_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   }
-  const std::vector<ChatMessage> msgs = parse_messages(j);
-  const std::vector<json> tools = parse_tools(j);
+  ChatParts parts;
+  parts.messages = parse_messages(j);
+  parts.tools = parse_tools(j);
+  parts.options = parse_chat_options(j);
+  parts.add_generation_prompt = get_bool(j, "add_generation_prompt", true);
+  parts.choice = parse_tool_choice(j, parts.tools);
+  parts.structured = parse_structured_outputs(j);
+  finish_chat_request(j, ctx, r, std::move(parts));
+  return r;
+}
+
+namespace detail {
+
+void finish_chat_request(const json& j, const ParseContext& ctx, CompletionRequest& r,
+                         ChatParts parts) {
+  const std::vector<json>& tools = parts.tools;
+  const ChatOptions& options = parts.options;
+  const bool add_generation_prompt = parts.add_generation_prompt;
+  r.kind = RequestKind::kChat;
   r.tools_given = !tools.empty();
-  const ChatOptions options = parse_chat_options(j);
-  const bool add_generation_prompt = get_bool(j, "add_generation_prompt", true);
-  r.prompts.push_back(encode_chat(ctx, msgs, add_generation_prompt, options, tools));
+  r.prompts.push_back(encode_chat(ctx, parts.messages, add_generation_prompt, options, tools));
   r.chat_template = ctx.generator->template_kind();  // known: encode_chat rendered with it
   parse_length(j, ctx, r, /*def=*/0);  // chat: the rest of the context, as vLLM
   final_check(r);
   // The output's shape: a tool_choice that calls (or forbids calling), response_format or
   // structured outputs; structured outputs beside either of the others is an error.
-  const ToolChoice choice = parse_tool_choice(j, tools);
-  std::optional<StructuredOutput> structured = parse_structured_outputs(j);
+  const ToolChoice& choice = parts.choice;
+  std::optional<StructuredOutput>& structured = parts.structured;
   if (structured) {
     if (!tools.empty() && choice.mode != ToolChoice::Mode::kAuto)
       throw invalid_field(
@@ -330,8 +345,9 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
       throw invalid_field("response_format", e.what());
     }
   }
-  return r;
 }
+
+}  // namespace detail
 
 TokenizeRequest parse_tokenize_request(std::string_view body, const ParseContext& ctx) {
   const json j = parse_json_body(body, ctx.max_json_depth);

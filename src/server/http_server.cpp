@@ -275,14 +275,15 @@ struct HttpServer::Impl {
       res.set_content(dump(body), "application/json");
       return;
     }
-    auto sse = std::make_shared<SseStream>(stream, std::move(r), std::move(meta), tok(), choices,
-                                           socket, opt.engine_writes_streams);
+    auto sse = std::make_shared<SseStream>(
+        stream, std::make_unique<ChatStreamRenderer>(std::move(r), std::move(meta), tok(), choices),
+        socket, opt.engine_writes_streams);
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
         [sse](size_t, httplib::DataSink& sink) {
           const bool ok = sse->provide(sink);
-          const SseStream::Totals t = sse->totals();  // for the access log (this thread's)
+          const StreamTotals t = sse->totals();  // for the access log (this thread's)
           t_log.first_token = t.first_token;
           t_log.completion_tokens = t.completion_tokens;
           return ok;

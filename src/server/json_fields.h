@@ -4,10 +4,13 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "megadecode/server/chat_constraints.h"
 #include "megadecode/server/request.h"
+#include "megadecode/server/structured_outputs.h"
 
 namespace md::server::detail {
 
@@ -104,5 +107,21 @@ void parse_common(const json& j, const ParseContext& ctx, CompletionRequest& r);
 std::vector<std::pair<int32_t, float>> parse_logit_bias(const json& lb, const ParseContext& ctx);
 void parse_length(const json& j, const ParseContext& ctx, CompletionRequest& r, int def);
 void final_check(CompletionRequest& r);
+
+// A chat request's parts, read from a /v1/chat/completions body (chat_request.cpp) or translated
+// from a /v1/responses one (responses_request.cpp).
+struct ChatParts {
+  std::vector<ChatMessage> messages;
+  std::vector<json> tools;  // {"type": "function", "function": {"name", ...}}
+  ChatOptions options;
+  ToolChoice choice;
+  std::optional<StructuredOutput> structured;
+  bool add_generation_prompt = true;
+};
+// The rest of a chat request, once parse_common has read `j`'s sampling fields into `r`: the
+// prompt the template renders, max_tokens against the context (`j`'s), and the constraint the
+// tool choice, response_format or structured outputs ask for.
+void finish_chat_request(const json& j, const ParseContext& ctx, CompletionRequest& r,
+                         ChatParts parts);
 
 }  // namespace md::server::detail

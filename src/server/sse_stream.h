@@ -37,9 +37,7 @@
 #include <vector>
 
 #include "megadecode/server/engine_loop.h"
-#include "megadecode/server/request.h"
-#include "megadecode/server/responses.h"
-#include "megadecode/server/tool_calls.h"
+#include "stream_renderer.h"
 
 namespace md::server {
 
@@ -51,10 +49,11 @@ bool peer_closed(int fd);
 
 class SseStream : public std::enable_shared_from_this<SseStream> {
  public:
-  // socket: the connection's descriptor (connection_socket), -1 when unknown. direct: the engine
-  // thread writes the chunks (needs the socket); false: the queued path.
-  SseStream(std::shared_ptr<RequestStream> stream, CompletionRequest req, ResponseMeta meta,
-            const Tokenizer& tok, size_t choices, int socket, bool direct);
+  // renderer: what the events become (stream_renderer.h). socket: the connection's descriptor
+  // (connection_socket), -1 when unknown. direct: the engine thread writes the chunks (needs the
+  // socket); false: the queued path.
+  SseStream(std::shared_ptr<RequestStream> stream, std::unique_ptr<StreamRenderer> renderer,
+            int socket, bool direct);
 
   // One call of httplib's chunked content provider (the response's HTTP thread): false ends the
   // response (the client is gone; the request is cancelled).
@@ -62,11 +61,7 @@ class SseStream : public std::enable_shared_from_this<SseStream> {
   // httplib is done with the response (its resource releaser): the engine stops writing.
   void close();
 
-  struct Totals {
-    int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
-    double first_token = 0;  // steady seconds of the first generated token (0: none yet)
-  };
-  Totals totals() const;
+  StreamTotals totals() const;
 
   // Bytes an unread response may hold before the client counts as gone.
   static constexpr size_t kMaxBufferedBytes = size_t(8) << 20;
@@ -79,20 +74,12 @@ class SseStream : public std::enable_shared_from_this<SseStream> {
   // The engine's event (engine thread; the HTTP thread for events queued before the handover).
   void on_event(ChoiceEvent&& e, bool last);
 
-  // SSE text (under mu_): the chat role chunks, one event's chunks, the usage chunk and [DONE].
-  std::string render_start();
-  std::string render_event(ChoiceEvent& e);
-  std::string render_end();
-  // Choice i's template of a chunk that carries only text (ChunkTemplate), made at first use.
-  const ChunkTemplate& plain_chunk(size_t i);
   // Appends `sse` to out_ as one HTTP chunk and sends what the socket takes without waiting.
   void queue_and_send(const std::string& sse);
   void fail();  // the client is gone (under mu_)
 
   const std::shared_ptr<RequestStream> stream_;
-  const CompletionRequest req_;
-  const ResponseMeta meta_;
-  const Tokenizer& tok_;
+  const std::unique_ptr<StreamRenderer> renderer_;  // used under mu_
   const int socket_;
   const bool direct_;
 
@@ -105,11 +92,6 @@ class SseStream : public std::enable_shared_from_this<SseStream> {
   bool flushing_ = false;  // the HTTP thread is writing bytes taken from out_
   std::string out_;        // framed chunks the socket has not taken yet (direct mode)
   double last_write_;
-  std::vector<size_t> text_offset_;    // completions logprobs: text sent so far per choice
-  std::vector<ToolCallStream> tools_;  // chat with tools: each choice's tool-call parser
-  std::vector<bool> echoed_;           // completions echo: the prompt text has been sent
-  std::vector<ChunkTemplate> plain_;   // per choice (plain_chunk)
-  Totals totals_;
 };
 
 }  // namespace md::server
