@@ -18,6 +18,7 @@
 #include "megadecode/base/util.h"
 #include "megadecode/server/request.h"
 #include "megadecode/server/responses.h"
+#include "megadecode/server/responses_api.h"
 #include "megadecode/server/tool_calls.h"
 #include "sse_stream.h"
 
@@ -92,9 +93,14 @@ struct HttpServer::Impl {
   ParseContext ctx;
   Listener http;
   int64_t created = int64_t(std::time(nullptr));
+  std::shared_ptr<ResponseStore> store;
 
   Impl(const Generator& g, EngineLoop& e, Metrics& m, ServerOptions o)
-      : gen(g), engine(e), metrics(m), opt(std::move(o)) {
+      : gen(g),
+        engine(e),
+        metrics(m),
+        opt(std::move(o)),
+        store(std::make_shared<ResponseStore>(opt.responses_store)) {
     MD_CHECK(!opt.model_names.empty(), "serve: no served model name");
     ctx.generator = &gen;
     ctx.model_names = opt.model_names;
@@ -223,9 +229,39 @@ struct HttpServer::Impl {
     http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(res, [&] { generate(req, parse_chat_request(req.body, ctx), res); });
     });
+    http.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(res, [&] { respond(req, parse_responses_request(req.body, ctx, store.get()), res); });
+    });
+    http.Get(R"(/v1/responses/([^/]+))",
+             [this](const httplib::Request& req, httplib::Response& res) {
+               guarded(res, [&] {
+                 res.set_content(dump(stored(req.matches[1])->response), "application/json");
+               });
+             });
+    http.Get(R"(/v1/responses/([^/]+)/input_items)",
+             [this](const httplib::Request& req, httplib::Response& res) {
+               guarded(res, [&] {
+                 const json page = input_items_page(
+                     stored(req.matches[1])->input_items, req.get_param_value("order"),
+                     req.get_param_value("limit"), req.get_param_value("after"));
+                 res.set_content(dump(page), "application/json");
+               });
+             });
+    http.Delete(R"(/v1/responses/([^/]+))",
+                [this](const httplib::Request& req, httplib::Response& res) {
+                  guarded(res, [&] {
+                    const std::string id = req.matches[1];
+                    if (!store->erase(id))
+                      throw ApiError(404, fmt::format("no stored response '{}'", id), "response_id",
+                                     "response_not_found");
+                    res.set_content(dump({{"id", id}, {"object", "response"}, {"deleted", true}}),
+                                    "application/json");
+                  });
+                });
   }
 
-  void generate(const httplib::Request& http_req, CompletionRequest r, httplib::Response& res) {
+  // Submits a request's choices (prompts x n) to the engine; the access log gets its prompt size.
+  std::shared_ptr<RequestStream> submit(const CompletionRequest& r) {
     EngineRequest er;
     for (const auto& p : r.prompts)
       for (int j = 0; j < r.n; ++j) {
@@ -238,46 +274,33 @@ struct HttpServer::Impl {
     int64_t prompt_tokens = 0;
     for (const auto& p : r.prompts) prompt_tokens += int64_t(p.size());
     t_log.prompt_tokens = prompt_tokens;
-    const std::shared_ptr<RequestStream> stream = engine.submit(std::move(er));
-    ResponseMeta meta{random_id(r.kind == RequestKind::kChat ? "chatcmpl" : "cmpl"),
-                      int64_t(std::time(nullptr)),
-                      r.model.empty() ? opt.model_names.front() : r.model};
-    const size_t choices = r.prompts.size() * size_t(r.n);
-    const int socket = request_socket(http_req);
-    if (!r.stream) {
-      // Waits for the whole result, looking at the connection meanwhile: a client that left has
-      // its request cancelled, so its slots are free at the next step.
-      std::vector<ChoiceResult> rs(choices);
-      ChoiceEvent e;
-      double checked = now_seconds();
-      bool client_left = false;
-      while (!stream->finished()) {
-        if (stream->next(e, kPeerCheckSeconds)) {
-          if (t_log.first_token == 0 && !e.tokens.empty()) t_log.first_token = now_seconds();
-          rs[size_t(e.choice)].add(std::move(e));
-        }
-        if (!client_left && now_seconds() - checked >= kPeerCheckSeconds) {
-          checked = now_seconds();
-          client_left = peer_closed(socket);
-          if (client_left) stream->cancel();
-        }
+    return engine.submit(std::move(er));
+  }
+
+  // A non-streamed request: hands its events to `on_event` until it finishes, looking at the
+  // connection meanwhile: a client that left has its request cancelled, so its slots are free at
+  // the next step (and the answer is nginx's 499, for the access log and the metrics).
+  template <class F>
+  void collect(RequestStream& stream, int socket, F&& on_event) {
+    ChoiceEvent e;
+    double checked = now_seconds();
+    bool client_left = false;
+    while (!stream.finished()) {
+      if (stream.next(e, kPeerCheckSeconds)) {
+        if (t_log.first_token == 0 && !e.tokens.empty()) t_log.first_token = now_seconds();
+        on_event(std::move(e));
       }
-      if (client_left)  // nobody reads it; nginx's 499 in the access log and the metrics
-        throw ApiError(499, "the client closed the connection", "", "client_closed_request");
-      int64_t completion = 0;
-      for (const ChoiceResult& c : rs) {
-        if (!c.error.empty()) throw ApiError(500, c.error, "", "engine_error");
-        completion += c.completion_tokens;
+      if (!client_left && now_seconds() - checked >= kPeerCheckSeconds) {
+        checked = now_seconds();
+        client_left = peer_closed(socket);
+        if (client_left) stream.cancel();
       }
-      t_log.completion_tokens = completion;
-      const json body = r.kind == RequestKind::kChat ? chat_body(r, rs, meta, tok())
-                                                     : completion_body(r, rs, meta, tok());
-      res.set_content(dump(body), "application/json");
-      return;
     }
-    auto sse = std::make_shared<SseStream>(
-        stream, std::make_unique<ChatStreamRenderer>(std::move(r), std::move(meta), tok(), choices),
-        socket, opt.engine_writes_streams);
+    if (client_left)
+      throw ApiError(499, "the client closed the connection", "", "client_closed_request");
+  }
+
+  void stream_response(httplib::Response& res, std::shared_ptr<SseStream> sse) {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
@@ -289,6 +312,65 @@ struct HttpServer::Impl {
           return ok;
         },
         [sse](bool) { sse->close(); });
+  }
+
+  void generate(const httplib::Request& http_req, CompletionRequest r, httplib::Response& res) {
+    const std::shared_ptr<RequestStream> stream = submit(r);
+    ResponseMeta meta{random_id(r.kind == RequestKind::kChat ? "chatcmpl" : "cmpl"),
+                      int64_t(std::time(nullptr)),
+                      r.model.empty() ? opt.model_names.front() : r.model};
+    const size_t choices = r.prompts.size() * size_t(r.n);
+    const int socket = request_socket(http_req);
+    if (!r.stream) {
+      std::vector<ChoiceResult> rs(choices);
+      collect(*stream, socket, [&](ChoiceEvent&& e) { rs[size_t(e.choice)].add(std::move(e)); });
+      int64_t completion = 0;
+      for (const ChoiceResult& c : rs) {
+        if (!c.error.empty()) throw ApiError(500, c.error, "", "engine_error");
+        completion += c.completion_tokens;
+      }
+      t_log.completion_tokens = completion;
+      const json body = r.kind == RequestKind::kChat ? chat_body(r, rs, meta, tok())
+                                                     : completion_body(r, rs, meta, tok());
+      res.set_content(dump(body), "application/json");
+      return;
+    }
+    stream_response(res,
+                    std::make_shared<SseStream>(stream,
+                                                std::make_unique<ChatStreamRenderer>(
+                                                    std::move(r), std::move(meta), tok(), choices),
+                                                socket, opt.engine_writes_streams));
+  }
+
+  // POST /v1/responses: one chat choice, its output as the Responses API's items.
+  void respond(const httplib::Request& http_req, ResponsesRequest r, httplib::Response& res) {
+    const std::shared_ptr<RequestStream> stream = submit(r.chat);
+    ResponseMeta meta{response_id("resp"), int64_t(std::time(nullptr)),
+                      r.chat.model.empty() ? opt.model_names.front() : r.chat.model};
+    const int socket = request_socket(http_req);
+    const bool streamed = r.chat.stream;
+    auto req = std::make_shared<const ResponsesRequest>(std::move(r));
+    if (!streamed) {
+      ResponseBuilder b(req, meta, tok(), /*events=*/false);
+      collect(*stream, socket, [&](ChoiceEvent&& e) { b.add(e); });
+      b.finish();
+      if (!b.error().empty()) throw ApiError(500, b.error(), "", "engine_error");
+      t_log.completion_tokens = b.completion_tokens();
+      if (req->store) store->put(meta.id, b.stored());
+      res.set_content(dump(b.response()), "application/json");
+      return;
+    }
+    stream_response(
+        res, std::make_shared<SseStream>(stream, responses_stream_renderer(req, meta, tok(), store),
+                                         socket, opt.engine_writes_streams));
+  }
+
+  std::shared_ptr<const StoredResponse> stored(const std::string& id) {
+    std::shared_ptr<const StoredResponse> s = store->get(id);
+    if (!s)
+      throw ApiError(404, fmt::format("no stored response '{}'", id), "response_id",
+                     "response_not_found");
+    return s;
   }
 };
 

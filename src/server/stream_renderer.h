@@ -13,6 +13,7 @@
 #include "megadecode/server/engine_loop.h"
 #include "megadecode/server/request.h"
 #include "megadecode/server/responses.h"
+#include "megadecode/server/responses_api.h"
 #include "megadecode/server/tool_calls.h"
 
 namespace md::server {
@@ -57,5 +58,12 @@ class ChatStreamRenderer : public StreamRenderer {
   std::vector<bool> echoed_;           // completions echo: the prompt text has been sent
   std::vector<ChunkTemplate> plain_;   // per choice (plain_chunk)
 };
+
+// The Responses API's typed events (responses_output.cpp): response.created and in_progress, the
+// output items' events, then response.completed / incomplete / failed (no [DONE], as OpenAI's
+// stream ends). With the request's `store`, the finished response goes into `store`.
+std::unique_ptr<StreamRenderer> responses_stream_renderer(
+    std::shared_ptr<const ResponsesRequest> req, ResponseMeta meta, const Tokenizer& tok,
+    std::shared_ptr<ResponseStore> store);
 
 }  // namespace md::server

@@ -78,6 +78,10 @@ void register_serve(CLI::App& app) {
       ->check(CLI::Range(4, 4096));
   c->add_option("--max-body-bytes", o->http.max_body_bytes, "larger request bodies get 413")
       ->check(CLI::Range(size_t(1024), size_t(1) << 32));
+  c->add_option("--responses-store", o->http.responses_store,
+                "finished /v1/responses kept for previous_response_id and GET /v1/responses/{id} "
+                "(least recently used dropped first; 0: none kept)")
+      ->check(CLI::Range(size_t(0), size_t(1) << 20));
   c->add_option("--shutdown-grace", o->grace,
                 "seconds running requests may finish after SIGINT/SIGTERM before they are aborted")
       ->check(CLI::Range(0.0, 600.0));

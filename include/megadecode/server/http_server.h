@@ -25,6 +25,9 @@ struct ServerOptions {
   // A streamed response's chunks are written by the engine thread (src/server/sse_stream.h);
   // false: by the response's HTTP thread from the request's event queue (tests cover both).
   bool engine_writes_streams = true;
+  // Finished /v1/responses kept for previous_response_id and GET /v1/responses/{id}, the least
+  // recently used dropped beyond this many (0: none kept).
+  size_t responses_store = 256;
 };
 
 class HttpServer {

@@ -1,0 +1,385 @@
+// The Responses API's output: items built from the engine's events, the response object, its
+// streamed events, and the store of finished responses (server/responses_api.h).
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "megadecode/base/util.h"
+#include "megadecode/server/responses_api.h"
+#include "stream_renderer.h"
+
+namespace md::server {
+
+using nlohmann::json;
+
+// ---- the store ----------------------------------------------------------------------------------
+
+void ResponseStore::put(const std::string& id, std::shared_ptr<const StoredResponse> r) {
+  if (capacity_ == 0) return;
+  std::lock_guard<std::mutex> lk(mu_);
+  if (auto it = map_.find(id); it != map_.end()) {
+    order_.erase(it->second.at);
+    map_.erase(it);
+  }
+  order_.push_front(id);
+  map_[id] = Entry{std::move(r), order_.begin()};
+  while (map_.size() > capacity_) {
+    map_.erase(order_.back());
+    order_.pop_back();
+  }
+}
+
+std::shared_ptr<const StoredResponse> ResponseStore::get(const std::string& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = map_.find(id);
+  if (it == map_.end()) return nullptr;
+  order_.splice(order_.begin(), order_, it->second.at);
+  return it->second.r;
+}
+
+bool ResponseStore::erase(const std::string& id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = map_.find(id);
+  if (it == map_.end()) return false;
+  order_.erase(it->second.at);
+  map_.erase(it);
+  return true;
+}
+
+size_t ResponseStore::size() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return map_.size();
+}
+
+json input_items_page(const json& items, const std::string& order, const std::string& limit,
+                      const std::string& after) {
+  if (!order.empty() && order != "asc" && order != "desc")
+    throw invalid_field("order", "'order' must be asc or desc");
+  int n = 20;
+  if (!limit.empty()) {
+    const bool digits = limit.size() <= 3 && std::all_of(limit.begin(), limit.end(), [](char c) {
+                          return c >= '0' && c <= '9';
+                        });
+    n = digits ? std::stoi(limit) : 0;
+    if (n < 1 || n > 100) throw invalid_field("limit", "'limit' must be an integer in [1, 100]");
+  }
+  std::vector<const json*> all;
+  for (const json& it : items) all.push_back(&it);
+  if (order != "asc") std::reverse(all.begin(), all.end());  // newest first by default
+  size_t from = 0;
+  if (!after.empty()) {
+    auto at = std::find_if(all.begin(), all.end(),
+                           [&](const json* it) { return it->value("id", std::string()) == after; });
+    if (at == all.end())
+      throw invalid_field("after", fmt::format("no input item '{}' in this response", after));
+    from = size_t(at - all.begin()) + 1;
+  }
+  json data = json::array();
+  for (size_t i = from; i < all.size() && data.size() < size_t(n); ++i) data.push_back(*all[i]);
+  return {{"object", "list"},
+          {"data", data},
+          {"first_id", data.empty() ? json(nullptr) : data.front()["id"]},
+          {"last_id", data.empty() ? json(nullptr) : data.back()["id"]},
+          {"has_more", from + data.size() < all.size()}};
+}
+
+// ---- the builder --------------------------------------------------------------------------------
+
+ResponseBuilder::ResponseBuilder(std::shared_ptr<const ResponsesRequest> req, ResponseMeta meta,
+                                 const Tokenizer& tok, bool events)
+    : req_(std::move(req)), meta_(std::move(meta)), tok_(tok), events_(events) {
+  if (req_->chat.tools_given)
+    tools_.emplace(req_->chat.chat_template,
+                   "call_" + meta_.id.substr(meta_.id.find('_') + 1) + "_");
+}
+
+void ResponseBuilder::emit(const char* type, json body) {
+  if (!events_) return;
+  body["type"] = type;
+  body["sequence_number"] = sequence_++;
+  out_ += fmt::format("event: {}\ndata: {}\n\n", type, dump(body));
+}
+
+std::string ResponseBuilder::take_events() {
+  std::string s;
+  s.swap(out_);
+  return s;
+}
+
+json ResponseBuilder::skeleton(const char* status) const {
+  json r = {{"id", meta_.id},       {"object", "response"},    {"created_at", meta_.created},
+            {"status", status},     {"error", nullptr},        {"incomplete_details", nullptr},
+            {"model", meta_.model}, {"output", json::array()}, {"usage", nullptr}};
+  for (const auto& [k, v] : req_->echo.items()) r[k] = v;
+  return r;
+}
+
+std::string ResponseBuilder::open() {
+  emit("response.created", {{"response", skeleton("in_progress")}});
+  emit("response.in_progress", {{"response", skeleton("in_progress")}});
+  return take_events();
+}
+
+void ResponseBuilder::begin(Kind kind, const ToolCallPiece* call) {
+  close_item();
+  json item;
+  const json index = items_.size();
+  if (kind == Kind::kReasoning) {
+    item = {{"id", response_id("rs")},
+            {"type", "reasoning"},
+            {"summary", json::array()},
+            {"content", json::array()},
+            {"status", "in_progress"}};
+  } else if (kind == Kind::kMessage) {
+    item = {{"id", response_id("msg")},
+            {"type", "message"},
+            {"role", "assistant"},
+            {"status", "in_progress"},
+            {"content", json::array()}};
+  } else {
+    item = {{"id", response_id("fc")}, {"type", "function_call"}, {"call_id", call->id},
+            {"name", call->name},      {"arguments", ""},         {"status", "in_progress"}};
+  }
+  emit("response.output_item.added", {{"output_index", index}, {"item", item}});
+  if (kind == Kind::kReasoning)
+    emit("response.content_part.added", {{"item_id", item["id"]},
+                                         {"output_index", index},
+                                         {"content_index", 0},
+                                         {"part", {{"type", "reasoning_text"}, {"text", ""}}}});
+  if (kind == Kind::kMessage)
+    emit("response.content_part.added", {{"item_id", item["id"]},
+                                         {"output_index", index},
+                                         {"content_index", 0},
+                                         {"part",
+                                          {{"type", "output_text"},
+                                           {"text", ""},
+                                           {"annotations", json::array()},
+                                           {"logprobs", json::array()}}}});
+  items_.push_back(std::move(item));
+  open_ = kind;
+  buffer_.clear();
+  logprobs_ = json::array();
+}
+
+void ResponseBuilder::close_item() {
+  if (open_ == Kind::kNone) return;
+  json& item = items_.back();
+  const json index = items_.size() - 1;
+  const bool cut = finished_ && finish_reason_ == "length";
+  const json status = cut ? "incomplete" : "completed";
+  if (open_ == Kind::kReasoning) {
+    const json part = {{"type", "reasoning_text"}, {"text", buffer_}};
+    emit("response.reasoning_text.done", {{"item_id", item["id"]},
+                                          {"output_index", index},
+                                          {"content_index", 0},
+                                          {"text", buffer_}});
+    emit("response.content_part.done",
+         {{"item_id", item["id"]}, {"output_index", index}, {"content_index", 0}, {"part", part}});
+    item["content"] = json::array({part});
+  } else if (open_ == Kind::kMessage) {
+    json part = {{"type", "output_text"}, {"text", buffer_}, {"annotations", json::array()}};
+    part["logprobs"] = req_->chat.logprobs ? logprobs_ : json::array();
+    emit("response.output_text.done", {{"item_id", item["id"]},
+                                       {"output_index", index},
+                                       {"content_index", 0},
+                                       {"text", buffer_},
+                                       {"logprobs", json::array()}});
+    emit("response.content_part.done",
+         {{"item_id", item["id"]}, {"output_index", index}, {"content_index", 0}, {"part", part}});
+    item["content"] = json::array({part});
+  } else {
+    item["arguments"] = buffer_;
+    emit("response.function_call_arguments.done", {{"item_id", item["id"]},
+                                                   {"output_index", index},
+                                                   {"name", item["name"]},
+                                                   {"arguments", buffer_}});
+  }
+  item["status"] = status;
+  emit("response.output_item.done", {{"output_index", index}, {"item", item}});
+  open_ = Kind::kNone;
+}
+
+namespace {
+
+// A token's entry: output_text's logprobs carry the bytes, a delta event's do not.
+json logprob_json(const Tokenizer& tok, int32_t id, float lp, bool bytes) {
+  json e = {{"token", sanitize_utf8(tok.token_bytes(id))}, {"logprob", lp}};
+  if (bytes) {
+    json b = json::array();
+    for (unsigned char c : tok.token_bytes(id)) b.push_back(int(c));
+    e["bytes"] = std::move(b);
+  }
+  return e;
+}
+
+}  // namespace
+
+void ResponseBuilder::text(Kind kind, const std::string& delta, std::vector<TokenLogprob> lps) {
+  if (delta.empty()) return;
+  if (open_ != kind) begin(kind);
+  buffer_ += delta;
+  const json& item = items_.back();
+  const json index = items_.size() - 1;
+  if (kind == Kind::kReasoning) {
+    emit(
+        "response.reasoning_text.delta",
+        {{"item_id", item["id"]}, {"output_index", index}, {"content_index", 0}, {"delta", delta}});
+    return;
+  }
+  json event_lps = json::array();
+  for (const TokenLogprob& l : lps) {
+    json top = json::array(), top_full = json::array();
+    for (const auto& [id, lp] : l.top) {
+      top.push_back(logprob_json(tok_, id, lp, false));
+      top_full.push_back(logprob_json(tok_, id, lp, true));
+    }
+    json e = logprob_json(tok_, l.id, l.logprob, false),
+         full = logprob_json(tok_, l.id, l.logprob, true);
+    e["top_logprobs"] = std::move(top);
+    full["top_logprobs"] = std::move(top_full);
+    event_lps.push_back(std::move(e));
+    logprobs_.push_back(std::move(full));
+  }
+  emit("response.output_text.delta",
+       {{"item_id", item["id"]},
+        {"output_index", index},
+        {"content_index", 0},
+        {"delta", delta},
+        {"logprobs", req_->chat.logprobs ? event_lps : json::array()}});
+}
+
+void ResponseBuilder::add(ChoiceEvent& e) {
+  for (TokenLogprob& l : e.logprobs) pending_lps_.push_back(std::move(l));
+  if (!e.reasoning.empty()) {
+    text(Kind::kReasoning, e.reasoning, {});
+    if (e.text.empty()) reasoning_tokens_ += int64_t(e.tokens.size());
+    pending_lps_.clear();  // the think channel's tokens: not the output text's
+  }
+  auto content = [&](ToolCallDelta d) {
+    if (!d.content.empty()) text(Kind::kMessage, d.content, std::exchange(pending_lps_, {}));
+    for (const ToolCallPiece& p : d.pieces) {
+      if (p.first) begin(Kind::kCall, &p);
+      if (p.arguments.empty() || open_ != Kind::kCall) continue;
+      buffer_ += p.arguments;
+      emit("response.function_call_arguments.delta", {{"item_id", items_.back()["id"]},
+                                                      {"output_index", items_.size() - 1},
+                                                      {"delta", p.arguments}});
+    }
+    if (!d.pieces.empty()) pending_lps_.clear();
+  };
+  if (tools_) {
+    content(tools_->feed(e.text));
+  } else if (!e.text.empty()) {
+    text(Kind::kMessage, e.text, std::exchange(pending_lps_, {}));
+  }
+  if (!e.error.empty()) error_ = e.error;
+  if (e.finish_reason) finish_reason_ = *e.finish_reason;
+  if (e.finish_reason || !e.error.empty()) {
+    prompt_tokens_ = e.prompt_tokens;
+    completion_tokens_ = e.completion_tokens;
+    cached_tokens_ = e.cached_tokens;
+    if (tools_) {
+      ToolCallDelta rest = tools_->finish();
+      ToolCallDelta d;
+      d.content = std::move(rest.content);
+      d.pieces = std::move(rest.pieces);
+      content(std::move(d));
+    }
+  }
+}
+
+void ResponseBuilder::finish() {
+  finished_ = true;
+  close_item();
+  const json r = response();
+  const std::string status = r["status"];
+  emit(status == "completed"    ? "response.completed"
+       : status == "incomplete" ? "response.incomplete"
+                                : "response.failed",
+       {{"response", r}});
+}
+
+json ResponseBuilder::response() const {
+  std::string status = "completed";
+  if (!error_.empty() || finish_reason_ == "abort")
+    status = "failed";
+  else if (finish_reason_ == "length")
+    status = "incomplete";
+  json r = skeleton(status.c_str());
+  r["output"] = items_;
+  if (status == "incomplete") r["incomplete_details"] = {{"reason", "max_output_tokens"}};
+  if (status == "failed")
+    r["error"] = {{"code", "server_error"},
+                  {"message", error_.empty() ? "the request was cancelled" : error_}};
+  r["usage"] = {
+      {"input_tokens", prompt_tokens_},
+      {"input_tokens_details", {{"cached_tokens", cached_tokens_}, {"cache_write_tokens", 0}}},
+      {"output_tokens", completion_tokens_},
+      {"output_tokens_details", {{"reasoning_tokens", reasoning_tokens_}}},
+      {"total_tokens", prompt_tokens_ + completion_tokens_}};
+  return r;
+}
+
+std::shared_ptr<const StoredResponse> ResponseBuilder::stored() const {
+  auto s = std::make_shared<StoredResponse>();
+  s->response = response();
+  s->input_items = req_->input_items;
+  s->conversation = req_->conversation;
+  ChatMessage m;
+  m.role = "assistant";
+  for (const json& it : items_) {
+    const std::string type = it["type"];
+    if (type == "reasoning") {
+      for (const json& p : it["content"]) m.reasoning += p["text"].get<std::string>();
+    } else if (type == "message") {
+      for (const json& p : it["content"]) m.content += p["text"].get<std::string>();
+    } else {
+      m.tool_calls.push_back({it["call_id"], it["name"], it["arguments"]});
+    }
+  }
+  s->conversation.push_back(std::move(m));
+  return s;
+}
+
+// ---- the stream ---------------------------------------------------------------------------------
+
+namespace {
+
+class ResponsesStreamRenderer : public StreamRenderer {
+ public:
+  ResponsesStreamRenderer(std::shared_ptr<const ResponsesRequest> req, ResponseMeta meta,
+                          const Tokenizer& tok, std::shared_ptr<ResponseStore> store)
+      : b_(req, meta, tok, /*events=*/true),
+        store_(req->store ? std::move(store) : nullptr),
+        id_(meta.id) {}
+  std::string start() override { return b_.open(); }
+  std::string event(ChoiceEvent& e) override {
+    if (!e.tokens.empty() && totals_.first_token == 0) totals_.first_token = now_seconds();
+    b_.add(e);
+    totals_.prompt_tokens = b_.prompt_tokens();
+    totals_.completion_tokens = b_.completion_tokens();
+    totals_.cached_tokens = b_.cached_tokens();
+    return b_.take_events();
+  }
+  std::string end() override {
+    b_.finish();
+    if (store_) store_->put(id_, b_.stored());
+    return b_.take_events();
+  }
+
+ private:
+  ResponseBuilder b_;
+  std::shared_ptr<ResponseStore> store_;
+  std::string id_;
+};
+
+}  // namespace
+
+std::unique_ptr<StreamRenderer> responses_stream_renderer(
+    std::shared_ptr<const ResponsesRequest> req, ResponseMeta meta, const Tokenizer& tok,
+    std::shared_ptr<ResponseStore> store) {
+  return std::make_unique<ResponsesStreamRenderer>(std::move(req), std::move(meta), tok,
+                                                   std::move(store));
+}
+
+}  // namespace md::server
