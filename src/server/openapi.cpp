@@ -112,6 +112,95 @@ ordered_json get(const char* summary, ordered_json content) {
   return {{"get", {{"summary", summary}, {"responses", {{"200", content}}}}}};
 }
 
+// An operation on one stored response (/v1/responses/{response_id}...): 404 when unknown.
+ordered_json by_id(const char* summary, const char* response, ordered_json query = nullptr) {
+  ordered_json params = {{{"name", "response_id"},
+                          {"in", "path"},
+                          {"required", true},
+                          {"schema", {{"type", "string"}, {"pattern", "^[^/]+$"}}}}};
+  if (query.is_array())
+    for (auto& q : query) params.push_back(q);
+  ordered_json responses = errors();
+  responses["200"] = json_response(response, "success");
+  return {{"summary", summary}, {"parameters", params}, {"responses", responses}};
+}
+
+// POST /v1/responses: the fields responses_request.cpp reads, the sampling ones shared.
+ordered_json responses_request() {
+  ordered_json text_part = {{"type", "object"},
+                            {"required", {"type", "text"}},
+                            {"properties", {{"type", str()}, {"text", str()}}}};
+  ordered_json content = {{"oneOf", {str(), {{"type", "array"}, {"items", text_part}}}}};
+  ordered_json item = {
+      {"type", "object"},
+      {"properties",
+       {{"type",
+         {{"type", "string"},
+          {"enum", {"message", "function_call", "function_call_output", "reasoning"}}}},
+        {"role", {{"type", "string"}, {"enum", {"user", "system", "developer", "assistant"}}}},
+        {"content", content},
+        {"call_id", str()},
+        {"name", str()},
+        {"arguments", str()},
+        {"output", content}}}};
+  ordered_json tool = {{"type", "object"},
+                       {"required", {"type", "name"}},
+                       {"properties",
+                        {{"type", {{"type", "string"}, {"enum", {"function"}}}},
+                         {"name", str()},
+                         {"description", str()},
+                         {"parameters", {{"type", "object"}, {"nullable", true}}},
+                         {"strict", boolean()}}}};
+  ordered_json r = {{"type", "object"}, {"required", {"input"}}};
+  ordered_json props = sampling_fields();
+  for (const char* k : {"max_tokens", "max_completion_tokens", "n", "stream_options"})
+    props.erase(k);
+  props["max_output_tokens"] = integer(1, 2147483647);
+  props["input"] = {{"oneOf", {str(), {{"type", "array"}, {"items", item}, {"minItems", 1}}}}};
+  props["instructions"] = {{"type", "string"}, {"nullable", true}};
+  props["previous_response_id"] = {{"type", "string"}, {"nullable", true}};
+  props["store"] = boolean();
+  props["tools"] = {{"type", "array"}, {"items", tool}};
+  props["tool_choice"] = {
+      {"oneOf",
+       {{{"type", "string"}, {"enum", {"none", "auto", "required"}}},
+        {{"type", "object"},
+         {"required", {"type", "name"}},
+         {"properties",
+          {{"type", {{"type", "string"}, {"enum", {"function"}}}}, {"name", str()}}}}}}};
+  props["parallel_tool_calls"] = boolean();
+  props["text"] = {
+      {"type", "object"},
+      {"properties",
+       {{"format",
+         {{"type", "object"},
+          {"required", {"type"}},
+          {"properties",
+           {{"type", {{"type", "string"}, {"enum", {"text", "json_object", "json_schema"}}}},
+            {"name", str()},
+            {"schema", {{"type", "object"}}},
+            {"strict", boolean()}}}}}}}};
+  props["reasoning"] = {{"type", "object"},
+                        {"nullable", true},
+                        {"properties",
+                         {{"effort",
+                           {{"type", "string"},
+                            {"nullable", true},
+                            {"enum", {"none", "minimal", "low", "medium", "high", "xhigh"}}}}}}};
+  props["include"] = {{"type", "array"}, {"nullable", true}, {"items", str()}};
+  props["top_logprobs"] = integer(0, 20);
+  props["metadata"] = {{"type", "object"},
+                       {"nullable", true},
+                       {"maxProperties", 16},
+                       {"additionalProperties", {{"type", "string"}, {"maxLength", 512}}}};
+  props["truncation"] = {{"type", "string"}, {"nullable", true}, {"enum", {"disabled"}}};
+  props["background"] = {{"type", "boolean"}, {"nullable", true}, {"enum", {false}}};
+  props["user"] = str();
+  props["stream_options"] = {{"type", "object"}, {"nullable", true}};
+  r["properties"] = std::move(props);
+  return r;
+}
+
 }  // namespace
 
 std::string openapi_json(const std::string& model_name) {
@@ -199,6 +288,24 @@ std::string openapi_json(const std::string& model_name) {
                              {"required", {"tokens"}},
                              {"properties", {{"model", str()}, {"tokens", ids()}}}};
   ordered_json any_object = {{"type", "object"}};
+  ordered_json response_object = {
+      {"type", "object"},
+      {"required", {"id", "object", "created_at", "model", "status", "output"}},
+      {"properties",
+       {{"id", str()},
+        {"object", {{"type", "string"}, {"enum", {"response"}}}},
+        {"created_at", {{"type", "integer"}}},
+        {"model", str()},
+        {"status",
+         {{"type", "string"}, {"enum", {"completed", "incomplete", "failed", "in_progress"}}}},
+        {"output", {{"type", "array"}, {"items", {{"type", "object"}}}}},
+        {"usage",
+         {{"type", "object"},
+          {"nullable", true},
+          {"properties",
+           {{"input_tokens", {{"type", "integer"}}},
+            {"output_tokens", {{"type", "integer"}}},
+            {"total_tokens", {{"type", "integer"}}}}}}}}}};
 
   ordered_json doc = {
       {"openapi", "3.0.3"},
@@ -217,7 +324,20 @@ std::string openapi_json(const std::string& model_name) {
         {"/metrics",
          get("Prometheus metrics", {{"description", "text exposition format"},
                                     {"content", {{"text/plain", {{"schema", str()}}}}}})},
-        {"/openapi.json", get("this document", json_response("Object", "OpenAPI 3"))}}},
+        {"/openapi.json", get("this document", json_response("Object", "OpenAPI 3"))},
+        {"/v1/responses", post("a response (Responses API)", "ResponsesRequest", "Response")},
+        {"/v1/responses/{response_id}",
+         {{"get", by_id("a stored response", "Response")},
+          {"delete", by_id("delete a stored response", "Object")}}},
+        {"/v1/responses/{response_id}/input_items",
+         {{"get", by_id("a stored response's input items", "Object",
+                        {{{"name", "order"},
+                          {"in", "query"},
+                          {"schema", {{"type", "string"}, {"enum", {"asc", "desc"}}}}},
+                         {{"name", "limit"},
+                          {"in", "query"},
+                          {"schema", {{"type", "integer"}, {"minimum", 1}, {"maximum", 100}}}},
+                         {{"name", "after"}, {"in", "query"}, {"schema", str()}}})}}}}},
       {"components",
        {{"schemas",
          {{"CompletionRequest", completion},
@@ -225,6 +345,8 @@ std::string openapi_json(const std::string& model_name) {
           {"TokenizeRequest", tokenize},
           {"DetokenizeRequest", detokenize},
           {"CompletionResponse", completion_resp},
+          {"ResponsesRequest", responses_request()},
+          {"Response", response_object},
           {"Error", error},
           {"Object", any_object}}}}}};
   return doc.dump(-1, ' ', false, ordered_json::error_handler_t::replace);

@@ -1,5 +1,5 @@
-"""The official `openai` package against `megadecode serve`: completions and chat, streamed and
-not, include_usage, logprobs, errors. Run by tests/server/python/run_openai_check.sh.
+"""The official `openai` package against `megadecode serve`: completions, chat and responses,
+streamed and not, include_usage, logprobs, errors. Run by tests/server/python/run_openai_check.sh.
 
 usage: openai_client_check.py MEGADECODE_BINARY MODEL_DIR
 """
@@ -58,6 +58,102 @@ def start_server(binary, model, log_path):
 def check(cond, what):
     if not cond:
         raise SystemExit("FAILED: " + what)
+
+
+def check_responses(client):
+    """The Responses API as the SDK drives it: create (whole, streamed, the stream helper that
+    rebuilds the response from the events), retrieve, input_items, previous_response_id, delete,
+    function tools and parse() with a pydantic text_format."""
+    ignore_eos = {"ignore_eos": True}
+    r1 = client.responses.create(model="tiny", input="hello", instructions="be brief",
+                                 max_output_tokens=8, temperature=0, extra_body=ignore_eos)
+    check(r1.object == "response" and r1.status == "incomplete", "responses: the object")
+    check(r1.incomplete_details.reason == "max_output_tokens", "responses: incomplete_details")
+    check(r1.usage.output_tokens == 8, "responses: usage")
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "system", "content": "be brief"},
+                                {"role": "user", "content": "hello"}],
+        max_tokens=8, temperature=0, extra_body=ignore_eos)
+    check(r1.output_text == chat.choices[0].message.content,
+          "responses: the chat answer to the same conversation")
+    events = list(client.responses.create(model="tiny", input="hello", instructions="be brief",
+                                          max_output_tokens=8, temperature=0, stream=True,
+                                          extra_body=ignore_eos))
+    types = [e.type for e in events]
+    check(types[:2] == ["response.created", "response.in_progress"] and
+          types[-1] == "response.incomplete", f"responses stream: event types {types}")
+    check("".join(e.delta for e in events if e.type == "response.output_text.delta") ==
+          r1.output_text, "responses stream: deltas == the whole text")
+    check([e.sequence_number for e in events] == list(range(len(events))),
+          "responses stream: sequence numbers")
+    # The SDK's stream helper rebuilds the response from the events (and wants it completed:
+    # a small JSON schema ends the answer).
+    fmt = {"format": {"type": "json_schema", "name": "yn", "strict": True,
+                      "schema": {"type": "object", "additionalProperties": False,
+                                 "properties": {"a": {"type": "boolean"}}, "required": ["a"]}}}
+    with client.responses.stream(model="tiny", input="yes?", text=fmt, max_output_tokens=60,
+                                 temperature=0) as stream:
+        deltas = "".join(e.delta for e in stream if e.type == "response.output_text.delta")
+        final = stream.get_final_response()
+    whole = client.responses.create(model="tiny", input="yes?", text=fmt, max_output_tokens=60,
+                                    temperature=0)
+    check(final.status == "completed" and final.output_text == deltas == whole.output_text and
+          isinstance(json.loads(whole.output_text)["a"], bool),
+          f"responses.stream(): the final response {final.output_text!r}")
+
+    got = client.responses.retrieve(r1.id)
+    check(got.id == r1.id and got.output_text == r1.output_text, "responses.retrieve")
+    items = client.responses.input_items.list(r1.id)
+    check(len(items.data) == 1 and items.data[0].content[0].text == "hello",
+          "responses.input_items.list")
+    r2 = client.responses.create(model="tiny", previous_response_id=r1.id, input="and then?",
+                                 max_output_tokens=4, temperature=0, extra_body=ignore_eos)
+    chat2 = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello"},
+                                {"role": "assistant", "content": r1.output_text},
+                                {"role": "user", "content": "and then?"}],
+        max_tokens=4, temperature=0, extra_body=ignore_eos)
+    check(r2.output_text == chat2.choices[0].message.content,
+          "previous_response_id: the conversation goes on (without the instructions)")
+    client.responses.delete(r1.id)
+    try:
+        client.responses.retrieve(r1.id)
+        check(False, "a deleted response retrieved")
+    except openai.NotFoundError:
+        pass
+
+    tool = {"type": "function", "name": "get_weather", "strict": True,
+            "parameters": {"type": "object", "additionalProperties": False,
+                           "properties": {"city": {"type": "string", "maxLength": 8}},
+                           "required": ["city"]}}
+    for seed in range(3):
+        r = client.responses.create(model="tiny", input="weather in Paris?", tools=[tool],
+                                    tool_choice="required", max_output_tokens=120,
+                                    temperature=1, extra_body={"seed": seed})
+        # (The random model may write several calls and run out of tokens in a later one,
+        # which is then "incomplete".)
+        calls = [o for o in r.output if o.type == "function_call" and o.status == "completed"]
+        check(len(calls) >= 1, f"tool_choice required seed {seed}: {r.output}")
+        for call in calls:
+            args = json.loads(call.arguments)
+            check(call.name == "get_weather" and set(args) == {"city"} and
+                  len(args["city"]) <= 8, f"function_call arguments seed {seed}: {args}")
+    parsed = 0
+    for seed in range(4):
+        p = client.responses.parse(model="tiny", input="a person", text_format=Person,
+                                   max_output_tokens=440, temperature=1,
+                                   extra_body={"seed": seed})
+        if p.status != "completed":
+            continue
+        check(isinstance(p.output_parsed, Person), f"responses.parse seed {seed}: a Person")
+        parsed += 1
+    print(f"responses.parse(): {parsed} of 4 sampled answers complete and valid")
+    check(parsed >= 2, f"responses.parse(): {parsed} of 4 sampled answers complete and valid")
+    try:
+        client.responses.create(model="tiny", input="x", tools=[{"type": "web_search"}])
+        check(False, "a web_search tool accepted")
+    except openai.BadRequestError as e:
+        check(e.body["param"] == "tools.0.type", "an unsupported tool refused by name")
 
 
 def main():
@@ -204,6 +300,8 @@ def main():
                 check(False, "a logit_bias key that is not a token id accepted")
             except openai.BadRequestError as e:
                 check(e.body["param"] == "logit_bias", "logit_bias error names the field")
+
+            check_responses(client)
 
             try:
                 client.chat.completions.create(model="tiny", messages=[], max_tokens=2)

@@ -6,10 +6,11 @@
 set -uo pipefail
 bin=$1 venv=$2
 here=$(cd "$(dirname "$0")" && pwd)
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import openai, pydantic" 2>/dev/null; then
+if [ ! -x "$venv/bin/python" ] ||
+  ! "$venv/bin/python" -c "import openai, pydantic; assert openai.__version__ == '3.63.0'" 2>/dev/null; then
   rm -rf "$venv"
   python3 -m venv "$venv" >/dev/null 2>&1 &&
-    "$venv/bin/pip" install -q --disable-pip-version-check "openai==1.54.4" "httpx==0.27.2" "pydantic==2.14.4" >/dev/null 2>&1 ||
+    "$venv/bin/pip" install -q --disable-pip-version-check "openai==3.63.0" "httpx==0.28.1" "pydantic==2.14.4" >/dev/null 2>&1 ||
     { echo "cannot make the openai virtual environment (offline?): skipped"; rm -rf "$venv"; exit 77; }
 fi
 model=$(mktemp -d)
