@@ -151,6 +151,31 @@ TEST(ServerCli, KimiK3ThinkChannelIsReasoningContent) {
   }
   EXPECT_EQ(reasoning, think["reasoning_content"]);
   EXPECT_EQ(content, think["content"]);
+  // The Responses API: the think channel is a reasoning item before the message; with
+  // reasoning.effort "none" thinking is off.
+  auto respond = [&](nlohmann::json extra) {
+    nlohmann::json body = {{"input", "hello"},
+                           {"max_output_tokens", 12},
+                           {"temperature", 0},
+                           {"ignore_eos", true}};
+    body.update(extra);
+    auto r = c.Post("/v1/responses", body.dump(), "application/json");
+    EXPECT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    return nlohmann::json::parse(r->body);
+  };
+  const nlohmann::json rt = respond(nlohmann::json::object());
+  ASSERT_EQ(rt["output"][0]["type"], "reasoning") << rt.dump();
+  EXPECT_EQ(rt["output"][0]["content"][0]["text"], think["reasoning_content"]);
+  EXPECT_GT(rt["usage"]["output_tokens_details"]["reasoning_tokens"].get<int>(), 0);
+  if (!think["content"].get<std::string>().empty()) {
+    ASSERT_EQ(rt["output"].size(), 2u) << rt.dump();
+    EXPECT_EQ(rt["output"][1]["content"][0]["text"], think["content"]);
+  }
+  const nlohmann::json rp = respond({{"reasoning", {{"effort", "none"}}}});
+  ASSERT_EQ(rp["output"].size(), 1u) << rp.dump();
+  EXPECT_EQ(rp["output"][0]["type"], "message");
+  EXPECT_EQ(rp["output"][0]["content"][0]["text"], plain["content"]);
   double seconds = 0;
   EXPECT_EQ(p.stop(SIGTERM, &seconds), 0) << p.log();
 }
