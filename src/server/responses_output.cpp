@@ -220,10 +220,17 @@ void ResponseBuilder::text(Kind kind, const std::string& delta, std::vector<Toke
   buffer_ += delta;
   const json& item = items_.back();
   const json index = items_.size() - 1;
-  if (kind == Kind::kReasoning) {
-    emit(
-        "response.reasoning_text.delta",
-        {{"item_id", item["id"]}, {"output_index", index}, {"content_index", 0}, {"delta", delta}});
+  if (kind == Kind::kReasoning || !req_->chat.logprobs) {
+    // The common event, once a token: written around the delta's JSON string rather than built
+    // as a tree and dumped (the same text: the keys in dump()'s sorted order; tested).
+    if (!events_) return;
+    const bool reasoning = kind == Kind::kReasoning;
+    const char* type = reasoning ? "response.reasoning_text.delta" : "response.output_text.delta";
+    out_ += fmt::format(
+        "event: {}\ndata: {{\"content_index\":0,\"delta\":{},\"item_id\":{},{}\"output_index\":{},"
+        "\"sequence_number\":{},\"type\":\"{}\"}}\n\n",
+        type, dump(json(delta)), dump(item["id"]), reasoning ? "" : "\"logprobs\":[],",
+        items_.size() - 1, sequence_++, type);
     return;
   }
   json event_lps = json::array();
@@ -240,12 +247,11 @@ void ResponseBuilder::text(Kind kind, const std::string& delta, std::vector<Toke
     event_lps.push_back(std::move(e));
     logprobs_.push_back(std::move(full));
   }
-  emit("response.output_text.delta",
-       {{"item_id", item["id"]},
-        {"output_index", index},
-        {"content_index", 0},
-        {"delta", delta},
-        {"logprobs", req_->chat.logprobs ? event_lps : json::array()}});
+  emit("response.output_text.delta", {{"item_id", item["id"]},
+                                      {"output_index", index},
+                                      {"content_index", 0},
+                                      {"delta", delta},
+                                      {"logprobs", event_lps}});
 }
 
 void ResponseBuilder::add(ChoiceEvent& e) {

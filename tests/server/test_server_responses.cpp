@@ -266,8 +266,10 @@ std::vector<Sse> parse_events(const std::string& s) {
     const size_t nl = s.find('\n', pos);
     const size_t data = s.find("data: ", nl);
     const size_t end = s.find("\n\n", data);
-    out.push_back(
-        {s.substr(pos + 7, nl - pos - 7), json::parse(s.substr(data + 6, end - data - 6))});
+    const std::string raw = s.substr(data + 6, end - data - 6);
+    out.push_back({s.substr(pos + 7, nl - pos - 7), json::parse(raw)});
+    // Written as dump() writes it (the per-token events are written without a JSON tree).
+    EXPECT_EQ(raw, out.back().data.dump());
     pos = end;
   }
   return out;
@@ -345,9 +347,9 @@ json build_both(std::shared_ptr<const ResponsesRequest> req, std::vector<ChoiceE
 }
 
 TEST(ServerResponseBuilder, ReasoningThenTextAsItemsAndEvents) {
-  std::vector<ChoiceEvent> ev = {event("", "Let me ", {1}), event("", "think.", {2}),
+  std::vector<ChoiceEvent> ev = {event("", "Let me \"", {1}), event("", "think.\\\n", {2}),
                                  event("Hello", "", {3}), event("", "", {4}),
-                                 event(" world", "", {5})};
+                                 event(" world\x01", "", {5})};
   ev[2].logprobs = {{3, -0.5f, {{3, -0.5f}}}};
   ev[3].logprobs = {{4, -0.25f, {}}};
   ev[4].logprobs = {{5, -1.0f, {}}};
@@ -371,8 +373,8 @@ TEST(ServerResponseBuilder, ReasoningThenTextAsItemsAndEvents) {
   EXPECT_EQ(r["status"], "completed");
   ASSERT_EQ(r["output"].size(), 2u);
   EXPECT_EQ(r["output"][0]["type"], "reasoning");
-  EXPECT_EQ(r["output"][0]["content"][0]["text"], "Let me think.");
-  EXPECT_EQ(r["output"][1]["content"][0]["text"], "Hello world");
+  EXPECT_EQ(r["output"][0]["content"][0]["text"], "Let me \"think.\\\n");
+  EXPECT_EQ(r["output"][1]["content"][0]["text"], "Hello world\x01");
   // The held-back token's logprob goes out with the next text.
   EXPECT_EQ(r["output"][1]["content"][0]["logprobs"].size(), 3u);
   EXPECT_EQ(streamed[12].data["logprobs"].size(), 2u);
@@ -382,8 +384,23 @@ TEST(ServerResponseBuilder, ReasoningThenTextAsItemsAndEvents) {
   EXPECT_EQ(r["usage"]["output_tokens_details"]["reasoning_tokens"], 2);
   ASSERT_EQ(kept->conversation.size(), 2u);
   EXPECT_EQ(kept->conversation[1].role, "assistant");
-  EXPECT_EQ(kept->conversation[1].content, "Hello world");
-  EXPECT_EQ(kept->conversation[1].reasoning, "Let me think.");
+  EXPECT_EQ(kept->conversation[1].content, "Hello world\x01");
+  EXPECT_EQ(kept->conversation[1].reasoning, "Let me \"think.\\\n");
+}
+
+TEST(ServerResponseBuilder, PlainTextEventsWithoutLogprobs) {
+  std::vector<ChoiceEvent> ev;
+  const std::vector<std::string> pieces = {"a",    "\"q\"", "\\",       "\n\t",
+                                           "\x01", "</s>",  "\xc3\xa9", "\xe4\xb8\xad"};
+  for (const std::string& p : pieces) ev.push_back(event(p, "", {1}));
+  ev.back().finish_reason = "stop";
+  std::vector<Sse> streamed;
+  const json r = build_both(plain_request(false, false), ev, &streamed, nullptr);
+  std::string all;
+  for (const std::string& p : pieces) all += p;
+  EXPECT_EQ(r["output"][0]["content"][0]["text"], all);
+  EXPECT_TRUE(r["output"][0]["content"][0]["logprobs"].empty());
+  EXPECT_EQ(streamed.size(), 2u + 2u + pieces.size() + 4u);
 }
 
 TEST(ServerResponseBuilder, KimiToolCallsBecomeFunctionCallItems) {
