@@ -329,7 +329,13 @@ StopMatcher::Result StopMatcher::feed(std::string_view chunk) {
   // The earliest complete stop string wins; held-back text is still in pending_, so stops that
   // straddle chunk boundaries are found here too.
   size_t hit = std::string::npos;
-  for (const auto& s : stops_) hit = std::min(hit, pending_.find(s));
+  for (size_t i = 0; i < stops_.size(); ++i) {
+    const size_t at = pending_.find(stops_[i]);
+    if (at < hit) {
+      hit = at;
+      matched_ = int(i);
+    }
+  }
   if (hit != std::string::npos) {
     Result r{pending_.substr(0, hit), true};
     pending_.clear();
@@ -350,6 +356,11 @@ StopMatcher::Result StopMatcher::feed(std::string_view chunk) {
   Result r{pending_.substr(0, pending_.size() - hold), false};
   pending_.erase(0, pending_.size() - hold);
   return r;
+}
+
+const std::string& StopMatcher::matched() const {
+  static const std::string none;
+  return matched_ < 0 ? none : stops_[size_t(matched_)];
 }
 
 std::string StopMatcher::flush() {

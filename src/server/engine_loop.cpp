@@ -105,6 +105,7 @@ void append_event(ChoiceEvent& into, ChoiceEvent&& more) {
                        std::make_move_iterator(more.logprobs.end()));
   if (!more.prompt_logprobs.empty()) into.prompt_logprobs = std::move(more.prompt_logprobs);
   into.finish_reason = std::move(more.finish_reason);
+  into.stop_string = std::move(more.stop_string);
   into.error = std::move(more.error);
   into.prompt_tokens = more.prompt_tokens;
   into.completion_tokens = more.completion_tokens;
@@ -681,6 +682,7 @@ bool EngineLoop::take_token(Slot& s, int32_t id, std::span<const float> row, dou
   e.text += d.text;
   e.reasoning += d.reasoning;
   if (d.stopped) {
+    e.stop_string = s.text->stop_string();
     finish(s, "stop", std::move(e));
     return false;
   }

@@ -354,8 +354,9 @@ struct HttpServer::Impl {
       ResponseBuilder b(req, meta, tok(), /*events=*/false);
       collect(*stream, socket, [&](ChoiceEvent&& e) { b.add(e); });
       b.finish();
-      if (!b.error().empty()) throw ApiError(500, b.error(), "", "engine_error");
-      t_log.completion_tokens = b.completion_tokens();
+      if (!b.segments().error().empty())
+        throw ApiError(500, b.segments().error(), "", "engine_error");
+      t_log.completion_tokens = b.segments().completion_tokens();
       if (req->store) store->put(meta.id, b.stored());
       res.set_content(dump(b.response()), "application/json");
       return;

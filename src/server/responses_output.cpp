@@ -87,11 +87,12 @@ json input_items_page(const json& items, const std::string& order, const std::st
 
 ResponseBuilder::ResponseBuilder(std::shared_ptr<const ResponsesRequest> req, ResponseMeta meta,
                                  const Tokenizer& tok, bool events)
-    : req_(std::move(req)), meta_(std::move(meta)), tok_(tok), events_(events) {
-  if (req_->chat.tools_given)
-    tools_.emplace(req_->chat.chat_template,
-                   "call_" + meta_.id.substr(meta_.id.find('_') + 1) + "_");
-}
+    : req_(std::move(req)),
+      meta_(std::move(meta)),
+      tok_(tok),
+      events_(events),
+      segments_(*this, req_->chat.tools_given, req_->chat.chat_template,
+                "call_" + meta_.id.substr(meta_.id.find('_') + 1) + "_") {}
 
 void ResponseBuilder::emit(const char* type, json body) {
   if (!events_) return;
@@ -121,7 +122,6 @@ std::string ResponseBuilder::open() {
 }
 
 void ResponseBuilder::begin(Kind kind, const ToolCallPiece* call) {
-  close_item();
   json item;
   const json index = items_.size();
   if (kind == Kind::kReasoning) {
@@ -130,7 +130,7 @@ void ResponseBuilder::begin(Kind kind, const ToolCallPiece* call) {
             {"summary", json::array()},
             {"content", json::array()},
             {"status", "in_progress"}};
-  } else if (kind == Kind::kMessage) {
+  } else if (kind == Kind::kText) {
     item = {{"id", response_id("msg")},
             {"type", "message"},
             {"role", "assistant"},
@@ -146,7 +146,7 @@ void ResponseBuilder::begin(Kind kind, const ToolCallPiece* call) {
                                          {"output_index", index},
                                          {"content_index", 0},
                                          {"part", {{"type", "reasoning_text"}, {"text", ""}}}});
-  if (kind == Kind::kMessage)
+  if (kind == Kind::kText)
     emit("response.content_part.added", {{"item_id", item["id"]},
                                          {"output_index", index},
                                          {"content_index", 0},
@@ -156,47 +156,40 @@ void ResponseBuilder::begin(Kind kind, const ToolCallPiece* call) {
                                            {"annotations", json::array()},
                                            {"logprobs", json::array()}}}});
   items_.push_back(std::move(item));
-  open_ = kind;
-  buffer_.clear();
   logprobs_ = json::array();
 }
 
-void ResponseBuilder::close_item() {
-  if (open_ == Kind::kNone) return;
+void ResponseBuilder::end(Kind kind, bool cut) {
   json& item = items_.back();
   const json index = items_.size() - 1;
-  const bool cut = finished_ && finish_reason_ == "length";
-  const json status = cut ? "incomplete" : "completed";
-  if (open_ == Kind::kReasoning) {
-    const json part = {{"type", "reasoning_text"}, {"text", buffer_}};
-    emit("response.reasoning_text.done", {{"item_id", item["id"]},
-                                          {"output_index", index},
-                                          {"content_index", 0},
-                                          {"text", buffer_}});
+  const std::string& text = segments_.text();
+  if (kind == Kind::kReasoning) {
+    const json part = {{"type", "reasoning_text"}, {"text", text}};
+    emit("response.reasoning_text.done",
+         {{"item_id", item["id"]}, {"output_index", index}, {"content_index", 0}, {"text", text}});
     emit("response.content_part.done",
          {{"item_id", item["id"]}, {"output_index", index}, {"content_index", 0}, {"part", part}});
     item["content"] = json::array({part});
-  } else if (open_ == Kind::kMessage) {
-    json part = {{"type", "output_text"}, {"text", buffer_}, {"annotations", json::array()}};
-    part["logprobs"] = req_->chat.logprobs ? logprobs_ : json::array();
+  } else if (kind == Kind::kText) {
+    json part = {{"type", "output_text"}, {"text", text}, {"annotations", json::array()}};
+    part["logprobs"] = logprobs_;
     emit("response.output_text.done", {{"item_id", item["id"]},
                                        {"output_index", index},
                                        {"content_index", 0},
-                                       {"text", buffer_},
+                                       {"text", text},
                                        {"logprobs", json::array()}});
     emit("response.content_part.done",
          {{"item_id", item["id"]}, {"output_index", index}, {"content_index", 0}, {"part", part}});
     item["content"] = json::array({part});
   } else {
-    item["arguments"] = buffer_;
+    item["arguments"] = text;
     emit("response.function_call_arguments.done", {{"item_id", item["id"]},
                                                    {"output_index", index},
                                                    {"name", item["name"]},
-                                                   {"arguments", buffer_}});
+                                                   {"arguments", text}});
   }
-  item["status"] = status;
+  item["status"] = cut ? "incomplete" : "completed";
   emit("response.output_item.done", {{"output_index", index}, {"item", item}});
-  open_ = Kind::kNone;
 }
 
 namespace {
@@ -214,12 +207,14 @@ json logprob_json(const Tokenizer& tok, int32_t id, float lp, bool bytes) {
 
 }  // namespace
 
-void ResponseBuilder::text(Kind kind, const std::string& delta, std::vector<TokenLogprob> lps) {
-  if (delta.empty()) return;
-  if (open_ != kind) begin(kind);
-  buffer_ += delta;
+void ResponseBuilder::delta(Kind kind, const std::string& text, std::vector<TokenLogprob> lps) {
   const json& item = items_.back();
-  const json index = items_.size() - 1;
+  const size_t index = items_.size() - 1;
+  if (kind == Kind::kCall) {
+    emit("response.function_call_arguments.delta",
+         {{"item_id", item["id"]}, {"output_index", index}, {"delta", text}});
+    return;
+  }
   if (kind == Kind::kReasoning || !req_->chat.logprobs) {
     // The common event, once a token: written around the delta's JSON string rather than built
     // as a tree and dumped (the same text: the keys in dump()'s sorted order; tested).
@@ -229,8 +224,8 @@ void ResponseBuilder::text(Kind kind, const std::string& delta, std::vector<Toke
     out_ += fmt::format(
         "event: {}\ndata: {{\"content_index\":0,\"delta\":{},\"item_id\":{},{}\"output_index\":{},"
         "\"sequence_number\":{},\"type\":\"{}\"}}\n\n",
-        type, dump(json(delta)), dump(item["id"]), reasoning ? "" : "\"logprobs\":[],",
-        items_.size() - 1, sequence_++, type);
+        type, dump(json(text)), dump(item["id"]), reasoning ? "" : "\"logprobs\":[],", index,
+        sequence_++, type);
     return;
   }
   json event_lps = json::array();
@@ -250,53 +245,12 @@ void ResponseBuilder::text(Kind kind, const std::string& delta, std::vector<Toke
   emit("response.output_text.delta", {{"item_id", item["id"]},
                                       {"output_index", index},
                                       {"content_index", 0},
-                                      {"delta", delta},
+                                      {"delta", text},
                                       {"logprobs", event_lps}});
 }
 
-void ResponseBuilder::add(ChoiceEvent& e) {
-  for (TokenLogprob& l : e.logprobs) pending_lps_.push_back(std::move(l));
-  if (!e.reasoning.empty()) {
-    text(Kind::kReasoning, e.reasoning, {});
-    if (e.text.empty()) reasoning_tokens_ += int64_t(e.tokens.size());
-    pending_lps_.clear();  // the think channel's tokens: not the output text's
-  }
-  auto content = [&](ToolCallDelta d) {
-    if (!d.content.empty()) text(Kind::kMessage, d.content, std::exchange(pending_lps_, {}));
-    for (const ToolCallPiece& p : d.pieces) {
-      if (p.first) begin(Kind::kCall, &p);
-      if (p.arguments.empty() || open_ != Kind::kCall) continue;
-      buffer_ += p.arguments;
-      emit("response.function_call_arguments.delta", {{"item_id", items_.back()["id"]},
-                                                      {"output_index", items_.size() - 1},
-                                                      {"delta", p.arguments}});
-    }
-    if (!d.pieces.empty()) pending_lps_.clear();
-  };
-  if (tools_) {
-    content(tools_->feed(e.text));
-  } else if (!e.text.empty()) {
-    text(Kind::kMessage, e.text, std::exchange(pending_lps_, {}));
-  }
-  if (!e.error.empty()) error_ = e.error;
-  if (e.finish_reason) finish_reason_ = *e.finish_reason;
-  if (e.finish_reason || !e.error.empty()) {
-    prompt_tokens_ = e.prompt_tokens;
-    completion_tokens_ = e.completion_tokens;
-    cached_tokens_ = e.cached_tokens;
-    if (tools_) {
-      ToolCallDelta rest = tools_->finish();
-      ToolCallDelta d;
-      d.content = std::move(rest.content);
-      d.pieces = std::move(rest.pieces);
-      content(std::move(d));
-    }
-  }
-}
-
 void ResponseBuilder::finish() {
-  finished_ = true;
-  close_item();
+  segments_.finish();
   const json r = response();
   const std::string status = r["status"];
   emit(status == "completed"    ? "response.completed"
@@ -306,23 +260,24 @@ void ResponseBuilder::finish() {
 }
 
 json ResponseBuilder::response() const {
+  const OutputSegments& g = segments_;
   std::string status = "completed";
-  if (!error_.empty() || finish_reason_ == "abort")
+  if (!g.error().empty() || g.finish_reason() == "abort")
     status = "failed";
-  else if (finish_reason_ == "length")
+  else if (g.finish_reason() == "length")
     status = "incomplete";
   json r = skeleton(status.c_str());
   r["output"] = items_;
   if (status == "incomplete") r["incomplete_details"] = {{"reason", "max_output_tokens"}};
   if (status == "failed")
     r["error"] = {{"code", "server_error"},
-                  {"message", error_.empty() ? "the request was cancelled" : error_}};
+                  {"message", g.error().empty() ? "the request was cancelled" : g.error()}};
   r["usage"] = {
-      {"input_tokens", prompt_tokens_},
-      {"input_tokens_details", {{"cached_tokens", cached_tokens_}, {"cache_write_tokens", 0}}},
-      {"output_tokens", completion_tokens_},
-      {"output_tokens_details", {{"reasoning_tokens", reasoning_tokens_}}},
-      {"total_tokens", prompt_tokens_ + completion_tokens_}};
+      {"input_tokens", g.prompt_tokens()},
+      {"input_tokens_details", {{"cached_tokens", g.cached_tokens()}, {"cache_write_tokens", 0}}},
+      {"output_tokens", g.completion_tokens()},
+      {"output_tokens_details", {{"reasoning_tokens", g.reasoning_tokens()}}},
+      {"total_tokens", g.prompt_tokens() + g.completion_tokens()}};
   return r;
 }
 
@@ -362,9 +317,9 @@ class ResponsesStreamRenderer : public StreamRenderer {
   std::string event(ChoiceEvent& e) override {
     if (!e.tokens.empty() && totals_.first_token == 0) totals_.first_token = now_seconds();
     b_.add(e);
-    totals_.prompt_tokens = b_.prompt_tokens();
-    totals_.completion_tokens = b_.completion_tokens();
-    totals_.cached_tokens = b_.cached_tokens();
+    totals_.prompt_tokens = b_.segments().prompt_tokens();
+    totals_.completion_tokens = b_.segments().completion_tokens();
+    totals_.cached_tokens = b_.segments().cached_tokens();
     return b_.take_events();
   }
   std::string end() override {

@@ -390,9 +390,12 @@ TEST(StopMatcher, MultipleStops) {
   EXPECT_EQ(out, "line one\nline two ");
   // The stop that starts first in the text wins when both complete in the same chunk.
   StopMatcher n({"cd", "bcde"});
+  EXPECT_EQ(n.matched(), "");
   auto r = n.feed("abcdef");
   EXPECT_TRUE(r.stopped);
   EXPECT_EQ(r.text, "a");
+  EXPECT_EQ(n.matched(), "bcde");  // which one completed (the Messages API's stop_sequence)
+  EXPECT_EQ(m.matched(), "###");
 }
 
 TEST(StopMatcher, NoFalseHoldBack) {

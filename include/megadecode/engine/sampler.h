@@ -183,11 +183,15 @@ class StopMatcher {
   // Releases held-back text when generation ends without a stop string.
   std::string flush();
   bool stopped() const { return stopped_; }
+  // The stop string that completed (the earliest in the text; the first listed of those ending
+  // there); empty before one does.
+  const std::string& matched() const;
 
  private:
   std::vector<std::string> stops_;
   std::string pending_;
   bool stopped_ = false;
+  int matched_ = -1;
 };
 
 }  // namespace md

@@ -45,6 +45,7 @@ struct ChoiceEvent {
   std::vector<TokenLogprob> logprobs;            // per token, when the request asked for them
   std::vector<TokenLogprob> prompt_logprobs;     // echo: per prompt token (the first has none)
   std::optional<std::string> finish_reason;      // "stop", "length" or "abort"; set on the last
+  std::string stop_string;                       // on the last: the stop string that ended it
   std::string error;                             // the engine failed this choice
   int prompt_tokens = 0, completion_tokens = 0;  // on the last event
   int cached_tokens = 0;  // on the last event: prompt tokens restored from the prefix cache

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "megadecode/server/engine_loop.h"
+#include "megadecode/server/output_segments.h"
 #include "megadecode/server/request.h"
 #include "megadecode/server/responses.h"
 #include "megadecode/server/tool_calls.h"
@@ -78,52 +79,42 @@ ResponsesRequest parse_responses_request(std::string_view body, const ParseConte
 // A response id ("resp_" + 32 hex digits) and the ids of its items ("msg_", "rs_", "fc_").
 std::string response_id(const char* prefix);
 
-// The output of one response built from the engine's events in order: reasoning text goes to a
-// `reasoning` item, content to a `message` item, each tool call to a `function_call` item; an
-// item is done when another begins or the output ends. With `events`, each change is also
-// rendered as the Responses API's streamed events (`event: TYPE` / `data: {...}` pairs with
-// running sequence numbers), the response.created / in_progress opening and the final
-// response.completed / incomplete / failed included; the whole response object is the same
-// either way.
-class ResponseBuilder {
+// The output of one response built from the engine's events (OutputSegments' cut): the think
+// channel's text a `reasoning` item, answer text a `message` item, each tool call a
+// `function_call` item. With `events`, each change is also rendered as the Responses API's
+// streamed events (`event: TYPE` / `data: {...}` pairs with running sequence numbers), the
+// response.created / in_progress opening and the final response.completed / incomplete /
+// failed included; the whole response object is the same either way.
+class ResponseBuilder : private OutputSegments::Sink {
  public:
   ResponseBuilder(std::shared_ptr<const ResponsesRequest> req, ResponseMeta meta,
                   const Tokenizer& tok, bool events);
-  std::string open();               // response.created and response.in_progress (events only)
-  void add(ChoiceEvent& e);         // one engine event
-  void finish();                    // the output ended (after the last event)
-  std::string take_events();        // the events rendered since the last call
-  nlohmann::json response() const;  // the response object (status from the finish)
+  std::string open();  // response.created and response.in_progress (events only)
+  void add(ChoiceEvent& e) { segments_.add(e); }  // one engine event
+  void finish();                                  // the output ended (after the last event)
+  std::string take_events();                      // the events rendered since the last call
+  nlohmann::json response() const;                // the response object (status from the finish)
   // What the store keeps of it (after finish).
   std::shared_ptr<const StoredResponse> stored() const;
-  int64_t prompt_tokens() const { return prompt_tokens_; }
-  int64_t completion_tokens() const { return completion_tokens_; }
-  int64_t cached_tokens() const { return cached_tokens_; }
-  const std::string& error() const { return error_; }
+  const OutputSegments& segments() const { return segments_; }
 
  private:
-  enum class Kind { kNone, kReasoning, kMessage, kCall };
+  using Kind = OutputSegments::Kind;
+  void begin(Kind kind, const ToolCallPiece* call) override;
+  void delta(Kind kind, const std::string& text, std::vector<TokenLogprob> lps) override;
+  void end(Kind kind, bool cut) override;
   void emit(const char* type, nlohmann::json body);
-  void begin(Kind kind, const ToolCallPiece* call = nullptr);
-  void close_item();
-  void text(Kind kind, const std::string& delta, std::vector<TokenLogprob> lps);
   nlohmann::json skeleton(const char* status) const;
 
   const std::shared_ptr<const ResponsesRequest> req_;
   const ResponseMeta meta_;
   const Tokenizer& tok_;
   const bool events_;
-  std::optional<ToolCallStream> tools_;
+  OutputSegments segments_;
   nlohmann::json items_ = nlohmann::json::array();     // the output items so far
-  Kind open_ = Kind::kNone;                            // the last item's kind while it is open
-  std::string buffer_;                                 // the open item's text
   nlohmann::json logprobs_ = nlohmann::json::array();  // the open message's
-  std::vector<TokenLogprob> pending_lps_;              // tokens whose text has not come out yet
   std::string out_;
   int64_t sequence_ = 0;
-  std::string finish_reason_, error_;
-  bool finished_ = false;
-  int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cached_tokens_ = 0, reasoning_tokens_ = 0;
 };
 
 // GET /v1/responses/{id}/input_items: {"object": "list", "data", "first_id", "last_id",

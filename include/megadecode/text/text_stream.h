@@ -31,6 +31,7 @@ class TokenTextStream {
   // held back (an incomplete character, text that could have begun a stop string).
   TextDelta finish();
   bool stopped() const { return stops_.stopped(); }
+  const std::string& stop_string() const { return stops_.matched(); }  // empty: none completed
 
  private:
   void route(XtmlChannels::Channel channel, const std::string& piece, TextDelta& out);
