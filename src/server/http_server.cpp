@@ -16,6 +16,7 @@
 
 #include "megadecode/base/error.h"
 #include "megadecode/base/util.h"
+#include "megadecode/server/anthropic_api.h"
 #include "megadecode/server/request.h"
 #include "megadecode/server/responses.h"
 #include "megadecode/server/responses_api.h"
@@ -38,9 +39,14 @@ struct RequestLog {
 };
 thread_local RequestLog t_log;
 
-void send_error(httplib::Response& res, const ApiError& e) {
+// The Anthropic Messages routes answer errors in Anthropic's shape, the others in OpenAI's.
+bool anthropic_route(const std::string& path) {
+  return path.rfind("/v1/messages", 0) == 0;
+}
+
+void send_error(httplib::Response& res, const ApiError& e, bool anthropic = false) {
   res.status = e.status;
-  res.set_content(dump(e.to_json()), "application/json");
+  res.set_content(dump(anthropic ? anthropic_error(e) : e.to_json()), "application/json");
 }
 
 std::string random_id(const char* prefix) {
@@ -112,19 +118,20 @@ struct HttpServer::Impl {
 
   const Tokenizer& tok() const { return gen.tokenizer(); }
 
-  // Runs a handler body, turning every failure into an OpenAI error response.
+  // Runs a handler body, turning every failure into an error response (OpenAI's shape, or
+  // Anthropic's).
   template <class F>
-  void guarded(httplib::Response& res, F&& f) {
+  void guarded(httplib::Response& res, F&& f, bool anthropic = false) {
     try {
       f();
     } catch (const ApiError& e) {
-      send_error(res, e);
+      send_error(res, e, anthropic);
     } catch (const Error& e) {
-      send_error(res, ApiError(400, e.what()));
+      send_error(res, ApiError(400, e.what()), anthropic);
     } catch (const std::bad_alloc&) {
-      send_error(res, ApiError(500, "out of memory"));
+      send_error(res, ApiError(500, "out of memory"), anthropic);
     } catch (const std::exception& e) {
-      send_error(res, ApiError(500, fmt::format("internal error: {}", e.what())));
+      send_error(res, ApiError(500, fmt::format("internal error: {}", e.what())), anthropic);
     }
   }
 
@@ -139,10 +146,19 @@ struct HttpServer::Impl {
     http.set_read_timeout(30);
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       t_log = RequestLog{now_seconds()};
+      // The key as OpenAI clients send it (Authorization: Bearer) or as Anthropic's do
+      // (x-api-key).
       if (!opt.api_key.empty() && req.path.rfind("/v1", 0) == 0 &&
-          req.get_header_value("Authorization") != "Bearer " + opt.api_key) {
-        send_error(res, ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)", "",
-                                 "invalid_api_key"));
+          req.get_header_value("Authorization") != "Bearer " + opt.api_key &&
+          req.get_header_value("x-api-key") != opt.api_key) {
+        send_error(
+            res,
+            ApiError(401, "invalid or missing API key (Authorization: Bearer KEY, or x-api-key)",
+                     "", "invalid_api_key"),
+            anthropic_route(req.path));
+        // httplib calls this before it reads the body, which stays unread on the connection:
+        // close it rather than read that body as the next request.
+        res.set_header("Connection", "close");
         return httplib::Server::HandlerResponse::Handled;
       }
       return httplib::Server::HandlerResponse::Unhandled;
@@ -151,14 +167,17 @@ struct HttpServer::Impl {
     // OpenAI error body too.
     http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
+      const bool a = anthropic_route(req.path);
       if (res.status == 404)
-        send_error(res, ApiError(404, fmt::format("no route {} {}", req.method, req.path), "",
-                                 "not_found"));
+        send_error(
+            res,
+            ApiError(404, fmt::format("no route {} {}", req.method, req.path), "", "not_found"), a);
       else if (res.status == 413)
-        send_error(res, ApiError(413, "the request body is larger than the limit", "",
-                                 "request_too_large"));
+        send_error(
+            res,
+            ApiError(413, "the request body is larger than the limit", "", "request_too_large"), a);
       else
-        send_error(res, ApiError(res.status, fmt::format("HTTP error {}", res.status)));
+        send_error(res, ApiError(res.status, fmt::format("HTTP error {}", res.status)), a);
     });
     http.set_exception_handler(
         [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
@@ -232,6 +251,20 @@ struct HttpServer::Impl {
     http.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(res, [&] { respond(req, parse_responses_request(req.body, ctx, store.get()), res); });
     });
+    http.Post("/v1/messages", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(
+          res, [&] { messages(req, parse_messages_request(req.body, ctx), res); }, true);
+    });
+    http.Post("/v1/messages/count_tokens",
+              [this](const httplib::Request& req, httplib::Response& res) {
+                guarded(
+                    res,
+                    [&] {
+                      res.set_content(dump({{"input_tokens", count_message_tokens(req.body, ctx)}}),
+                                      "application/json");
+                    },
+                    true);
+              });
     http.Get(R"(/v1/responses/([^/]+))",
              [this](const httplib::Request& req, httplib::Response& res) {
                guarded(res, [&] {
@@ -364,6 +397,28 @@ struct HttpServer::Impl {
     stream_response(
         res, std::make_shared<SseStream>(stream, responses_stream_renderer(req, meta, tok(), store),
                                          socket, opt.engine_writes_streams));
+  }
+
+  // POST /v1/messages: one chat choice, its output as Anthropic content blocks.
+  void messages(const httplib::Request& http_req, MessagesRequest r, httplib::Response& res) {
+    const std::shared_ptr<RequestStream> stream = submit(r.chat);
+    ResponseMeta meta{response_id("msg"), int64_t(std::time(nullptr)),
+                      r.chat.model.empty() ? opt.model_names.front() : r.chat.model};
+    const int socket = request_socket(http_req);
+    const bool streamed = r.chat.stream;
+    auto req = std::make_shared<const MessagesRequest>(std::move(r));
+    if (!streamed) {
+      MessageBuilder b(req, meta, /*events=*/false);
+      collect(*stream, socket, [&](ChoiceEvent&& e) { b.add(e); });
+      b.finish();
+      if (!b.segments().error().empty())
+        throw ApiError(500, b.segments().error(), "", "engine_error");
+      t_log.completion_tokens = b.segments().completion_tokens();
+      res.set_content(dump(b.message()), "application/json");
+      return;
+    }
+    stream_response(res, std::make_shared<SseStream>(stream, messages_stream_renderer(req, meta),
+                                                     socket, opt.engine_writes_streams));
   }
 
   std::shared_ptr<const StoredResponse> stored(const std::string& id) {

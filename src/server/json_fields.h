@@ -124,4 +124,18 @@ struct ChatParts {
 void finish_chat_request(const json& j, const ParseContext& ctx, CompletionRequest& r,
                          ChatParts parts);
 
+// For the endpoints translated onto the chat request (responses_request.cpp,
+// anthropic_request.cpp; translated_fields.cpp):
+// A content list's text: a string, or parts whose `type` is one of `allowed`, their `text`s
+// joined by newlines (as the chat parser joins text parts).
+std::string parts_text(const json& content, const std::string& param,
+                       std::initializer_list<const char*> allowed);
+// obj[name] as a string, required (the error names param.name).
+std::string required_string(const json& obj, const char* name, const std::string& param);
+// An error of the chat parser's fields spelled as the endpoint spells them: the first (from, to)
+// whose `from` is the error's param or a dotted prefix of it is replaced (in the message too,
+// where it is quoted), and "tools.N.function.parameters" becomes "tools.N." + `tool_schema`.
+ApiError renamed(ApiError e, std::initializer_list<std::pair<std::string, std::string>> names,
+                 const std::string& tool_schema);
+
 }  // namespace md::server::detail

@@ -29,50 +29,6 @@ std::string response_id(const char* prefix) {
 
 namespace {
 
-// The text of a content list: the parts' texts joined by newlines (as the chat parser joins
-// text parts). `allowed`: the part types that carry text here.
-std::string parts_text(const json& c, const std::string& param,
-                       std::initializer_list<const char*> allowed) {
-  if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array())
-    throw invalid_field(param,
-                        fmt::format("'{}' must be a string or a list of content parts", param),
-                        "invalid_type");
-  std::string text;
-  for (size_t i = 0; i < c.size(); ++i) {
-    const std::string p = param + "." + std::to_string(i);
-    const json& part = c[i];
-    if (!part.is_object())
-      throw invalid_field(p, fmt::format("'{}' must be a content part object", p), "invalid_type");
-    const json* type = field(part, "type");
-    if (!type)
-      throw invalid_field(p + ".type", fmt::format("'{}.type' is required", p),
-                          "missing_required_parameter");
-    const std::string t = as_string(*type, p + ".type");
-    if (std::none_of(allowed.begin(), allowed.end(), [&](const char* a) { return t == a; }))
-      throw invalid_field(p + ".type",
-                          fmt::format("content part type '{}' is not supported here (only text: "
-                                      "{})",
-                                      t, fmt::join(allowed, ", ")),
-                          "unsupported_parameter");
-    const json* tx = field(part, "text");
-    if (!tx)
-      throw invalid_field(p + ".text", fmt::format("'{}.text' is required", p),
-                          "missing_required_parameter");
-    if (i) text += "\n";
-    text += as_string(*tx, p + ".text");
-  }
-  return text;
-}
-
-std::string required_string(const json& obj, const char* name, const std::string& param) {
-  const json* v = field(obj, name);
-  if (!v)
-    throw invalid_field(param + "." + name, fmt::format("'{}.{}' is required", param, name),
-                        "missing_required_parameter");
-  return as_string(*v, param + "." + name);
-}
-
 // `input` -> chat messages, appended to `out`; the items as the store lists them (ids added).
 // Reasoning items go with the assistant turn that follows them; function calls join the
 // assistant message before them (or start one).
@@ -366,28 +322,6 @@ json parse_metadata(const json& j) {
   return *m;
 }
 
-// The chat parser's field names, as this request spells them.
-ApiError renamed(ApiError e) {
-  auto swap = [&](const std::string& from, const std::string& to) {
-    if (e.param.compare(0, from.size(), from) == 0 &&
-        (e.param.size() == from.size() || e.param[from.size()] == '.')) {
-      e.param = to + e.param.substr(from.size());
-      for (size_t at; (at = e.message.find("'" + from)) != std::string::npos;)
-        e.message.replace(at + 1, from.size(), to);
-      return true;
-    }
-    return false;
-  };
-  swap("max_tokens", "max_output_tokens") || swap("messages", "input") ||
-      swap("response_format.json_schema.schema", "text.format.schema") ||
-      swap("response_format", "text.format") || swap("tool_choice.function", "tool_choice");
-  if (e.param.rfind("tools.", 0) == 0) {
-    const size_t at = e.param.find(".function.");
-    if (at != std::string::npos) e.param.erase(at, std::string(".function").size());
-  }
-  return e;
-}
-
 }  // namespace
 
 ResponsesRequest parse_responses_request(std::string_view body, const ParseContext& ctx,
@@ -470,7 +404,14 @@ ResponsesRequest parse_responses_request(std::string_view body, const ParseConte
     r.chat.top_logprobs = top_logprobs;
     finish_chat_request(c, ctx, r.chat, std::move(parts));
   } catch (const ApiError& e) {
-    throw renamed(e);
+    throw renamed(e,
+                  {{"max_tokens", "max_output_tokens"},
+                   {"messages", "input"},
+                   {"response_format.json_schema.schema", "text.format.schema"},
+                   {"response_format", "text.format"},
+                   {"tool_choice.function", "tool_choice"},
+                   {"chat_template_kwargs.thinking_effort", "reasoning.effort"}},
+                  "parameters");
   }
   const SamplingParams& s = r.chat.sampling;
   r.echo = {

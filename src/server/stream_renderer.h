@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "megadecode/server/anthropic_api.h"
 #include "megadecode/server/engine_loop.h"
 #include "megadecode/server/request.h"
 #include "megadecode/server/responses.h"
@@ -65,5 +66,10 @@ class ChatStreamRenderer : public StreamRenderer {
 std::unique_ptr<StreamRenderer> responses_stream_renderer(
     std::shared_ptr<const ResponsesRequest> req, ResponseMeta meta, const Tokenizer& tok,
     std::shared_ptr<ResponseStore> store);
+
+// The Anthropic Messages API's events (anthropic_output.cpp): message_start, ping, the content
+// blocks' events, message_delta, message_stop (or an error event).
+std::unique_ptr<StreamRenderer> messages_stream_renderer(std::shared_ptr<const MessagesRequest> req,
+                                                         ResponseMeta meta);
 
 }  // namespace md::server
