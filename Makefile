@@ -77,7 +77,7 @@ test-tsan: deps
 	  "-DMEGADECODE_TEST_DIRS=exec;server;cuda" > /dev/null
 	@cmake --build $(TSAN_BUILD) -j $(JOBS) --target megadecode_tests
 	@cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp \
-	  ctest --output-on-failure -j $(JOBS) -E '^Executor\.(Small|K3Small)' -R '^(Executor|MultiRowErrors|CudaSimRuntime)\.|^DraftPlan\.RingWraps|^Golden/MultiRow\.|^CudaAttention\.(KdaChainedRowsWithRowLog|MlaCoreBf16Cache)|^CudaSim\.Watchdog|^ServerEngine\.[^S]|^ServerEngine\.S[^p]|^ServerHttp\.|^ServerHttpQueued\.|^ServerHttpResponses\.|^RequestStreamConsumer\.'
+	  ctest --output-on-failure -j $(JOBS) -E '^Executor\.(Small|K3Small)' -R '^(Executor|MultiRowErrors|CudaSimRuntime)\.|^DraftPlan\.RingWraps|^Golden/MultiRow\.|^CudaAttention\.(KdaChainedRowsWithRowLog|MlaCoreBf16Cache)|^CudaSim\.Watchdog|^ServerEngine\.[^S]|^ServerEngine\.S[^p]|^ServerHttp\.|^ServerHttpQueued\.|^ServerHttpResponses\.|^ServerHttpAnthropic\.|^RequestStreamConsumer\.'
 
 # The CUDA kernels for every target architecture (sm_80 with its fallbacks, sm_90a, sm_100a), with
 # the portability and SASS checks on the result; ~3 minutes of nvcc on two cores.

@@ -125,6 +125,79 @@ ordered_json by_id(const char* summary, const char* response, ordered_json query
   return {{"summary", summary}, {"parameters", params}, {"responses", responses}};
 }
 
+// POST /v1/messages and /v1/messages/count_tokens: Anthropic's fields (anthropic_request.cpp),
+// errors in Anthropic's shape.
+ordered_json anthropic_post(const char* summary, const char* request, const char* response) {
+  ordered_json e = {{"description", "an Anthropic-style error"},
+                    {"content", {{"application/json", {{"schema", ref("AnthropicError")}}}}}};
+  ordered_json responses = {{"400", e}, {"401", e}, {"404", e}, {"413", e}, {"503", e}};
+  responses["200"] = json_response(response, "success");
+  responses["200"]["content"]["text/event-stream"] = {{"schema", str()}};
+  return {{"post",
+           {{"summary", summary},
+            {"requestBody",
+             {{"required", true}, {"content", {{"application/json", {{"schema", ref(request)}}}}}}},
+            {"responses", responses}}}};
+}
+
+ordered_json messages_request(bool count) {
+  ordered_json block = {
+      {"type", "object"},
+      {"required", {"type"}},
+      {"properties",
+       {{"type",
+         {{"type", "string"},
+          {"enum", {"text", "tool_use", "tool_result", "thinking", "redacted_thinking"}}}},
+        {"text", str()}}}};
+  ordered_json content = {{"oneOf", {str(), {{"type", "array"}, {"items", block}}}}};
+  ordered_json message = {
+      {"type", "object"},
+      {"required", {"role", "content"}},
+      {"properties",
+       {{"role", {{"type", "string"}, {"enum", {"user", "assistant"}}}}, {"content", content}}}};
+  ordered_json tool = {{"type", "object"},
+                       {"required", {"name", "input_schema"}},
+                       {"properties",
+                        {{"name", str()},
+                         {"description", str()},
+                         {"input_schema", {{"type", "object"}}},
+                         {"type", {{"type", "string"}, {"enum", {"custom"}}}}}}};
+  ordered_json props = {
+      {"model", str()},
+      {"messages", {{"type", "array"}, {"items", message}, {"minItems", 1}}},
+      {"system", content},
+      {"tools", {{"type", "array"}, {"items", tool}}},
+      {"tool_choice",
+       {{"type", "object"},
+        {"required", {"type"}},
+        {"properties",
+         {{"type", {{"type", "string"}, {"enum", {"auto", "any", "tool", "none"}}}},
+          {"name", str()}}}}},
+      {"thinking",
+       {{"type", "object"},
+        {"required", {"type"}},
+        {"properties",
+         {{"type", {{"type", "string"}, {"enum", {"enabled", "adaptive", "disabled"}}}},
+          {"budget_tokens", {{"type", "integer"}, {"minimum", 1}}}}}}},
+      {"output_config",
+       {{"type", "object"},
+        {"properties",
+         {{"effort",
+           {{"type", "string"}, {"enum", {"low", "medium", "high", "xhigh", "max"}}}}}}}}};
+  if (!count) {
+    props["max_tokens"] = {{"type", "integer"}, {"minimum", 1}, {"maximum", 2147483647}};
+    props["stop_sequences"] = {
+        {"type", "array"}, {"items", {{"type", "string"}, {"minLength", 1}}}, {"maxItems", 16}};
+    props["stream"] = boolean();
+    props["temperature"] = num(0, 2);
+    props["top_p"] = num(0, 1, true);
+    props["top_k"] = integer(-1, 2147483647);
+  }
+  ordered_json r = {{"type", "object"}, {"properties", props}};
+  r["required"] = count ? ordered_json{"messages"} : ordered_json{"messages", "max_tokens"};
+  return r;
+}
+
 // POST /v1/responses: the fields responses_request.cpp reads, the sampling ones shared.
 ordered_json responses_request() {
   ordered_json text_part = {{"type", "object"},
@@ -288,6 +361,33 @@ std::string openapi_json(const std::string& model_name) {
                              {"required", {"tokens"}},
                              {"properties", {{"model", str()}, {"tokens", ids()}}}};
   ordered_json any_object = {{"type", "object"}};
+  ordered_json anthropic_message = {
+      {"type", "object"},
+      {"required", {"id", "type", "role", "model", "content", "stop_reason", "usage"}},
+      {"properties",
+       {{"id", str()},
+        {"type", {{"type", "string"}, {"enum", {"message"}}}},
+        {"role", {{"type", "string"}, {"enum", {"assistant"}}}},
+        {"model", str()},
+        {"content", {{"type", "array"}, {"items", {{"type", "object"}}}}},
+        {"stop_reason",
+         {{"type", "string"}, {"enum", {"end_turn", "max_tokens", "stop_sequence", "tool_use"}}}},
+        {"stop_sequence", {{"type", "string"}, {"nullable", true}}},
+        {"usage",
+         {{"type", "object"},
+          {"required", {"input_tokens", "output_tokens"}},
+          {"properties",
+           {{"input_tokens", {{"type", "integer"}}},
+            {"output_tokens", {{"type", "integer"}}}}}}}}}};
+  ordered_json anthropic_error_schema = {
+      {"type", "object"},
+      {"required", {"type", "error"}},
+      {"properties",
+       {{"type", {{"type", "string"}, {"enum", {"error"}}}},
+        {"error",
+         {{"type", "object"},
+          {"required", {"type", "message"}},
+          {"properties", {{"type", str()}, {"message", str()}}}}}}}};
   ordered_json response_object = {
       {"type", "object"},
       {"required", {"id", "object", "created_at", "model", "status", "output"}},
@@ -326,6 +426,10 @@ std::string openapi_json(const std::string& model_name) {
                                     {"content", {{"text/plain", {{"schema", str()}}}}}})},
         {"/openapi.json", get("this document", json_response("Object", "OpenAPI 3"))},
         {"/v1/responses", post("a response (Responses API)", "ResponsesRequest", "Response")},
+        {"/v1/messages",
+         anthropic_post("a message (Anthropic Messages API)", "MessagesRequest", "Message")},
+        {"/v1/messages/count_tokens", anthropic_post("the prompt's tokens of a Messages request",
+                                                     "CountTokensRequest", "Object")},
         {"/v1/responses/{response_id}",
          {{"get", by_id("a stored response", "Response")},
           {"delete", by_id("delete a stored response", "Object")}}},
@@ -346,6 +450,10 @@ std::string openapi_json(const std::string& model_name) {
           {"DetokenizeRequest", detokenize},
           {"CompletionResponse", completion_resp},
           {"ResponsesRequest", responses_request()},
+          {"MessagesRequest", messages_request(false)},
+          {"CountTokensRequest", messages_request(true)},
+          {"Message", anthropic_message},
+          {"AnthropicError", anthropic_error_schema},
           {"Response", response_object},
           {"Error", error},
           {"Object", any_object}}}}}};
