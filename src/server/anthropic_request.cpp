@@ -222,7 +222,7 @@ ToolChoice parse_tool_choice(const json& j, const std::vector<json>& tools, Chat
                                     "none)",
                                     type));
   }
-  (void)get_bool(*tc, "disable_parallel_tool_use", false);  // checked; not enforced
+  c.parallel = !get_bool(*tc, "disable_parallel_tool_use", false);
   if (tools.empty() &&
       (c.mode == ToolChoice::Mode::kRequired || c.mode == ToolChoice::Mode::kNamed))
     throw invalid_field("tool_choice", "tool_choice 'any' or 'tool' needs 'tools'");

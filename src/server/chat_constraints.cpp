@@ -122,7 +122,7 @@ std::shared_ptr<const ConstraintProgram> kimi_program(const ToolChoice& choice,
   b.text("functions.").names(names_of(functions)).text(":").kind(Kind::kDigits);
   b.special("<|tool_call_argument_begin|>").json_by_name(schemas_of(functions));
   b.special("<|tool_call_end|>");
-  if (choice.mode == ToolChoice::Mode::kNamed) {
+  if (choice.mode == ToolChoice::Mode::kNamed || !choice.parallel) {  // one call
     b.special("<|tool_calls_section_end|>");
   } else {
     const int end = b.size() + 1;
@@ -163,7 +163,7 @@ std::shared_ptr<const ConstraintProgram> k3_program(const ToolChoice& choice,
   b.json_by_name(schemas_of(functions));
   b.special("<|close|>").text("json").special("<|sep|>");
   b.special("<|close|>").text("call").special("<|sep|>");
-  if (choice.mode == ToolChoice::Mode::kNamed) {
+  if (choice.mode == ToolChoice::Mode::kNamed || !choice.parallel) {  // one call
     b.special("<|close|>");
   } else {
     const int end = b.size() + 1;

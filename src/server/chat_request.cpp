@@ -258,6 +258,7 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
   parts.options = parse_chat_options(j);
   parts.add_generation_prompt = get_bool(j, "add_generation_prompt", true);
   parts.choice = parse_tool_choice(j, parts.tools);
+  parts.choice.parallel = get_bool(j, "parallel_tool_calls", true);
   parts.structured = parse_structured_outputs(j);
   finish_chat_request(j, ctx, r, std::move(parts));
   return r;

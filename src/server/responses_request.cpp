@@ -396,6 +396,7 @@ ResponsesRequest parse_responses_request(std::string_view body, const ParseConte
   const json reasoning_echo = parse_reasoning(j, parts.options);
   const json metadata = parse_metadata(j);
   const bool parallel = get_bool(j, "parallel_tool_calls", true);
+  parts.choice.parallel = parallel;
   json user = nullptr;
   if (const json* u = field(j, "user")) user = as_string(*u, "user");
   try {

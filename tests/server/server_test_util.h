@@ -98,4 +98,20 @@ inline std::vector<std::vector<int32_t>> prompts(const Tokenizer& tok) {
   return ps;
 }
 
+// Whether `program` (a Kimi tool-call program) lets a second call begin after one call of
+// get_weather with {} (false: the one call must end the section).
+inline bool allows_second_call(const ServedModel& m,
+                               std::shared_ptr<const ConstraintProgram> program) {
+  auto vocab = std::make_shared<const ConstraintVocab>(*m.tok, m.model->config().vocab_size);
+  TokenConstraint c(std::move(program), vocab);
+  for (int32_t id : m.tok->encode("<|tool_calls_section_begin|><|tool_call_begin|>functions."
+                                  "get_weather:0<|tool_call_argument_begin|>{}<|tool_call_end|>",
+                                  true)) {
+    EXPECT_TRUE(c.allows(id)) << id;
+    c.accept(id);
+  }
+  EXPECT_TRUE(c.allows(*m.tok->special_id("<|tool_calls_section_end|>")));
+  return c.allows(*m.tok->special_id("<|tool_call_begin|>"));
+}
+
 }  // namespace md::test

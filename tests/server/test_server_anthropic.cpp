@@ -93,6 +93,11 @@ TEST_F(ServerAnthropic, BlocksRenderAsTheChatOfTheSameConversation) {
   EXPECT_TRUE(messages(any).chat.constraint);
   any["tool_choice"] = {{"type", "tool"}, {"name", "get_weather"}};
   EXPECT_TRUE(messages(any).chat.constraint);
+  // disable_parallel_tool_use: one call.
+  for (const bool disable : {false, true}) {
+    any["tool_choice"] = {{"type", "any"}, {"disable_parallel_tool_use", disable}};
+    EXPECT_EQ(test::allows_second_call(*served_, messages(any).chat.constraint), !disable);
+  }
   EXPECT_TRUE(
       messages({{"max_tokens", 5},
                 {"messages", {{{"role", "user"}, {"content", "x"}}}},

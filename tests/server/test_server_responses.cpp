@@ -132,6 +132,15 @@ TEST_F(ServerResponses, FormatsToolChoiceAndReasoningBecomeTheChatFields) {
   EXPECT_EQ(named.chat.prompts, cn.prompts);
   EXPECT_TRUE(
       responses({{"input", "x"}, {"tools", tools}, {"tool_choice", "required"}}).chat.constraint);
+  // parallel_tool_calls false: one call.
+  const json weather = json::array({{{"type", "function"}, {"name", "get_weather"}}});
+  for (const bool parallel : {true, false})
+    EXPECT_EQ(test::allows_second_call(*served_, responses({{"input", "x"},
+                                                            {"tools", weather},
+                                                            {"tool_choice", "required"},
+                                                            {"parallel_tool_calls", parallel}})
+                                                     .chat.constraint),
+              parallel);
   // Logprobs: asked by include or top_logprobs.
   const ResponsesRequest lp =
       responses({{"input", "x"}, {"include", {"message.output_text.logprobs"}}});

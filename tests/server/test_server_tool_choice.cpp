@@ -230,6 +230,23 @@ TEST(ServerToolChoice, APlainSequenceBesideAConstrainedOneIsUnchanged) {
   EXPECT_EQ(test::collect(*beside).tokens, solo.tokens);
 }
 
+// parallel_tool_calls false: a required choice makes exactly one call (after the first call's
+// end only the section's end may follow); true (the default) lets another call begin.
+TEST(ServerToolChoice, ParallelToolCallsFalseMakesOneCall) {
+  test::ServedModel m(1);
+  const server::ParseContext ctx = m.context();
+  for (const bool parallel : {true, false}) {
+    json b = chat_body("x", "required", 0, 0);
+    b["parallel_tool_calls"] = parallel;
+    const server::CompletionRequest r = server::parse_chat_request(b.dump(), ctx);
+    ASSERT_TRUE(r.constraint);
+    EXPECT_EQ(test::allows_second_call(m, r.constraint), parallel);
+  }
+  json b = chat_body("x", "required", 0, 0);
+  b["parallel_tool_calls"] = "no";
+  EXPECT_THROW(server::parse_chat_request(b.dump(), ctx), server::ApiError);
+}
+
 TEST(ServerToolChoice, TheFieldsAreValidated) {
   test::ServedModel m(1);
   const server::ParseContext ctx = m.context();

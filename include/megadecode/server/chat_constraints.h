@@ -32,6 +32,9 @@ struct ToolChoice {
   enum class Mode { kAuto, kNone, kRequired, kNamed };
   Mode mode = Mode::kAuto;
   std::string name;  // kNamed: the function
+  // false (parallel_tool_calls false, Anthropic's disable_parallel_tool_use): kRequired makes
+  // exactly one call, as kNamed always does. (kAuto has no program: not enforced there.)
+  bool parallel = true;
 };
 
 // The program for `choice` (null for kAuto). `names`: the declared functions (kRequired may call
