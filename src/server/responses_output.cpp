@@ -155,6 +155,7 @@ void ResponseBuilder::begin(Kind kind, const ToolCallPiece* call) {
                                            {"text", ""},
                                            {"annotations", json::array()},
                                            {"logprobs", json::array()}}}});
+  item_id_json_ = dump(item["id"]);
   items_.push_back(std::move(item));
   logprobs_ = json::array();
 }
@@ -224,7 +225,7 @@ void ResponseBuilder::delta(Kind kind, const std::string& text, std::vector<Toke
     out_ += fmt::format(
         "event: {}\ndata: {{\"content_index\":0,\"delta\":{},\"item_id\":{},{}\"output_index\":{},"
         "\"sequence_number\":{},\"type\":\"{}\"}}\n\n",
-        type, dump(json(text)), dump(item["id"]), reasoning ? "" : "\"logprobs\":[],", index,
+        type, dump(json(text)), item_id_json_, reasoning ? "" : "\"logprobs\":[],", index,
         sequence_++, type);
     return;
   }

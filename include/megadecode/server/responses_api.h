@@ -113,6 +113,7 @@ class ResponseBuilder : private OutputSegments::Sink {
   OutputSegments segments_;
   nlohmann::json items_ = nlohmann::json::array();     // the output items so far
   nlohmann::json logprobs_ = nlohmann::json::array();  // the open message's
+  std::string item_id_json_;                           // the open item's id, as JSON text
   std::string out_;
   int64_t sequence_ = 0;
 };
