@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <optional>
 
 #include "json_fields.h"
 #include "megadecode/base/error.h"
@@ -123,9 +125,9 @@ ChatMessage assistant_blocks(const json& content, const std::string& p) {
   return m;
 }
 
-// The conversation: `system`, then the messages. A final assistant message (a prefill the model
-// would continue) is refused: the templates render finished turns only.
-std::vector<ChatMessage> parse_conversation(const json& j) {
+// The conversation: `system`, then the messages. A final assistant message is a prefill: the
+// model continues its text (`prefill`; its thinking and tool calls are refused).
+std::vector<ChatMessage> parse_conversation(const json& j, std::optional<std::string>& prefill) {
   std::vector<ChatMessage> out;
   if (const json* s = field(j, "system"))
     out.push_back({"system", parts_text(*s, "system", {"text"}), "", "", {}, ""});
@@ -147,12 +149,18 @@ std::vector<ChatMessage> parse_conversation(const json& j) {
     if (role == "user") {
       user_blocks(*content, p + ".content", out);
     } else if (role == "assistant") {
-      if (i + 1 == ms->size())
-        throw invalid_field(p,
-                            "a final assistant message (a prefill to continue) is not "
-                            "supported",
-                            "unsupported_parameter");
-      out.push_back(assistant_blocks(*content, p + ".content"));
+      ChatMessage a = assistant_blocks(*content, p + ".content");
+      if (i + 1 == ms->size()) {
+        if (!a.tool_calls.empty() || !a.reasoning.empty())
+          throw invalid_field(p, "a final assistant message (a prefill) may hold text only",
+                              "unsupported_parameter");
+        // Anthropic trims the prefill's trailing whitespace.
+        while (!a.content.empty() && std::isspace(static_cast<unsigned char>(a.content.back())))
+          a.content.pop_back();
+        prefill = a.content;
+        continue;
+      }
+      out.push_back(std::move(a));
     } else {
       throw invalid_field(p + ".role",
                           fmt::format("unknown role '{}' (expected user or assistant)", role));
@@ -306,10 +314,13 @@ CompletionRequest translate(const json& j, const ParseContext& ctx, bool need_ma
     if (!md->is_object())
       throw invalid_field("metadata", "'metadata' must be an object", "invalid_type");
   ChatParts parts;
-  parts.messages = parse_conversation(j);
+  parts.messages = parse_conversation(j, parts.prefill);
+  parts.prefill_param = "messages." + std::to_string(field(j, "messages")->size() - 1);
   parts.tools = parse_tools(j);
   parts.choice = parse_tool_choice(j, parts.tools, parts.options);
   parse_thinking(j, parts.options);
+  // Anthropic thinks only when asked; a prefill (the answer's start) needs it off on Kimi K3.
+  if (parts.prefill && !field(j, "thinking")) parts.options.thinking = false;
   CompletionRequest r;
   try {
     parse_common(c, ctx, r);

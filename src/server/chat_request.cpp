@@ -257,6 +257,21 @@ CompletionRequest parse_chat_request(std::string_view body, const ParseContext& 
   parts.tools = parse_tools(j);
   parts.options = parse_chat_options(j);
   parts.add_generation_prompt = get_bool(j, "add_generation_prompt", true);
+  if (get_bool(j, "continue_final_message", false)) {
+    // vLLM's: the last message, an assistant's, stays open and the model continues it.
+    if (const json* g = field(j, "add_generation_prompt"); g && g->get<bool>())
+      throw invalid_field("continue_final_message",
+                          "'continue_final_message' and 'add_generation_prompt' cannot both be "
+                          "true");
+    const ChatMessage& last = parts.messages.back();
+    if (last.role != "assistant" || !last.tool_calls.empty())
+      throw invalid_field("continue_final_message",
+                          "'continue_final_message' needs a final assistant message of text");
+    parts.prefill = last.content;
+    parts.prefill_param = "continue_final_message";
+    parts.messages.pop_back();
+    parts.add_generation_prompt = true;  // the open turn's header
+  }
   parts.choice = parse_tool_choice(j, parts.tools);
   parts.choice.parallel = get_bool(j, "parallel_tool_calls", true);
   parts.structured = parse_structured_outputs(j);
@@ -275,6 +290,24 @@ void finish_chat_request(const json& j, const ParseContext& ctx, CompletionReque
   r.tools_given = !tools.empty();
   r.prompts.push_back(encode_chat(ctx, parts.messages, add_generation_prompt, options, tools));
   r.chat_template = ctx.generator->template_kind();  // known: encode_chat rendered with it
+  if (parts.prefill) {
+    // K3's generation prompt opens the think channel when thinking: the text to continue would
+    // land there. The constraints start a whole answer, not the middle of one.
+    if (r.chat_template == TemplateKind::kKimiK3 && options.thinking)
+      throw invalid_field(parts.prefill_param,
+                          "continuing a final assistant message needs thinking off (Kimi K3's "
+                          "generation prompt opens the think channel)",
+                          "unsupported_parameter");
+    if (parts.structured || !options.response_format.is_null() ||
+        (!tools.empty() && parts.choice.mode != ToolChoice::Mode::kAuto))
+      throw invalid_field(parts.prefill_param,
+                          "continuing a final assistant message cannot be combined with a "
+                          "constrained output (tool_choice, a response format, structured "
+                          "outputs)",
+                          "unsupported_parameter");
+    const std::vector<int32_t> more = ctx.generator->tokenizer().encode(*parts.prefill, false);
+    r.prompts.back().insert(r.prompts.back().end(), more.begin(), more.end());
+  }
   parse_length(j, ctx, r, /*def=*/0);  // chat: the rest of the context, as vLLM
   final_check(r);
   // The output's shape: a tool_choice that calls (or forbids calling), response_format or

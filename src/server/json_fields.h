@@ -117,6 +117,11 @@ struct ChatParts {
   ToolChoice choice;
   std::optional<StructuredOutput> structured;
   bool add_generation_prompt = true;
+  // The final assistant message's text, continued rather than closed (vLLM's
+  // continue_final_message, Anthropic's prefill): `messages` lacks it, and its tokens follow
+  // the generation prompt. The output is the continuation.
+  std::optional<std::string> prefill;
+  std::string prefill_param;  // the field it came from, for errors about it
 };
 // The rest of a chat request, once parse_common has read `j`'s sampling fields into `r`: the
 // prompt the template renders, max_tokens against the context (`j`'s), and the constraint the

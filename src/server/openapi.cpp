@@ -311,6 +311,9 @@ std::string openapi_json(const std::string& model_name) {
   chat["properties"]["tools"] = {{"type", "array"}, {"items", {{"type", "object"}}}};
   chat["properties"]["tool_choice"] = {{"oneOf", {str(), {{"type", "object"}}}}};
   chat["properties"]["chat_template_kwargs"] = {{"type", "object"}};
+  chat["properties"]["continue_final_message"] = boolean();
+  chat["properties"]["parallel_tool_calls"] = boolean();
+  chat["properties"]["add_generation_prompt"] = boolean();
   chat["properties"]["response_format"] = {
       {"type", "object"},
       {"nullable", true},

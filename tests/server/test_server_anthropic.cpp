@@ -105,6 +105,18 @@ TEST_F(ServerAnthropic, BlocksRenderAsTheChatOfTheSameConversation) {
                  {{"format", {{"type", "json_schema"}, {"schema", {{"type", "object"}}}}}}}})
           .chat.constraint);
   EXPECT_EQ(server::count_message_tokens(m.dump(), ctx()), int64_t(r.chat.prompts[0].size()));
+  // A final assistant message is a prefill: the generation prompt, then its text (trailing
+  // whitespace trimmed), as the chat endpoint's continue_final_message renders it.
+  const json user = {{"role", "user"}, {"content", "x"}};
+  const MessagesRequest pre =
+      messages({{"max_tokens", 5},
+                {"messages", {user, {{"role", "assistant"}, {"content", "The answer is "}}}}});
+  const server::CompletionRequest cont =
+      chat({{"max_tokens", 5},
+            {"messages", {user, {{"role", "assistant"}, {"content", "The answer is"}}}},
+            {"continue_final_message", true},
+            {"add_generation_prompt", false}});
+  EXPECT_EQ(pre.chat.prompts, cont.prompts);
 }
 
 TEST_F(ServerAnthropic, BadRequestsNameTheMessagesField) {
@@ -127,8 +139,19 @@ TEST_F(ServerAnthropic, BadRequestsNameTheMessagesField) {
       {with({{"messages", {{{"role", "user"}}}}}), 400, "messages.0.content"},
       {with({{"messages", {{{"role", "user"}, {"content", {{{"type", "image"}}}}}}}}), 400,
        "messages.0.content.0.type"},
-      {with({{"messages", {user[0], {{"role", "assistant"}, {"content", "pre"}}}}}), 400,
-       "messages.1"},
+      {with({{"messages",
+              {user[0],
+               {{"role", "assistant"},
+                {"content",
+                 {{{"type", "tool_use"},
+                   {"id", "a"},
+                   {"name", "f"},
+                   {"input", json::object()}}}}}}}}),
+       400, "messages.1"},
+      {with({{"messages", {user[0], {{"role", "assistant"}, {"content", "{"}}}},
+             {"output_config",
+              {{"format", {{"type", "json_schema"}, {"schema", json::object()}}}}}}),
+       400, "messages.1"},
       {with({{"messages",
               {user[0],
                {{"role", "assistant"},

@@ -78,6 +78,16 @@ def main():
             check(s.stop_reason == "stop_sequence" and s.stop_sequence == stop and
                   text.startswith(before + stop), f"stop_sequences {stop!r}: {s}")
 
+            # A prefill (a final assistant message) is continued: the chat endpoint's
+            # continue_final_message gives the same continuation.
+            p = client.messages.create(model="tiny", max_tokens=6,
+                                       messages=msgs + [{"role": "assistant", "content": "It is"}],
+                                       extra_body=GREEDY)
+            check(p.content[0].text == chat_text(
+                port, msgs + [{"role": "assistant", "content": "It is"}], 6, ignore_eos=True,
+                continue_final_message=True, add_generation_prompt=False),
+                  "prefill: the continuation of the final assistant message")
+
             tool = {"name": "get_weather", "description": "weather of a city",
                     "input_schema": {"type": "object", "additionalProperties": False,
                                      "properties": {"city": {"type": "string", "maxLength": 8}},
