@@ -33,17 +33,25 @@ import sys
 import time
 
 
+# The streaming endpoints and how their streams end (--endpoint).
+PATHS = {"completions": b"/v1/completions", "chat": b"/v1/chat/completions",
+         "responses": b"/v1/responses", "messages": b"/v1/messages"}
+
+
 class Stream:
-    """One streamed completion on its own connection; feed() takes the bytes as they arrive."""
+    """One streamed request on its own connection; feed() takes the bytes as they arrive. The
+    body's "_endpoint" key (popped) picks the route (default: completions)."""
 
     def __init__(self, host, port, body):
+        body = dict(body)
+        self.endpoint = body.pop("_endpoint", "completions")
         payload = json.dumps(body).encode()
         self.sock = socket.create_connection((host, port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.t0 = time.perf_counter()
-        self.sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\n"
-                          b"Content-Type: application/json\r\nContent-Length: %d\r\n"
-                          b"Connection: close\r\n\r\n" % (host.encode(), len(payload)) + payload)
+        self.sock.sendall(b"POST %s HTTP/1.1\r\nHost: %s\r\n" % (PATHS[self.endpoint], host.encode())
+                          + b"Content-Type: application/json\r\nContent-Length: %d\r\n"
+                          b"Connection: close\r\n\r\n" % len(payload) + payload)
         self.sock.setblocking(False)
         self.raw = bytearray()      # bytes not yet parsed (headers, then chunk framing)
         self.sse = bytearray()      # de-chunked body not yet split into events
@@ -85,6 +93,8 @@ class Stream:
             self.event(event, now)
 
     def event(self, event, now):
+        if event.startswith(b"event: "):  # the Responses and Messages APIs' typed events
+            return self.typed_event(event, now)
         if not event.startswith(b"data: "):
             return  # an SSE comment (keep-alive)
         data = event[6:]
@@ -100,6 +110,21 @@ class Stream:
         else:
             self.arrival(now)
 
+    def typed_event(self, event, now):
+        nl = event.find(b"\n")
+        kind, data = event[7:nl], event[nl + 7:]
+        if kind in (b"response.output_text.delta", b"content_block_delta"):
+            self.arrival(now)
+        elif kind in (b"response.completed", b"response.incomplete"):
+            self.tokens = json.loads(data)["response"]["usage"]["output_tokens"]
+            self.done = True
+        elif kind == b"message_delta":
+            self.tokens = json.loads(data)["usage"]["output_tokens"]
+        elif kind == b"message_stop":
+            self.done = True
+        elif kind in (b"error", b"response.failed"):
+            self.error = data.decode("utf-8", "replace")
+
     def arrival(self, now):
         if self.arrivals is not None:
             self.arrivals.append(now)
@@ -114,7 +139,7 @@ class Stream:
         if self.error:
             raise RuntimeError(self.error)
         if not self.done:
-            raise RuntimeError("stream ended without [DONE]")
+            raise RuntimeError(f"{self.endpoint} stream ended without its last event")
         return self.ttft or 0.0, self.gaps, self.tokens
 
 
@@ -174,8 +199,21 @@ def request_body(args, rng):
     shared = random.Random(args.seed ^ 0x9E3779B97F4A7C15)
     prompt = [shared.randrange(1, args.vocab) for _ in range(args.prefix_len)]
     prompt += [rng.randrange(1, args.vocab) for _ in range(args.input_len)]
-    return {"prompt": prompt, "max_tokens": args.output_len, "ignore_eos": True,
-            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    endpoint = args.endpoint
+    if endpoint == "mixed":
+        endpoint = rng.choice(sorted(PATHS))
+    common = {"ignore_eos": True, "temperature": 0, "stream": True, "_endpoint": endpoint}
+    if endpoint == "completions":
+        return dict(common, prompt=prompt, max_tokens=args.output_len,
+                    stream_options={"include_usage": True})
+    # The text endpoints take words (one or a few tokens each) instead of ids.
+    text = " ".join(f"w{i}" for i in prompt)
+    if endpoint == "chat":
+        return dict(common, messages=[{"role": "user", "content": text}],
+                    max_tokens=args.output_len, stream_options={"include_usage": True})
+    if endpoint == "responses":
+        return dict(common, input=text, max_output_tokens=args.output_len)
+    return dict(common, messages=[{"role": "user", "content": text}], max_tokens=args.output_len)
 
 
 def pct(xs, p):
@@ -234,6 +272,10 @@ def prefill_probe(args):
         if probe is None and all(s.arrivals and now - s.arrivals[0] > args.probe_after
                                  for s in streams):
             body = request_body(args, rng)
+            body = dict(body, _endpoint="completions", stream_options={"include_usage": True})
+            body.pop("messages", None)
+            body.pop("input", None)
+            body.pop("max_output_tokens", None)
             body["prompt"] = [rng.randrange(1, args.vocab) for _ in range(args.prefill_probe)]
             body["max_tokens"] = 1
             probe = Stream(args.host, args.port, body)
@@ -329,6 +371,9 @@ def main():
                     help="ids every prompt starts with before its --input-len random ones (a "
                          "shared system prompt: what the server's prefix cache restores)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--endpoint", default="completions", choices=sorted(PATHS) + ["mixed"],
+                    help="the streaming route (mixed: each request picks one at random; the "
+                         "text routes take words instead of ids)")
     ap.add_argument("--warmup", type=int, default=1,
                     help="bench: first run `concurrency` uncounted 4-token requests (0: none)")
     ap.add_argument("--soak", type=float, default=0, help="soak mode: seconds to run")

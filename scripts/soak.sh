@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make soak: `megadecode serve` on a model under SOAK_CLIENTS streaming clients for SOAK_SECONDS
-# (loopback only), then SIGTERM. Fails on any client error or a serve exit status other than 0;
+# (loopback only), then SIGTERM. Each request picks one of the streaming routes (completions,
+# chat, responses, messages; SOAK_ENDPOINT=NAME for one). Fails on any client error or a serve exit status other than 0;
 # prints requests served and the server's RSS at start and end.
 # usage: soak.sh BINARY MODEL_DIR SECONDS CLIENTS
 set -euo pipefail
@@ -19,7 +20,8 @@ done
 [ -n "$port" ] || { echo "serve did not start:"; cat "$log"; exit 1; }
 rc=0
 python3 "$(dirname "$0")/../bench/serve_bench.py" --port "$port" --soak "$seconds" \
-  --concurrency "$clients" --input-len 32 --output-len 32 --server-pid "$pid" || rc=1
+  --concurrency "$clients" --input-len 32 --output-len 32 --server-pid "$pid" \
+  --endpoint "${SOAK_ENDPOINT:-mixed}" || rc=1
 kill -TERM "$pid"
 wait "$pid" || { echo "serve exited with $?"; rc=1; }
 trap - EXIT
