@@ -136,35 +136,10 @@ json MessageBuilder::message() const {
           {"usage", usage()}};
 }
 
-namespace {
-
-class MessagesStreamRenderer : public StreamRenderer {
- public:
-  MessagesStreamRenderer(std::shared_ptr<const MessagesRequest> req, ResponseMeta meta)
-      : b_(std::move(req), std::move(meta), /*events=*/true) {}
-  std::string start() override { return b_.open(); }
-  std::string event(ChoiceEvent& e) override {
-    if (!e.tokens.empty() && totals_.first_token == 0) totals_.first_token = now_seconds();
-    b_.add(e);
-    totals_.prompt_tokens = b_.segments().prompt_tokens();
-    totals_.completion_tokens = b_.segments().completion_tokens();
-    totals_.cached_tokens = b_.segments().cached_tokens();
-    return b_.take_events();
-  }
-  std::string end() override {
-    b_.finish();
-    return b_.take_events();
-  }
-
- private:
-  MessageBuilder b_;
-};
-
-}  // namespace
-
 std::unique_ptr<StreamRenderer> messages_stream_renderer(std::shared_ptr<const MessagesRequest> req,
                                                          ResponseMeta meta) {
-  return std::make_unique<MessagesStreamRenderer>(std::move(req), std::move(meta));
+  return std::make_unique<BuilderStreamRenderer<MessageBuilder>>(nullptr, std::move(req),
+                                                                 std::move(meta), /*events=*/true);
 }
 
 }  // namespace md::server

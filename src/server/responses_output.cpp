@@ -305,43 +305,16 @@ std::shared_ptr<const StoredResponse> ResponseBuilder::stored() const {
 
 // ---- the stream ---------------------------------------------------------------------------------
 
-namespace {
-
-class ResponsesStreamRenderer : public StreamRenderer {
- public:
-  ResponsesStreamRenderer(std::shared_ptr<const ResponsesRequest> req, ResponseMeta meta,
-                          const Tokenizer& tok, std::shared_ptr<ResponseStore> store)
-      : b_(req, meta, tok, /*events=*/true),
-        store_(req->store ? std::move(store) : nullptr),
-        id_(meta.id) {}
-  std::string start() override { return b_.open(); }
-  std::string event(ChoiceEvent& e) override {
-    if (!e.tokens.empty() && totals_.first_token == 0) totals_.first_token = now_seconds();
-    b_.add(e);
-    totals_.prompt_tokens = b_.segments().prompt_tokens();
-    totals_.completion_tokens = b_.segments().completion_tokens();
-    totals_.cached_tokens = b_.segments().cached_tokens();
-    return b_.take_events();
-  }
-  std::string end() override {
-    b_.finish();
-    if (store_) store_->put(id_, b_.stored());
-    return b_.take_events();
-  }
-
- private:
-  ResponseBuilder b_;
-  std::shared_ptr<ResponseStore> store_;
-  std::string id_;
-};
-
-}  // namespace
-
 std::unique_ptr<StreamRenderer> responses_stream_renderer(
     std::shared_ptr<const ResponsesRequest> req, ResponseMeta meta, const Tokenizer& tok,
     std::shared_ptr<ResponseStore> store) {
-  return std::make_unique<ResponsesStreamRenderer>(std::move(req), std::move(meta), tok,
-                                                   std::move(store));
+  if (!req->store) store = nullptr;
+  const std::string id = meta.id;
+  return std::make_unique<BuilderStreamRenderer<ResponseBuilder>>(
+      [store = std::move(store), id](const ResponseBuilder& b) {
+        if (store) store->put(id, b.stored());
+      },
+      std::move(req), std::move(meta), tok, /*events=*/true);
 }
 
 }  // namespace md::server

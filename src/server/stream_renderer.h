@@ -6,10 +6,12 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "megadecode/base/util.h"
 #include "megadecode/server/anthropic_api.h"
 #include "megadecode/server/engine_loop.h"
 #include "megadecode/server/request.h"
@@ -58,6 +60,36 @@ class ChatStreamRenderer : public StreamRenderer {
   std::vector<ToolCallStream> tools_;  // chat with tools: each choice's tool-call parser
   std::vector<bool> echoed_;           // completions echo: the prompt text has been sent
   std::vector<ChunkTemplate> plain_;   // per choice (plain_chunk)
+};
+
+// A renderer over an output builder (ResponseBuilder, MessageBuilder: open(), add(), finish(),
+// take_events(), segments()): the builder renders, this counts for the access log; `on_end`
+// runs after the finish (the Responses API stores the response there).
+template <class Builder>
+class BuilderStreamRenderer : public StreamRenderer {
+ public:
+  // The builder is made in place from `args` (it holds a reference to itself: no copy, no move).
+  template <class... Args>
+  explicit BuilderStreamRenderer(std::function<void(const Builder&)> on_end, Args&&... args)
+      : b_(std::forward<Args>(args)...), on_end_(std::move(on_end)) {}
+  std::string start() override { return b_.open(); }
+  std::string event(ChoiceEvent& e) override {
+    if (!e.tokens.empty() && totals_.first_token == 0) totals_.first_token = now_seconds();
+    b_.add(e);
+    totals_.prompt_tokens = b_.segments().prompt_tokens();
+    totals_.completion_tokens = b_.segments().completion_tokens();
+    totals_.cached_tokens = b_.segments().cached_tokens();
+    return b_.take_events();
+  }
+  std::string end() override {
+    b_.finish();
+    if (on_end_) on_end_(b_);
+    return b_.take_events();
+  }
+
+ private:
+  Builder b_;
+  std::function<void(const Builder&)> on_end_;
 };
 
 // The Responses API's typed events (responses_output.cpp): response.created and in_progress, the

@@ -98,6 +98,17 @@ inline std::vector<std::vector<int32_t>> prompts(const Tokenizer& tok) {
   return ps;
 }
 
+// The ApiError a parse throws (status 0 when it does not throw).
+template <class F>
+server::ApiError error_of(F&& f) {
+  try {
+    f();
+  } catch (const server::ApiError& e) {
+    return e;
+  }
+  return server::ApiError(0, "no error");
+}
+
 // Whether `program` (a Kimi tool-call program) lets a second call begin after one call of
 // get_weather with {} (false: the one call must end the section).
 inline bool allows_second_call(const ServedModel& m,

@@ -13,6 +13,8 @@
 namespace md {
 namespace {
 
+using test::error_of;
+
 using nlohmann::json;
 using server::ApiError;
 using server::ChoiceEvent;
@@ -38,16 +40,6 @@ class ServerAnthropic : public ::testing::Test {
   static test::ServedModel* served_;
 };
 test::ServedModel* ServerAnthropic::served_ = nullptr;
-
-template <class F>
-ApiError error_of(F&& f) {
-  try {
-    f();
-  } catch (const ApiError& e) {
-    return e;
-  }
-  return ApiError(0, "no error");
-}
 
 TEST_F(ServerAnthropic, BlocksRenderAsTheChatOfTheSameConversation) {
   const json m = json::parse(R"({

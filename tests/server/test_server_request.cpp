@@ -13,6 +13,8 @@
 namespace md {
 namespace {
 
+using test::error_of;
+
 using server::ApiError;
 using server::CompletionRequest;
 using ::testing::HasSubstr;
@@ -34,17 +36,6 @@ class ServerRequest : public ::testing::Test {
   static test::ServedModel* served_;
 };
 test::ServedModel* ServerRequest::served_ = nullptr;
-
-// The ApiError a parse throws (status 0 when it does not throw).
-template <class F>
-ApiError error_of(F&& f) {
-  try {
-    f();
-  } catch (const ApiError& e) {
-    return e;
-  }
-  return ApiError(0, "no error");
-}
 
 TEST_F(ServerRequest, CompletionFieldsAreParsed) {
   const CompletionRequest r = completion(

@@ -13,6 +13,8 @@
 namespace md {
 namespace {
 
+using test::error_of;
+
 using nlohmann::json;
 using server::ApiError;
 using server::ChoiceEvent;
@@ -36,16 +38,6 @@ class ServerResponses : public ::testing::Test {
   static test::ServedModel* served_;
 };
 test::ServedModel* ServerResponses::served_ = nullptr;
-
-template <class F>
-ApiError error_of(F&& f) {
-  try {
-    f();
-  } catch (const ApiError& e) {
-    return e;
-  }
-  return ApiError(0, "no error");
-}
 
 // Every input item kind, the instructions and the tools render as the chat messages and tools
 // of the same meaning do.

@@ -30,6 +30,9 @@ class OutputSegments {
   // `tools`: the request declared tools, so tool-call markup in the answer (`format`'s) becomes
   // calls; `id_prefix`: ids of calls the format does not name (tool_calls.h).
   OutputSegments(Sink& sink, bool tools, TemplateKind format, std::string id_prefix);
+  // It holds its sink (usually its owner): neither copied nor moved.
+  OutputSegments(const OutputSegments&) = delete;
+  OutputSegments& operator=(const OutputSegments&) = delete;
 
   void add(ChoiceEvent& e);  // one engine event, in order
   void finish();             // after the last event: the open segment ends
