@@ -2,7 +2,9 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -96,6 +98,68 @@ inline std::vector<std::vector<int32_t>> prompts(const Tokenizer& tok) {
                          "zebra"};
   for (const char* t : texts) ps.push_back(tok.encode(t, true));
   return ps;
+}
+
+// A mutated request body (the parsers' mutation tests): one of `seeds` with 1-4 edits (a byte
+// flipped, a run deleted, a fragment spliced in or put in place of a value, a slice duplicated);
+// the fragments: hostile JSON pieces and `extra` (the endpoint's own keys and values).
+inline std::string mutated_body(const std::vector<std::string>& seeds,
+                                const std::vector<std::string>& extra, std::mt19937_64& rng) {
+  static const std::vector<std::string> hostile = {"null",
+                                                   "-1",
+                                                   "0",
+                                                   "1e309",
+                                                   "1.5",
+                                                   "\"\"",
+                                                   "\"x\"",
+                                                   "[",
+                                                   "]",
+                                                   "{",
+                                                   "}",
+                                                   ",",
+                                                   ":",
+                                                   "true",
+                                                   "[]",
+                                                   "{}",
+                                                   "\xff",
+                                                   "\xc3",
+                                                   "\\u0000",
+                                                   "\\ud800",
+                                                   "9223372036854775808",
+                                                   "-9223372036854775809",
+                                                   "[[[[[[[["};
+  auto pick = [&](size_t n) { return size_t(rng() % n); };
+  auto fragment = [&]() -> const std::string& {
+    const size_t k = pick(hostile.size() + extra.size());
+    return k < hostile.size() ? hostile[k] : extra[k - hostile.size()];
+  };
+  std::string b = seeds[pick(seeds.size())];
+  const int edits = 1 + int(pick(4));
+  for (int k = 0; k < edits; ++k) {
+    const size_t at = pick(b.size() + 1);
+    switch (pick(5)) {
+      case 0:  // flip a byte
+        if (!b.empty()) b[std::min(at, b.size() - 1)] ^= char(1 + pick(255));
+        break;
+      case 1:  // delete a run
+        b.erase(std::min(at, b.size()), 1 + pick(8));
+        break;
+      case 2:  // splice a fragment
+        b.insert(at, fragment());
+        break;
+      case 3: {  // replace a value after a colon with a fragment
+        const size_t colon = b.find(':', at);
+        if (colon != std::string::npos) {
+          const size_t end = b.find_first_of(",}", colon);
+          b.replace(colon + 1, (end == std::string::npos ? b.size() : end) - colon - 1, fragment());
+        }
+        break;
+      }
+      default:  // duplicate a slice
+        if (!b.empty()) b.insert(at, b.substr(pick(b.size()), 1 + pick(16)));
+    }
+  }
+  return b;
 }
 
 // The ApiError a parse throws (status 0 when it does not throw).
