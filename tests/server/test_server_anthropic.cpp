@@ -350,7 +350,7 @@ TEST_F(ServerAnthropic, MutationsNeverCrash) {
   const server::ParseContext c = ctx();
   std::mt19937_64 rng(20261206);
   int parsed = 0, rejected = 0;
-  const int kCases = 30000;
+  const int kCases = 100000;
   for (int i = 0; i < kCases; ++i) {
     const std::string b = test::mutated_body(seeds, fragments, rng);
     try {

@@ -509,7 +509,7 @@ TEST_F(ServerResponses, MutationsNeverCrash) {
   const server::ParseContext c = ctx();
   std::mt19937_64 rng(20261205);
   int parsed = 0, rejected = 0;
-  const int kCases = 50000;
+  const int kCases = 100000;
   for (int i = 0; i < kCases; ++i) {
     const std::string b = test::mutated_body(seeds, fragments, rng);
     try {
