@@ -62,6 +62,9 @@ std::string ChatStreamRenderer::event(ChoiceEvent& e) {
   }
   auto send = [&](json j) {
     if (r.include_usage && !j.contains("usage")) j["usage"] = nullptr;
+    if (e.finish_reason)  // vLLM's: the stop string or the request's stop id that ended it
+      j["choices"][0]["stop_reason"] =
+          stop_reason_json(r, *e.finish_reason, e.stop_string, e.tokens);
     out += "data: " + dump(j) + "\n\n";
   };
   if (!e.error.empty()) {

@@ -122,6 +122,7 @@ void parse_common(const json& j, const ParseContext& ctx, CompletionRequest& r) 
   }
   if (const json* s = field(j, "stop_token_ids"))
     p.stop_token_ids = as_ids(*s, "stop_token_ids", ctx.vocab_size);
+  r.user_stop_ids = p.stop_token_ids.size();
   r.ignore_eos = get_bool(j, "ignore_eos", false);
   if (!r.ignore_eos)
     for (int32_t id : ctx.generator->default_stop_ids()) p.stop_token_ids.push_back(id);

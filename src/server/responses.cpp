@@ -1,5 +1,7 @@
 #include "megadecode/server/responses.h"
 
+#include <algorithm>
+
 namespace md::server {
 
 using nlohmann::json;
@@ -33,13 +35,28 @@ void ChoiceResult::add(ChoiceEvent&& e) {
   tokens.insert(tokens.end(), e.tokens.begin(), e.tokens.end());
   for (auto& l : e.logprobs) logprobs.push_back(std::move(l));
   if (!e.prompt_logprobs.empty()) prompt_logprobs = std::move(e.prompt_logprobs);
-  if (e.finish_reason) finish_reason = *e.finish_reason;
+  if (e.finish_reason) {
+    finish_reason = *e.finish_reason;
+    stop_string = e.stop_string;
+  }
   if (!e.error.empty()) error = e.error;
   if (e.finish_reason || !e.error.empty()) {
     prompt_tokens = e.prompt_tokens;
     completion_tokens = e.completion_tokens;
     cached_tokens = e.cached_tokens;
   }
+}
+
+json stop_reason_json(const CompletionRequest& req, const std::string& finish_reason,
+                      const std::string& stop_string, const std::vector<int32_t>& tokens) {
+  if (finish_reason != "stop") return nullptr;
+  if (!stop_string.empty()) return stop_string;
+  const std::vector<int32_t>& ids = req.sampling.stop_token_ids;
+  const size_t n = std::min(req.user_stop_ids, ids.size());
+  if (!tokens.empty() && std::find(ids.begin(), ids.begin() + ptrdiff_t(n), tokens.back()) !=
+                             ids.begin() + ptrdiff_t(n))
+    return tokens.back();
+  return nullptr;
 }
 
 std::string tool_calls_finish_reason(const std::string& finish_reason, size_t calls) {
@@ -139,7 +156,11 @@ json completion_body(const CompletionRequest& req, const std::vector<ChoiceResul
       logprobs = completion_logprobs(r.logprobs, tok, 0);
     }
     choices.push_back(
-        {{"index", i}, {"text", text}, {"logprobs", logprobs}, {"finish_reason", r.finish_reason}});
+        {{"index", i},
+         {"text", text},
+         {"logprobs", logprobs},
+         {"finish_reason", r.finish_reason},
+         {"stop_reason", stop_reason_json(req, r.finish_reason, r.stop_string, r.tokens)}});
     // Each prompt counts once, whatever n is (as the OpenAI API counts it).
     if (i % size_t(req.n) == 0) {
       prompt += r.prompt_tokens;
@@ -174,10 +195,12 @@ json chat_body(const CompletionRequest& req, const std::vector<ChoiceResult>& rs
       }
     }
     if (!r.reasoning.empty()) msg["reasoning_content"] = r.reasoning;
-    choices.push_back({{"index", i},
-                       {"message", msg},
-                       {"logprobs", req.logprobs ? chat_logprobs(r.logprobs, tok) : json(nullptr)},
-                       {"finish_reason", finish}});
+    choices.push_back(
+        {{"index", i},
+         {"message", msg},
+         {"logprobs", req.logprobs ? chat_logprobs(r.logprobs, tok) : json(nullptr)},
+         {"finish_reason", finish},
+         {"stop_reason", stop_reason_json(req, r.finish_reason, r.stop_string, r.tokens)}});
     if (i == 0) {
       prompt = r.prompt_tokens;
       cached = r.cached_tokens;

@@ -75,6 +75,8 @@ struct CompletionRequest {
   // ascending and unique.
   std::vector<std::pair<int32_t, float>> logit_bias;
   bool skip_special_tokens = true;
+  // How many of sampling.stop_token_ids the request gave (the model's own follow them).
+  size_t user_stop_ids = 0;
 };
 
 // Parses JSON text with a nesting limit; invalid JSON (or invalid UTF-8 in it) is a 400.

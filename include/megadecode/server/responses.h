@@ -25,10 +25,16 @@ struct ChoiceResult {
   std::vector<int32_t> tokens;
   std::vector<TokenLogprob> logprobs, prompt_logprobs;
   std::string finish_reason;
+  std::string stop_string;  // the stop string that ended it (empty: none)
   std::string error;
   int prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   void add(ChoiceEvent&& e);
 };
+
+// vLLM's `stop_reason` of a choice: the stop string that ended it, or the id of one of the
+// request's stop_token_ids that did; null otherwise (the model's end of turn, a length cut).
+nlohmann::json stop_reason_json(const CompletionRequest& req, const std::string& finish_reason,
+                                const std::string& stop_string, const std::vector<int32_t>& tokens);
 
 // `usage`, with prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache restored.
 nlohmann::json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
